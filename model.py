@@ -108,6 +108,9 @@ PRESETS = {
                  num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rope_theta=10_000.0,
                  tie_word_embeddings=True, bos_token_id=256, eos_token_id=256, torch_dtype="float32"),
 }
+# the same vocabulary in a model small enough for the tests
+PRESETS["micro"] = dict(PRESETS["tiny"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 
 
 def preset(name, **overrides):
@@ -379,8 +382,9 @@ class Qwen3(nn.Module):
             model.lm_head.weight = model.model.embed_tokens.weight
         return model
 
-    def save_pretrained(self, path):
-        """Write config.json + model.safetensors in Hugging Face's layout, each file atomically."""
+    def save_pretrained(self, path, metadata=None):
+        """Write config.json + model.safetensors in Hugging Face's layout, each file atomically.
+        `metadata` (str -> str) goes into the safetensors header (training scripts store the step there)."""
         from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -388,7 +392,7 @@ class Qwen3(nn.Module):
         if self.config.tie_word_embeddings:
             del state["lm_head.weight"]
         self.config.torch_dtype = str(next(self.parameters()).dtype).removeprefix("torch.")
-        atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata={"format": "pt"}))
+        atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata={"format": "pt", **(metadata or {})}))
         if (path / "model.safetensors.index.json").exists():
             os.remove(path / "model.safetensors.index.json")  # a stale shard index would shadow the new file
         save_config(self.config, path)

@@ -1,0 +1,79 @@
+"""
+AR checkpoint -> DLM checkpoint. No weight changes and no new parameters: a diffusion LM converted
+from an AR model is the same network read differently, and all of that difference is metadata in
+config.json, which every other script honours:
+
+    attn           "bidirectional" (masked diffusion: REPR-ALIGN) or "block" (block diffusion: OPDLM)
+    block_size     the block length for attn="block"
+    mask_token_id  an embedding row no token uses (Qwen3: 151669, the first padding row; the tiny
+                   byte-level model: 259), so no resize is needed
+    shift          True: the logits that denoise position i are read at position i-1, so the AR head
+                   keeps its meaning (Dream, REPR-ALIGN). False: read at i itself (OPDLM's block
+                   student, whose position i-1 may sit in an earlier block that cannot see block i)
+
+    python convert.py --ar out/ar-tiny --out_dir out/dlm-tiny --attn bidirectional
+    python convert.py --ar out/ar-tiny --out_dir out/dlm-block --attn block --block_size 4
+"""
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from model import load_config, save_config, weight_files
+from tokenizer import Tokenizer
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--ar", required=True, help="the AR (causal) Qwen3 checkpoint directory")
+p.add_argument("--out_dir", required=True)
+p.add_argument("--attn", required=True, choices=["bidirectional", "block"])
+p.add_argument("--block_size", type=int, default=None, help="block length, required for --attn block")
+p.add_argument("--mask_token_id", type=int, default=None, help="default: the first id past the tokenizer's tokens")
+p.add_argument("--shift", choices=["true", "false"], default=None,
+               help="default: true for bidirectional (Dream/REPR-ALIGN), false for block (OPDLM)")
+p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out_dir")
+
+
+def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, overwrite=False):
+    ar, out_dir = Path(ar), Path(out_dir)
+    try:
+        config = load_config(ar)
+        files = weight_files(ar)
+        tok = Tokenizer.from_pretrained(ar)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"convert: {e}")
+    if config.attn != "causal":
+        raise SystemExit(f"convert: {ar} is already a DLM (attn={config.attn!r}); convert from the AR checkpoint")
+    if attn == "block" and not (block_size and block_size > 0):
+        raise SystemExit("convert: --attn block needs a positive --block_size")
+    if attn != "block" and block_size is not None:
+        raise SystemExit("convert: --block_size only applies to --attn block")
+    mask = tok.mask_id if mask_token_id is None else mask_token_id
+    if mask < tok.vocab_size:
+        raise SystemExit(f"convert: mask_token_id {mask} collides with a token the tokenizer uses "
+                         f"(ids 0..{tok.vocab_size - 1}); pick an unused embedding row")
+    if mask >= config.vocab_size:
+        raise SystemExit(f"convert: mask_token_id {mask} is outside the {config.vocab_size} embedding rows")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise SystemExit(f"convert: {out_dir} is not empty; pass --overwrite to replace it")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    for f in files + [ar / "model.safetensors.index.json"]:  # the weights, byte for byte
+        if f.exists():
+            shutil.copyfile(f, out_dir / f"{f.name}.tmp")
+            (out_dir / f"{f.name}.tmp").replace(out_dir / f.name)
+    tok.save_pretrained(out_dir)
+    config.attn, config.block_size, config.mask_token_id = attn, block_size, mask
+    config.shift = (attn == "bidirectional") if shift is None else shift
+    config.converted_from = str(ar.resolve())
+    save_config(config, out_dir)  # written last: a directory with config.json is complete
+    return config
+
+
+if __name__ == "__main__":
+    args = p.parse_args()
+    shift = None if args.shift is None else args.shift == "true"
+    c = convert(args.ar, args.out_dir, args.attn, args.block_size, args.mask_token_id, shift, args.overwrite)
+    print(f"wrote {args.out_dir}: " + json.dumps(dict(attn=c.attn, block_size=c.block_size,
+                                                       mask_token_id=c.mask_token_id, shift=c.shift)))

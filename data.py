@@ -1,0 +1,285 @@
+"""
+Data: a text corpus in, flat token files out, and the readers the training scripts use.
+
+    python data.py --out_dir data/stdlib                        # this Python's standard library
+    python data.py --out_dir data/mine --source notes/ --tokenizer path/to/Qwen3-0.6B
+
+What is notable here:
+- The default corpus is the running Python's standard library (~11 MB of .py, tests left out),
+  so any machine that runs this code can make its training data, offline.
+- The train/val split is by document and stable: a document goes to val when a CRC32 of its name
+  (relative path, or line number in a JSONL file) falls under val_fraction, so adding, removing or
+  reordering files moves no other document (only a tiny corpus that hashes entirely to one side
+  gets its first document moved, so that both splits are non-empty).
+- Preparing streams: a batch of documents at a time is encoded and appended to the .bin files,
+  each document followed by eos. Files are written as *.tmp and renamed at the end, meta.json
+  last, so a directory with a meta.json always holds a complete dataset.
+- get_batch returns windows of tokens only (no shifted targets): each loss picks its own targets.
+  eval_batches uses fixed offsets, no RNG, so every checkpoint is scored on identical tokens.
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import sysconfig
+import zlib
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from tokenizer import Tokenizer
+
+STDLIB_SKIP = {"site-packages", "test", "tests", "idlelib", "__pycache__"}  # dirs left out of the default corpus
+
+
+# -----------------------------------------------------------------------------
+# reading sources
+
+def iter_jsonl(path, required_keys=()):
+    """Yield (line_number, record) for every non-blank line, checking each one."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                rec = json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ValueError(f"{where}: malformed JSON line ({e})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            for k in required_keys:
+                if k not in rec:
+                    raise ValueError(f"{where}: missing key {k!r} (required: {', '.join(required_keys)})")
+                if not isinstance(rec[k], str):
+                    raise ValueError(f"{where}: key {k!r} must be a string, got {type(rec[k]).__name__}")
+            yield lineno, rec
+
+
+def read_text(path):
+    """The file as a str, or None when it looks binary (a NUL byte) or is not UTF-8."""
+    with open(path, "rb") as f:
+        head = f.read(8192)
+        if b"\0" in head:
+            return None
+        raw = head + f.read()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def iter_documents(source, stats):
+    """Yield (name, text, n_bytes) for a source: None (the stdlib), a folder of text files, or a .jsonl
+    file. The name is the document's stable identity, which decides its split."""
+    if source is not None and os.path.isfile(source):  # JSONL, one {"text": ...} per line
+        for lineno, rec in iter_jsonl(source, ("text",)):
+            yield f"line {lineno}", rec["text"], len(rec["text"].encode("utf-8"))
+        return
+    root = source or sysconfig.get_paths()["stdlib"]
+    skip, exts = (STDLIB_SKIP, (".py",)) if source is None else ({"__pycache__"}, None)
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in skip and not d.startswith(".")]
+        files += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames
+                  if not f.startswith(".") and (exts is None or f.endswith(exts))]
+    for rel in sorted(p.replace(os.sep, "/") for p in files):  # sorted posix paths: same on every machine
+        path = os.path.join(root, rel)
+        text = read_text(path)
+        if text is None:
+            stats["skipped_binary"] += 1
+            continue
+        yield rel, text, os.path.getsize(path)
+
+
+def is_val(name, val_fraction):
+    """The split rule: a stable hash of the document's name, independent of order and machine."""
+    return zlib.crc32(name.encode("utf-8")) % 10000 < val_fraction * 10000
+
+
+# -----------------------------------------------------------------------------
+# preparing a dataset
+
+def prepare(out_dir, source=None, tokenizer="byte", val_fraction=0.05, max_mb=None, batch_docs=256):
+    """Tokenize a source into out_dir/{train,val}.bin + tokenizer + meta.json; returns meta."""
+    if source is not None and not os.path.exists(source):
+        raise FileNotFoundError(f"source not found: {source}")
+    if source is not None and os.path.isfile(source) and not source.endswith(".jsonl"):
+        raise ValueError(f"source {source} is a file: expected a folder of text files or a .jsonl file")
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    tok = Tokenizer.byte_level() if tokenizer == "byte" else Tokenizer.from_pretrained(tokenizer)
+    dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {s: os.path.join(out_dir, f"{s}.bin") for s in ("train", "val")}
+    counts = {s: {"tokens": 0, "documents": 0} for s in ("train", "val")}
+    stats = {"skipped_binary": 0, "skipped_empty": 0}
+    # A small corpus might hash every document to one side, so the first document (in sorted order)
+    # is held back and written last: to the split that would otherwise be empty, else its own.
+    held = None  # (split, ids)
+
+    def write(split, ids):
+        np.asarray(ids + [tok.eos_id], dtype=dtype).tofile(files[split])
+        counts[split]["tokens"] += len(ids) + 1
+        counts[split]["documents"] += 1
+
+    def route(batch):
+        nonlocal held
+        for name, ids in zip(batch, tok.encode_batch(list(batch.values()))):
+            split = "val" if is_val(name, val_fraction) else "train"
+            if held is None:
+                held = (split, ids)
+            else:
+                write(split, ids)
+
+    files = {s: open(p + ".tmp", "wb") for s, p in paths.items()}
+    try:
+        batch, n_bytes = {}, 0
+        with tqdm(unit="B", unit_scale=True, desc="tokenizing") as bar:
+            for name, text, size in iter_documents(source, stats):
+                if max_mb is not None and n_bytes >= max_mb * 1e6:
+                    break
+                n_bytes += size
+                bar.update(size)
+                if not text.strip():
+                    stats["skipped_empty"] += 1
+                    continue
+                batch[name] = text
+                if len(batch) >= batch_docs:
+                    route(batch)
+                    batch = {}
+            route(batch)
+        n_docs = counts["train"]["documents"] + counts["val"]["documents"] + (held is not None)
+        if n_docs < 2:
+            raise ValueError(f"found {n_docs} text documents in {source or 'the standard library'}; "
+                             "need at least 2 (one for train, one for val)")
+        split = next((s for s in ("train", "val") if counts[s]["documents"] == 0), held[0])
+        write(split, held[1])
+        for f in files.values():
+            f.close()
+        # finish: the old meta.json goes first, the new one last, so meta.json <=> complete dataset
+        meta_path = os.path.join(out_dir, "meta.json")
+        if os.path.exists(meta_path):
+            os.remove(meta_path)
+        for split, p in paths.items():
+            os.replace(p + ".tmp", p)
+        tok.save_pretrained(out_dir)
+        meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
+                    dtype=np.dtype(dtype).name, splits=counts, source=source or "stdlib",
+                    source_mb=round(n_bytes / 1e6, 3), **stats, max_mb=max_mb, val_fraction=val_fraction,
+                    python=platform.python_version())
+        with open(meta_path + ".tmp", "w") as f:
+            json.dump(meta, f, indent=2)
+        os.replace(meta_path + ".tmp", meta_path)
+        return meta
+    finally:  # on any failure: no half-written files left behind
+        for split, f in files.items():
+            f.close()
+            if os.path.exists(paths[split] + ".tmp"):
+                os.remove(paths[split] + ".tmp")
+
+
+# -----------------------------------------------------------------------------
+# loading and batching
+
+def load_split(data_dir, split):
+    """The split's tokens as a read-only np.memmap (dtype from meta.json)."""
+    meta_path, bin_path = os.path.join(data_dir, "meta.json"), os.path.join(data_dir, f"{split}.bin")
+    for p in (meta_path, bin_path):
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"{data_dir} is not a prepared dataset: missing {os.path.basename(p)}. "
+                                    f"Make one with: python data.py --out_dir {data_dir}")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    data = np.memmap(bin_path, dtype=meta["dtype"], mode="r")
+    if len(data) != meta["splits"][split]["tokens"]:
+        raise ValueError(f"{bin_path} has {len(data)} tokens but meta.json says "
+                         f"{meta['splits'][split]['tokens']}; prepare it again")
+    return data
+
+
+def _check_len(data, seq_len):
+    if len(data) < seq_len:
+        raise ValueError(f"the split has {len(data)} tokens, fewer than seq_len={seq_len}")
+
+
+def _stack(data, offsets, seq_len, device):
+    x = torch.from_numpy(np.stack([np.asarray(data[i:i + seq_len], dtype=np.int64) for i in offsets]))
+    if torch.device(device).type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
+def get_batch(data, batch_size, seq_len, device="cpu", generator=None):
+    """(batch_size, seq_len) LongTensor of random contiguous windows; seed the generator to repeat."""
+    _check_len(data, seq_len)
+    ix = torch.randint(len(data) - seq_len + 1, (batch_size,), generator=generator)
+    return _stack(data, ix.tolist(), seq_len, device)
+
+
+def eval_batches(data, batch_size, seq_len, n_batches, device="cpu"):
+    """A list of n_batches batches at fixed, evenly spaced offsets: the same tokens on every call
+    (no RNG). A list, not a generator, so a training loop can make it once and evaluate with it often."""
+    _check_len(data, seq_len)
+    offsets = np.linspace(0, len(data) - seq_len, n_batches * batch_size).astype(np.int64).tolist()
+    return [_stack(data, offsets[b * batch_size:(b + 1) * batch_size], seq_len, device) for b in range(n_batches)]
+
+
+def documents(data, eos_id):
+    """Split a token array at eos into documents (eos removed, empty ones dropped)."""
+    data = np.asarray(data)
+    docs = np.split(data, np.flatnonzero(data == eos_id) + 1)
+    docs = [d[:-1] if len(d) and d[-1] == eos_id else d for d in docs]
+    return [d for d in docs if len(d)]
+
+
+# -----------------------------------------------------------------------------
+# JSONL inputs of the later scripts
+
+def read_jsonl(path, required_keys=()):
+    """All records of a JSONL file as dicts; errors name the file and line. Empty file -> error."""
+    records = [rec for _, rec in iter_jsonl(path, tuple(required_keys))]
+    if not records:
+        raise ValueError(f"{path}: no records")
+    return records
+
+
+def read_prompts(path):
+    return read_jsonl(path, ("prompt",))
+
+
+def read_pairs(path):
+    return read_jsonl(path, ("prompt", "chosen", "rejected"))
+
+
+# -----------------------------------------------------------------------------
+
+if __name__ == "__main__":
+    # run settings (defaults), overridable as --flag value
+    out_dir = "data/stdlib"
+    source = None        # None: this Python's standard library; or a folder of text files, or a .jsonl
+    tokenizer = "byte"   # "byte" (the tiny models) or a path: a dir with tokenizer.json, or a *.tiktoken
+    val_fraction = 0.05
+    max_mb = None        # stop after this many MB of source text
+    p = argparse.ArgumentParser(description="Tokenize a corpus into train.bin / val.bin / meta.json.")
+    p.add_argument("--out_dir", default=out_dir)
+    p.add_argument("--source", default=source, help="folder of text files or .jsonl with a 'text' field (default: stdlib)")
+    p.add_argument("--tokenizer", default=tokenizer, help="'byte' or a tokenizer dir / .tiktoken file")
+    p.add_argument("--val_fraction", type=float, default=val_fraction)
+    p.add_argument("--max_mb", type=float, default=max_mb)
+    args = p.parse_args()
+    if args.source is not None and not os.path.exists(args.source):
+        p.error(f"--source {args.source} does not exist")
+    try:
+        meta = prepare(args.out_dir, args.source, args.tokenizer, args.val_fraction, args.max_mb)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"data.py: error: {e}")
+    s = meta["splits"]
+    print(f"{meta['source']}: {meta['source_mb']} MB, skipped {meta['skipped_binary']} binary "
+          f"and {meta['skipped_empty']} empty files")
+    for split in s:
+        print(f"{split}: {s[split]['documents']:,} documents, {s[split]['tokens']:,} tokens ({meta['dtype']})")
+    print(f"wrote {args.out_dir}/{{train.bin,val.bin,meta.json}} + tokenizer")

@@ -1,0 +1,163 @@
+"""
+Train the tiny AR teacher of the embedded default: a Qwen3-shaped model on the prepared corpus
+(the Python standard library, byte-level), with the plain next-token loss. nanoGPT's train.py in
+miniature, on the shared machinery of training.py.
+
+    python data.py --out_dir data/stdlib
+    python pretrain.py --data data/stdlib --out_dir out/ar-tiny
+
+What is notable: the output is an ordinary Hugging Face Qwen3 directory (config.json,
+model.safetensors, tokenizer.json), so every later script treats it exactly like a real Qwen3
+checkpoint; `--init DIR` continues from any Qwen3 checkpoint instead of random weights.
+At the end it prints the validation loss next to the corpus's unigram entropy (the loss of a model
+that knows only token frequencies) and a few greedy samples.
+"""
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import data
+import training
+from model import PRESETS, Qwen3, preset
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
+p.add_argument("--out_dir", default="out/ar-tiny")
+p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape when starting from scratch")
+p.add_argument("--init", default=None, help="start from this Qwen3 checkpoint instead of random weights")
+p.add_argument("--max_iters", type=int, default=1200)
+p.add_argument("--batch_size", type=int, default=16)
+p.add_argument("--seq_len", type=int, default=256)
+p.add_argument("--grad_accum", type=int, default=1)
+p.add_argument("--lr", type=float, default=3e-3)
+p.add_argument("--min_lr", type=float, default=3e-4)
+p.add_argument("--warmup", type=int, default=50)
+p.add_argument("--weight_decay", type=float, default=0.1)
+p.add_argument("--grad_clip", type=float, default=1.0)
+p.add_argument("--eval_interval", type=int, default=200)
+p.add_argument("--eval_batches", type=int, default=16)
+p.add_argument("--compile", action="store_true", help="torch.compile the model")
+p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
+p.add_argument("--device", default="auto")
+p.add_argument("--seed", type=int, default=1337)
+p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
+p.add_argument("--samples", type=int, default=3, help="greedy samples printed at the end")
+
+
+def positive(name):
+    if getattr(args, name) <= 0:
+        p.error(f"--{name} must be positive")
+
+
+def ar_loss(model, x):
+    """Next-token cross-entropy: the logits at position i predict token i+1."""
+    logits = model(x[:, :-1], attn="causal")
+    return F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+
+
+@torch.no_grad()
+def evaluate(model, batches, ctx):
+    model.eval()
+    losses = []
+    for x in batches:
+        with ctx:
+            losses.append(ar_loss(model, x).item())
+    model.train()
+    return float(np.mean(losses))
+
+
+def unigram_entropy(tokens):
+    """Entropy (nats/token) of the token frequencies: the loss floor of a model without context."""
+    counts = np.bincount(tokens, minlength=1).astype(np.float64)
+    q = counts[counts > 0] / counts.sum()
+    return float(-(q * np.log(q)).sum())
+
+
+@torch.no_grad()
+def greedy(model, ids, n):
+    """Greedy continuation by full recomputation (sample.py has the fast, cached sampler)."""
+    for _ in range(n):
+        ids = torch.cat([ids, model(ids, attn="causal")[:, -1:].argmax(-1)], 1)
+    return ids
+
+
+if __name__ == "__main__":
+    args = p.parse_args()
+    for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "lr", "eval_interval", "eval_batches"):
+        positive(name)
+    device, ctx = training.setup(args.device, args.seed)
+    out_dir = Path(args.out_dir)
+    try:
+        train_data, val_data = data.load_split(args.data, "train"), data.load_split(args.data, "val")
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"pretrain: {e}")
+    gen = torch.Generator().manual_seed(args.seed)  # draws the training batches
+
+    if args.resume:
+        model, state = training.load_checkpoint(out_dir, device)
+        gen.set_state(state["gen"])
+        start = state["step"] + 1
+    else:
+        if (out_dir / "model.safetensors").exists():
+            raise SystemExit(f"{out_dir} already holds a checkpoint: pass --resume to continue it, or another --out_dir")
+        model = (Qwen3.from_pretrained(args.init, device=device, dtype=torch.float32) if args.init
+                 else Qwen3(preset(args.preset)).init_weights(args.seed).to(device))
+        state, start = None, 0
+    tok = training.load_tokenizer(args.data, model.config)
+    if model.config.attn != "causal":
+        raise SystemExit(f"pretrain.py trains AR models; this checkpoint has attn={model.config.attn!r}")
+    model.model.gradient_checkpointing = args.grad_checkpoint
+    opt = training.configure_optimizer(model, args.lr, args.weight_decay, device_type=device.type)
+    if state:
+        opt.load_state_dict(state["optimizer"])
+    fwd = torch.compile(model) if args.compile else model
+    val_batches = list(data.eval_batches(val_data, args.batch_size, args.seq_len + 1, args.eval_batches, device))
+    log = training.Log(out_dir, args.resume)
+    print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.config.num_hidden_layers} layers; "
+          f"tokens: {len(train_data):,} train / {len(val_data):,} val; device {device}")
+
+    tokens_per_step = args.batch_size * args.seq_len * args.grad_accum
+    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="pretrain")
+    t = time.time()
+    for step in bar:
+        lr = training.lr_at(step, args.lr, args.min_lr, args.warmup, args.max_iters)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        for _ in range(args.grad_accum):
+            x = data.get_batch(train_data, args.batch_size, args.seq_len + 1, device, gen)
+            with ctx:
+                loss = ar_loss(fwd, x)
+            (loss / args.grad_accum).backward()
+        training.check_finite(loss, step, out_dir)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+        dt, t = time.time() - t, time.time()
+        rec = dict(step=step, loss=loss.item(), lr=lr, grad_norm=norm.item(), tokens_per_s=tokens_per_step / dt)
+        if (m := training.mfu(model, rec["tokens_per_s"], args.seq_len, device)) is not None:
+            rec["mfu"] = m
+        if step % args.eval_interval == 0 or step == args.max_iters - 1:
+            rec["val_loss"] = evaluate(fwd, val_batches, ctx)
+            training.save_checkpoint(out_dir, model, tok, opt, step, gen, extra=vars(args))
+            t = time.time()  # evaluation and saving are not training time
+        log(**rec)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", val=f"{rec.get('val_loss', float('nan')):.3f}",
+                        tok_s=f"{rec['tokens_per_s']:.0f}")
+
+    val = evaluate(fwd, val_batches, ctx)
+    h = unigram_entropy(np.asarray(val_data))
+    print(f"\nvalidation loss {val:.3f} nats/token ({val / math.log(2):.3f} bits) vs unigram entropy "
+          f"{h:.3f} nats ({h / math.log(2):.3f} bits) of the validation tokens")
+    docs = [d for d in data.documents(val_data, tok.eos_id) if len(d) > 64]
+    for d in docs[: args.samples]:
+        prompt = torch.tensor(d[:48].astype(np.int64), device=device)[None]
+        model.eval()
+        out = greedy(model, prompt, 96)[0]
+        print(f"--- prompt: {tok.decode(prompt[0].tolist())!r}\n{tok.decode(out.tolist())}")

@@ -1,0 +1,291 @@
+"""A byte-level BPE tokenizer on top of tiktoken, giving exactly Hugging Face's ids.
+
+What is notable here:
+- One class reads a Hugging Face `tokenizer.json` (byte-level BPE only: GPT-2's printable
+  "byte-to-unicode" strings are mapped back to raw bytes, and a token's id is its BPE rank, as
+  in tiktoken) or a bare `.tiktoken` rank file, which is read as Qwen's (Qwen's regex, NFC, and
+  Qwen3's 26 added tokens numbered from 151643). The regex and NFC come from the file. Its
+  `merges` are not read: tiktoken merges by rank, which gives the same ids for a vocabulary made
+  from tiktoken ranks, as Qwen's is (the tests check this against HF with ignore_merges=false).
+- Added tokens come in two kinds, as in Hugging Face. Those marked `special: true`
+  (`<|endoftext|>`, `<|im_start|>` ...) are never made from ordinary text unless named in
+  `allowed_special`; otherwise they are encoded as plain text (tiktoken-style safety, no error).
+  Those marked `special: false` (Qwen3's `<think>`, `<tool_call>`, `<|fim_prefix|>` ...) are
+  matched anywhere in the text, because Hugging Face's tokenizer does so.
+- `mask_id` is the first id past the last token (151669 for Qwen3, 259 for the byte tokenizer):
+  an unused embedding row, not a token. `decode` shows it as `<|mask|>`.
+- `Tokenizer.byte_level()` is the 259-id tokenizer of the project's tiny models, and
+  `save_pretrained` writes Hugging Face files (atomically) that `transformers` loads unchanged.
+"""
+import json
+import operator
+import os
+import unicodedata
+from base64 import b64decode
+from pathlib import Path
+
+import tiktoken
+
+# Qwen's pre-tokenisation regex. Note the single \p{N}: every digit is its own piece.
+QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+                r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+# GPT-2's regex, which Hugging Face's ByteLevel pre-tokenizer applies when `use_regex` is true.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+QWEN_N_RANKS = 151643
+# Qwen3's added tokens, ids 151643.... Hugging Face marks those from <tool_call> (151657) on as
+# `special: false`, the earlier ones as `special: true`.
+QWEN3_ADDED = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+]
+QWEN3_FIRST_NONSPECIAL = 151657
+EOS = "<|endoftext|>"
+MASK_TEXT = "<|mask|>"
+
+
+def bytes_to_unicode():
+    """GPT-2's table from each byte to a printable character (used for byte-level vocabularies)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:  # the 68 other bytes go to chr(256), chr(257) ... in order
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def _atomic_write(path, data):
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class Tokenizer:
+    def __init__(self, name, ranks, pattern, added, nfc, source=None):
+        """ranks: token bytes -> id; added: token text -> (id, special?); source: (file name,
+        content) that save_pretrained copies, or None to generate a tokenizer.json."""
+        self.name, self.nfc, self._pattern, self._source = name, nfc, pattern, source
+        self._ranks, self._added = ranks, added
+        self._special = {text: i for text, (i, _) in added.items()}
+        self._always = frozenset(text for text, (_, special) in added.items() if not special)
+        ids = [*ranks.values(), *self._special.values()]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{name}: two tokens share an id")
+        self._vocab_size = max(ids) + 1
+        self._holes = set(range(self._vocab_size)) - set(ids)  # ids in range that are no token
+        try:
+            self._enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks,
+                                          special_tokens=self._special)
+        except Exception as e:  # e.g. a regex tiktoken cannot compile
+            raise ValueError(f"{name}: tiktoken rejected this tokenizer ({e})") from e
+
+    # ---- loading ----
+    @classmethod
+    def byte_level(cls):
+        """The tiny models' tokenizer: ids 0..255 are the bytes, then three special tokens."""
+        added = {EOS: (256, True), "<|im_start|>": (257, True), "<|im_end|>": (258, True)}
+        return cls("byte", {bytes([b]): b for b in range(256)}, GPT2_PATTERN, added, nfc=False)
+
+    @classmethod
+    def from_pretrained(cls, path):
+        """A directory with tokenizer.json (or exactly one *.tiktoken), or either file itself."""
+        p = Path(path)
+        if p.is_dir():
+            if (p / "tokenizer.json").is_file():
+                return cls._from_hf_json(p / "tokenizer.json", p.name)
+            found = sorted(p.glob("*.tiktoken"))
+            if len(found) > 1:
+                raise ValueError(f"{p}: several *.tiktoken files and no tokenizer.json: {found}")
+            if not found:
+                raise FileNotFoundError(f"{p}: the directory holds no tokenizer.json or *.tiktoken file")
+            return cls._from_tiktoken(found[0])
+        if not p.exists():
+            raise FileNotFoundError(f"tokenizer path {p} does not exist")
+        if p.suffix == ".tiktoken":
+            return cls._from_tiktoken(p)
+        if p.suffix == ".json":
+            return cls._from_hf_json(p, p.name)
+        raise ValueError(f"{p}: expected a directory, a tokenizer.json or a .tiktoken file")
+
+    @classmethod
+    def _from_tiktoken(cls, p):
+        raw, ranks = p.read_bytes(), {}
+        for n, line in enumerate(raw.splitlines(), 1):
+            if line.strip():
+                try:
+                    token, rank = line.split()
+                    ranks[b64decode(token, validate=True)] = int(rank)
+                except ValueError as e:  # also binascii.Error
+                    raise ValueError(f"{p}, line {n}: expected '<base64 token> <rank>' ({e})") from e
+        if set(ranks.values()) != set(range(QWEN_N_RANKS)) or len(ranks) != QWEN_N_RANKS:
+            raise ValueError(f"{p}: a bare .tiktoken file is read as Qwen's, which has {QWEN_N_RANKS} "
+                             f"ranks 0..{QWEN_N_RANKS - 1}; this one has {len(ranks)} tokens")
+        added = {t: (QWEN_N_RANKS + k, QWEN_N_RANKS + k < QWEN3_FIRST_NONSPECIAL)
+                 for k, t in enumerate(QWEN3_ADDED)}
+        return cls(p.name, ranks, QWEN_PATTERN, added, nfc=True, source=(p.name, raw))
+
+    @classmethod
+    def _from_hf_json(cls, p, name):
+        raw = p.read_bytes()
+        try:
+            spec = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{p}: not a valid JSON file ({e})") from e
+
+        def unsupported(why):
+            return ValueError(f"{p}: {why}; only byte-level BPE tokenizer.json files are supported")
+
+        model = spec.get("model") if isinstance(spec, dict) else None
+        if not isinstance(model, dict) or model.get("type") != "BPE":
+            kind = model.get("type") if isinstance(model, dict) else None
+            raise unsupported(f"the model is {kind!r}, not BPE")
+        if model.get("byte_fallback") or model.get("dropout") or model.get("continuing_subword_prefix") \
+                or model.get("end_of_word_suffix"):
+            raise unsupported("BPE options byte_fallback/dropout/subword affixes are set")
+
+        # Pre-tokenisation: a ByteLevel step, with either a Split regex before it or its own
+        # GPT-2 regex (use_regex). Anything else would split text differently from tiktoken.
+        pre = spec.get("pre_tokenizer") or {}
+        steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+        kinds = [s.get("type") for s in steps]
+        level = next((s for s in steps if s.get("type") == "ByteLevel"), None)
+        if level is None or set(kinds) - {"Split", "ByteLevel"} or kinds.count("ByteLevel") > 1 \
+                or kinds.count("Split") > 1 or level.get("add_prefix_space"):
+            raise unsupported(f"unsupported pre_tokenizer {kinds}")
+        split = next((s for s in steps if s.get("type") == "Split"), None)
+        if split is not None:
+            pattern = (split.get("pattern") or {}).get("Regex")
+            if pattern is None or split.get("behavior") != "Isolated" or split.get("invert") \
+                    or level.get("use_regex", True):
+                raise unsupported(f"unsupported Split pre_tokenizer {split}")
+        elif level.get("use_regex", True):
+            pattern = GPT2_PATTERN
+        else:
+            raise unsupported("the pre_tokenizer has no regex")
+
+        norm = spec.get("normalizer") or {}
+        norms = [n.get("type") for n in norm.get("normalizers", [])] if norm.get("type") == "Sequence" \
+            else [norm["type"]] if norm else []
+        if norms not in ([], ["NFC"]):
+            raise unsupported(f"normalizer {norms} (only NFC is supported)")
+
+        added = {}
+        for t in spec.get("added_tokens") or []:
+            if t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
+                raise unsupported(f"added token {t['content']!r} uses lstrip/rstrip/single_word")
+            added[t["content"]] = (t["id"], bool(t.get("special")))
+        added_ids = {i for i, _ in added.values()}
+        byte_of = {c: b for b, c in bytes_to_unicode().items()}
+        ranks = {}
+        for text, i in model.get("vocab", {}).items():
+            if i in added_ids:
+                continue  # an added token also listed in the vocabulary (GPT-2 does this)
+            try:
+                ranks[bytes(byte_of[c] for c in text)] = i
+            except KeyError:
+                raise unsupported(f"vocabulary entry {text!r} is not a byte-level string") from None
+        missing = sum(bytes([b]) not in ranks for b in range(256))
+        if missing:
+            raise unsupported(f"{missing} of the 256 single bytes are missing from the vocabulary")
+        return cls(name, ranks, pattern, added, nfc=norms == ["NFC"], source=("tokenizer.json", raw))
+
+    # ---- saving ----
+    def save_pretrained(self, directory):
+        """Write the tokenizer (a copy of its source file, or a generated tokenizer.json) and a
+        minimal tokenizer_config.json; from_pretrained(directory) reads it back."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        fname, data = self._source or ("tokenizer.json", json.dumps(self._hf_json(), indent=2).encode())
+        _atomic_write(d / fname, data)
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+        if EOS in self._special:
+            config["eos_token"] = EOS
+        _atomic_write(d / "tokenizer_config.json", json.dumps(config, indent=2).encode())
+
+    def _hf_json(self):
+        # Only the byte tokenizer is generated: a BPE with the 256 bytes and no merges.
+        if any(len(b) != 1 for b in self._ranks) or self._pattern != GPT2_PATTERN:
+            raise ValueError(f"{self.name}: can only generate a tokenizer.json for a byte tokenizer")
+        u = bytes_to_unicode()
+        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        return {
+            "version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": special}
+                             for t, (i, special) in sorted(self._added.items(), key=lambda kv: kv[1])],
+            "normalizer": {"type": "NFC"} if self.nfc else None,
+            "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                      "ignore_merges": False, "vocab": {u[b[0]]: i for b, i in self._ranks.items()},
+                      "merges": []},
+        }
+
+    # ---- encoding and decoding ----
+    def _allowed(self, allowed_special):
+        if allowed_special == "all":
+            return set(self._special)
+        unknown = set(allowed_special) - self._special.keys()
+        if unknown:
+            raise ValueError(f"{self.name}: unknown special tokens {sorted(unknown)}")
+        return self._always | set(allowed_special)
+
+    def _normalize(self, text):
+        return unicodedata.normalize("NFC", text) if self.nfc else text
+
+    def encode(self, text, allowed_special=frozenset()):
+        return self._enc.encode(self._normalize(text), allowed_special=self._allowed(allowed_special),
+                                disallowed_special=())
+
+    def encode_batch(self, texts, allowed_special=frozenset()):
+        return self._enc.encode_batch([self._normalize(t) for t in texts],
+                                      allowed_special=self._allowed(allowed_special), disallowed_special=())
+
+    def decode(self, ids):
+        """ids: a list or 1-D tensor/array. The mask id shows as <|mask|>; bad UTF-8 as U+FFFD."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids
+        ids = [ids] if isinstance(ids, int) else ids
+        pieces, run = [], []
+        for i in ids:
+            try:
+                i = operator.index(i)
+            except TypeError:
+                raise ValueError(f"decode expects a 1-D sequence of ids, got an element {i!r}") from None
+            if i == self.mask_id:
+                pieces += [self._enc.decode_bytes(run), MASK_TEXT.encode()]
+                run = []
+            elif 0 <= i < self._vocab_size and i not in self._holes:
+                run.append(i)
+            else:
+                raise ValueError(f"id {i} is not in the vocabulary of {self.name} "
+                                 f"(ids 0..{self._vocab_size - 1}, mask {self.mask_id})")
+        pieces.append(self._enc.decode_bytes(run))
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    # ---- facts ----
+    @property
+    def vocab_size(self):
+        """Number of ids the tokenizer uses (largest id + 1); the mask id is not counted."""
+        return self._vocab_size
+
+    @property
+    def mask_id(self):
+        return self._vocab_size
+
+    @property
+    def eos_id(self):
+        if EOS not in self._special:
+            raise ValueError(f"{self.name} has no {EOS} token")
+        return self._special[EOS]
+
+    @property
+    def special_tokens(self):
+        """All added tokens (both Hugging Face kinds), text -> id."""
+        return dict(self._special)
+
+    def __repr__(self):
+        return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, nfc={self.nfc})"
