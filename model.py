@@ -104,8 +104,8 @@ PRESETS = {
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
     # the embedded default's AR teacher: byte-level vocabulary (259 tokens, row 259 free for the mask)
-    "tiny": dict(vocab_size=320, hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rope_theta=10_000.0,
+    "tiny": dict(vocab_size=320, hidden_size=128, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, rope_theta=10_000.0,
                  tie_word_embeddings=True, bos_token_id=256, eos_token_id=256, torch_dtype="float32"),
 }
 # the same vocabulary in a model small enough for the tests
@@ -349,24 +349,24 @@ class Qwen3(nn.Module):
     def from_pretrained(cls, path, device=None, dtype=None):
         """Load a Hugging Face Qwen3 directory (config.json + model.safetensors or a sharded index).
         Tensors go straight to `device` in their stored dtype, or are cast to `dtype` there."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        from safetensors import SafetensorError, safe_open
         path = Path(path)
         config = load_config(path)
         files = weight_files(path)
-        device = torch.device(device or "cpu")
+        device = str(torch.device(device or "cpu"))
         state = {}
         for f in files:
             try:
-                state.update(load_file(f, device=str(device)))
+                with safe_open(f, "pt", device=device) as sf:
+                    for k in sf.keys():  # one tensor at a time: a dtype cast never holds two full copies
+                        t = sf.get_tensor(k)
+                        state[k] = t if dtype is None else t.to(dtype)
             except (SafetensorError, OSError) as e:
                 raise ValueError(f"{f}: cannot read safetensors file ({e}); is it truncated or corrupt?") from None
         if config.tie_word_embeddings:
             state.pop("lm_head.weight", None)  # tied: the head is the embedding matrix
         elif "lm_head.weight" not in state:
             raise ValueError(f"{path}: untied config (tie_word_embeddings=false) but no lm_head.weight")
-        if dtype is not None:
-            state = {k: v.to(dtype) for k, v in state.items()}
         with torch.device("meta"):
             model = cls(config)
         keys = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())

@@ -13,6 +13,7 @@ At the end it prints the validation loss next to the corpus's unigram entropy (t
 that knows only token frequencies) and a few greedy samples.
 """
 import argparse
+import json
 import math
 import time
 from pathlib import Path
@@ -31,16 +32,16 @@ p.add_argument("--data", default="data/stdlib", help="a directory prepared by da
 p.add_argument("--out_dir", default="out/ar-tiny")
 p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape when starting from scratch")
 p.add_argument("--init", default=None, help="start from this Qwen3 checkpoint instead of random weights")
-p.add_argument("--max_iters", type=int, default=1200)
+p.add_argument("--max_iters", type=int, default=600)
 p.add_argument("--batch_size", type=int, default=16)
 p.add_argument("--seq_len", type=int, default=256)
 p.add_argument("--grad_accum", type=int, default=1)
-p.add_argument("--lr", type=float, default=3e-3)
-p.add_argument("--min_lr", type=float, default=3e-4)
-p.add_argument("--warmup", type=int, default=50)
+p.add_argument("--lr", type=float, default=6e-3)
+p.add_argument("--min_lr", type=float, default=6e-4)
+p.add_argument("--warmup", type=int, default=20)
 p.add_argument("--weight_decay", type=float, default=0.1)
 p.add_argument("--grad_clip", type=float, default=1.0)
-p.add_argument("--eval_interval", type=int, default=200)
+p.add_argument("--eval_interval", type=int, default=100)
 p.add_argument("--eval_batches", type=int, default=16)
 p.add_argument("--compile", action="store_true", help="torch.compile the model")
 p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
@@ -124,7 +125,7 @@ if __name__ == "__main__":
 
     tokens_per_step = args.batch_size * args.seq_len * args.grad_accum
     bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="pretrain")
-    t = time.time()
+    t, last_val, t_start = time.time(), float("nan"), time.time()
     for step in bar:
         lr = training.lr_at(step, args.lr, args.min_lr, args.warmup, args.max_iters)
         for g in opt.param_groups:
@@ -144,20 +145,23 @@ if __name__ == "__main__":
         if (m := training.mfu(model, rec["tokens_per_s"], args.seq_len, device)) is not None:
             rec["mfu"] = m
         if step % args.eval_interval == 0 or step == args.max_iters - 1:
-            rec["val_loss"] = evaluate(fwd, val_batches, ctx)
+            rec["val_loss"] = last_val = evaluate(fwd, val_batches, ctx)
             training.save_checkpoint(out_dir, model, tok, opt, step, gen, extra=vars(args))
             t = time.time()  # evaluation and saving are not training time
         log(**rec)
-        bar.set_postfix(loss=f"{rec['loss']:.3f}", val=f"{rec.get('val_loss', float('nan')):.3f}",
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", val=f"{last_val:.3f}",
                         tok_s=f"{rec['tokens_per_s']:.0f}")
 
     val = evaluate(fwd, val_batches, ctx)
     h = unigram_entropy(np.asarray(val_data))
     print(f"\nvalidation loss {val:.3f} nats/token ({val / math.log(2):.3f} bits) vs unigram entropy "
           f"{h:.3f} nats ({h / math.log(2):.3f} bits) of the validation tokens")
-    docs = [d for d in data.documents(val_data, tok.eos_id) if len(d) > 64]
-    for d in docs[: args.samples]:
-        prompt = torch.tensor(d[:48].astype(np.int64), device=device)[None]
-        model.eval()
+    results = dict(val_loss=val, unigram_entropy=h, steps=args.max_iters, params=model.num_params(),
+                   train_seconds_this_run=time.time() - t_start, tokens_seen=args.max_iters * tokens_per_step)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # also: "this run finished"
+    model.eval()
+    for text in [tok.decode(d.tolist()) for d in data.documents(val_data, tok.eos_id)][: args.samples]:
+        start = max(0, text.find("\ndef ") + 1)  # prompt: the start of the first function, if there is one
+        prompt = torch.tensor([tok.encode(text[start:])[:48]], device=device)
         out = greedy(model, prompt, 96)[0]
         print(f"--- prompt: {tok.decode(prompt[0].tolist())!r}\n{tok.decode(out.tolist())}")

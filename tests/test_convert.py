@@ -1,17 +1,13 @@
 """convert.py: weights copied byte for byte, the DLM fields in config.json, and each refusal."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import run_script
 from convert import convert
 from model import Qwen3, preset
 from tokenizer import Tokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -83,7 +79,7 @@ def test_refuses_dlm_source_and_other_architectures(ar, tmp_path):
 
 
 def test_cli(ar, tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "convert.py", *a], cwd=ROOT, capture_output=True, text=True)
+    run = lambda *a: run_script("convert.py", *a)
     r = run("--ar", str(ar), "--out_dir", str(tmp_path / "c"), "--attn", "block", "--block_size", "4")
     assert r.returncode == 0 and '"attn": "block"' in r.stdout, r.stderr
     r = run("--ar", str(ar), "--out_dir", str(tmp_path / "d"), "--attn", "sideways")
