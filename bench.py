@@ -16,6 +16,18 @@ so that noise from other processes on the machine hits both alike. How to read t
 - --compile adds a row for torch.compile(ours) (its first warmup step includes compilation).
 
 Example: python bench.py --preset tiny --batch_size 8 --seq_len 256
+
+--what sample: the samplers of sample.py on --preset's random weights or --ckpt DIR's trained ones, 16-token
+prompts, runs interleaved, median of --iters (default 3 here) after 1 warmup. Three tables: (1) AR greedy
+with the static KV cache against recomputing the whole sequence for every token, at --seq_len/4, /2 and
+--seq_len new tokens (the cache's advantage grows with the length); (2) our ar_generate against transformers'
+generate(do_sample=False) on the same weights, batch 1 and --batch_size (ragged, left-padded prompts),
+--seq_len/2 new tokens, with whether the tokens agree; (3) block diffusion (block 4 unless the checkpoint
+has one; shift and mask token from the checkpoint, else shifted, the last embedding row) with and without
+its KV cache at several thresholds, --seq_len/2 tokens. Random weights give near-uniform predictions, so
+every threshold commits one token per round there: use --ckpt for meaningful tokens per forward.
+
+Example: python bench.py --what sample --ckpt out/ar-tiny
 """
 import argparse
 import os
@@ -129,13 +141,95 @@ def bench_model(args, device, dtype):
         print(f"| ours / HF (time) | {ratio:.2f}x |" + " |" * (head.count("|") - 3))
 
 
+# ---- --what sample -------------------------------------------------------------------------------
+
+def bench_sample(args, device, dtype):
+    from sample import ar_generate, block_generate
+    if args.ckpt:
+        model = Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
+    else:
+        torch.set_default_dtype(dtype)
+        with torch.device(device):
+            model = Qwen3(preset(args.preset)).init_weights(seed=0).eval()
+        torch.set_default_dtype(torch.float32)
+    c, iters = model.config, args.iters or 3
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, min(256, c.vocab_size), (n,), generator=g).tolist()
+               for n in (16, 9, 12, 16, 5, 16, 11, 3)]  # ragged: left-padded in a batch
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def race(runs, warmup=1):
+        """runs: {name: fn -> Generation}, run interleaved -> {name: (median seconds, last Generation)}."""
+        times, out = {k: [] for k in runs}, {}
+        for i in range(warmup + iters):
+            for k, fn in runs.items():
+                sync()
+                t0 = time.perf_counter()
+                out[k] = fn()
+                sync()
+                if i >= warmup:
+                    times[k].append(time.perf_counter() - t0)
+        return {k: (statistics.median(times[k]), out[k]) for k in runs}
+
+    src = args.ckpt or f"preset {args.preset}, random weights"
+    print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}; {src}; "
+          f"median of {iters} after 1 warmup, interleaved\n")
+    print("AR greedy, batch 1, 16-token prompt: static KV cache vs recomputing the whole sequence per token\n")
+    print("| new tokens | cached tokens/s | recompute tokens/s | cached speed-up | tokens per forward | same tokens |")
+    print("|---|---|---|---|---|---|")
+    for n in (args.seq_len // 4, args.seq_len // 2, args.seq_len):
+        r = race({c_: (lambda c_=c_: ar_generate(model, prompts[:1], n, use_cache=c_)) for c_ in (True, False)})
+        (tc, gc), (tr, gr) = r[True], r[False]
+        print(f"| {n} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {n / gc.nfe:.2f} | "
+              f"{'yes' if torch.equal(gc.tokens, gr.tokens) else 'NO'} |")
+
+    if not args.no_hf:
+        import transformers
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)
+            hf = transformers.Qwen3ForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=dtype).to(device)
+        hf.eval()
+        hf.generation_config.eos_token_id = None  # both run the full length
+        n = args.seq_len // 2
+        print(f"\nAR greedy, {n} new tokens: ours (static cache) vs transformers generate(do_sample=False), "
+              "same weights; batch > 1: ragged prompts, left-padded\n")
+        print("| batch | ours tokens/s | HF tokens/s | ours speed-up | same tokens |")
+        print("|---|---|---|---|---|")
+        for B in sorted({1, args.batch_size}):
+            pad = ar_generate(model, prompts[:B], 1)  # for the left-padded prompts and their attention mask
+            x = pad.tokens[:, :pad.start]
+            real = (torch.arange(pad.start, device=device) >= (pad.start - pad.prompt_lens)[:, None]).long()
+            r = race({"ours": lambda: ar_generate(model, prompts[:B], n),
+                      "hf": lambda: hf.generate(input_ids=x, attention_mask=real, max_new_tokens=n, do_sample=False,
+                                                pad_token_id=0)})
+            (to, go), (th, gh) = r["ours"], r["hf"]
+            same = int((go.generated == gh[:, x.shape[1]:]).all(1).sum())
+            print(f"| {B} | {B * n / to:,.0f} | {B * n / th:,.0f} | {th / to:.2f}x | {same}/{B} rows |")
+
+    bs, n = c.block_size or 4, args.seq_len // 2
+    mask = c.mask_token_id if c.mask_token_id is not None else c.vocab_size - 1
+    shift = c.shift if c.shift is not None else True
+    print(f"\nBlock diffusion, batch 1, {n} tokens, block {bs}, shift {shift}: KV cache vs recomputing everything "
+          "each round\n")
+    print("| threshold | cached tokens/s | recompute tokens/s | cached speed-up | tokens per forward | same tokens |")
+    print("|---|---|---|---|---|---|")
+    for thr in (0.5, 0.7, 0.9, 1.01):
+        kw = dict(block_size=bs, threshold=thr, mask_token_id=mask, shift=shift)
+        r = race({c_: (lambda c_=c_: block_generate(model, prompts[:1], n, use_cache=c_, **kw))
+                  for c_ in (True, False)})
+        (tc, gc), (tr, gr) = r[True], r[False]
+        print(f"| {thr} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {n / gc.nfe:.2f} | "
+              f"{'yes' if torch.equal(gc.tokens, gr.tokens) else 'NO'} |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--what", default="model", choices=["model"], help="which benchmark to run")
+    p.add_argument("--what", default="model", choices=["model", "sample"], help="which benchmark to run")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seq_len", type=int, default=256)
-    p.add_argument("--iters", type=int, default=10, help="timed steps per model (the median is reported)")
+    p.add_argument("--iters", type=int, default=None, help="timed runs of each (the median is reported); default "
+                   "10 (model), 3 (sample)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -143,14 +237,18 @@ def main():
     p.add_argument("--compile", action="store_true", help="add a row for torch.compile(ours)")
     p.add_argument("--no_hf", action="store_true", help="skip transformers (two copies of a big model may not fit)")
     p.add_argument("--grad_checkpoint", action="store_true", help="gradient checkpointing in both models")
+    p.add_argument("--ckpt", default=None, help="sample: trained weights from this checkpoint instead of --preset")
     args = p.parse_args()
-    if args.iters < 1:
+    if args.iters is not None and args.iters < 1:
         p.error("--iters must be at least 1")
     device, _ = setup(args.device)  # we cast the weights instead of training.py's autocast
     auto = torch.bfloat16 if device.type == "cuda" else torch.float32
     dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
     if args.what == "model":
+        args.iters = args.iters or 10
         bench_model(args, device, dtype)
+    else:
+        bench_sample(args, device, dtype)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,16 @@ def test_help():
 
 
 def test_model_table_with_ratio():
-    pytest.importorskip("transformers")
     r = run("--preset", "tiny", "--batch_size", "1", "--seq_len", "16", "--iters", "1", "--warmup", "0")
     assert r.returncode == 0, r.stderr
     assert "| model | ms/step | tokens/s |" in r.stdout
     assert "| ours |" in r.stdout and "| transformers (sdpa) |" in r.stdout
     assert "| ours / HF (time) |" in r.stdout
+
+
+def test_sample_tables():
+    r = run("--what", "sample", "--seq_len", "8", "--batch_size", "2", "--iters", "1")
+    assert r.returncode == 0, r.stderr
+    assert "| new tokens | cached tokens/s | recompute tokens/s | cached speed-up |" in r.stdout
+    assert "| 2 |" in r.stdout and "2/2 rows" in r.stdout  # ours and transformers' greedy tokens agree
+    assert "| threshold |" in r.stdout and "| 1.01 |" in r.stdout and "| NO |" not in r.stdout

@@ -9,7 +9,7 @@ import torch
 
 from model import KVCache, Qwen3, Qwen3Config, attention_mask, load_config, preset
 
-transformers = pytest.importorskip("transformers")
+import transformers  # the reference implementation (requirements-dev.txt)
 
 # head_dim 24 != hidden 64 / 4 heads; 4 query heads share 2 KV heads (GQA)
 TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -1,0 +1,352 @@
+"""
+Samplers for the AR teacher and both kinds of diffusion student, and a CLI that picks one from the
+checkpoint's config (attn: causal -> AR, bidirectional -> masked diffusion, block -> block diffusion).
+
+    python sample.py --ckpt out/ar-tiny --prompt "def fib(n):" --max_new_tokens 64
+    python sample.py --ckpt out/dlm-tiny --prompt "def fib(n):" --max_new_tokens 64 --block_length 32 --steps 64
+    python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --max_new_tokens 64 --threshold 0.9
+
+What is notable here:
+- ar_generate: a static KV cache allocated once for prompt + new tokens and written in place slot by slot
+  (gpt-fast). Ragged prompts are left-padded; the pads are hidden from every query by an explicit mask
+  and RoPE positions count from each row's first real token, so a row of a batch equals that prompt alone.
+- diffusion_generate: LLaDA's semi-autoregressive sampler with low-confidence (or random) remasking, the
+  number of tokens committed per step precomputed; `threshold` switches to Fast-dLLM's parallel decoding
+  (commit every prediction at or above it, at least one per step, until the block is done).
+- block_generate: block diffusion with an exact KV cache. The first forward on block b also carries block
+  b-1 with its final tokens, so each finished block enters the cache once, inside a forward that was
+  needed anyway: the cached sampler uses exactly as many forwards as the slow no-cache reference.
+- The shift convention (config.shift): a shifted DLM's prediction for slot i is read at slot i-1.
+- One helper, `sample`, applies temperature / top-k / top-p the same way in all three, bans the mask
+  token, returns each choice's confidence, and draws with an explicit torch.Generator (an exponential
+  race, which unlike torch.multinomial needs no host sync).
+- No host sync inside the loops but the stopping checks: "block done" in the threshold modes (once per
+  forward: that is what parallel decoding saves), "every row has produced eos" (once per block; AR: once
+  every STOP_EVERY tokens).
+
+Common arguments: `prompt`, a (B, T) LongTensor or a list of token lists (ragged: left-padded with pad_id,
+default eos_id, else 0); temperature (0: greedy), top_k, top_p; eos_id; generator (a torch.Generator on the
+model's device; default: freshly seeded); mask_token_id and shift (default: the model's config);
+vocab_limit (ids >= it are never emitted; the CLI passes the tokenizer's size, so unused embedding rows
+never come out). Each sampler returns a Generation.
+"""
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+
+from model import Qwen3, attention_mask
+
+STOP_EVERY = 32  # AR: how many tokens between the (host-syncing) "every row has produced eos" checks
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Generation:
+    tokens: torch.Tensor  # (B, P + N): the left-padded prompts, then the generated tokens
+    prompt_lens: torch.Tensor  # (B,) real prompt tokens per row: row b's prompt is tokens[b, P - len_b : P]
+    start: int  # P, the slot of the first generated token
+    nfe: int  # number of model forwards used
+    rounds: torch.Tensor | None = None  # (B, N) block_generate(record=True): the round (0 = the first forward
+    # on its block) in which each position was committed; -1 where never generated (early stop at eos)
+
+    @property
+    def generated(self):  # (B, N)
+        return self.tokens[:, self.start:]
+
+    def sequence(self, b):  # row b without its left padding: (len_b + N,)
+        return self.tokens[b, self.start - int(self.prompt_lens[b]):]
+
+
+def sample(logits, temperature=0.0, top_k=None, top_p=None, generator=None, ban=None):
+    """logits (..., V) -> tokens (...), confidence (...): the probability of each chosen token under the
+    distribution it was drawn from (temperature-scaled, top-k/top-p filtered; the plain softmax when greedy).
+    `ban` (V,) is added first: -inf at ids never to emit (the mask token)."""
+    logits = logits.float() if ban is None else logits.float() + ban
+    if temperature == 0:
+        probs = logits.softmax(-1)
+        tok = probs.argmax(-1)
+    else:
+        logits = logits / temperature
+        if top_k is not None:
+            kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, NEG_INF)
+        if top_p is not None:
+            srt, idx = logits.sort(-1, descending=True)
+            p = srt.softmax(-1)
+            drop = p.cumsum(-1) - p > top_p  # outside the smallest set with mass >= top_p (never the top token)
+            logits = logits.masked_fill(drop.scatter(-1, idx, drop), NEG_INF)
+        probs = logits.softmax(-1)
+        race = torch.empty_like(probs).exponential_(generator=generator)
+        tok = (probs / race).argmax(-1)  # distributed as multinomial(probs), without its host sync
+    return tok, probs.gather(-1, tok[..., None])[..., 0]
+
+
+def choose(conf, masked, n=None, threshold=None):
+    """Which masked positions to commit: the n most confident (n a 0-d tensor), or with a threshold every one
+    whose confidence is >= threshold and at least the most confident. conf, masked: (B, T) -> (B, T) bool."""
+    conf = conf.masked_fill(~masked, NEG_INF)
+    rank = conf.argsort(dim=-1, descending=True, stable=True).argsort(-1)  # 0 = the most confident masked position
+    return masked & ((rank < n) if threshold is None else (conf >= threshold) | (rank == 0))
+
+
+def attend(rule, q, real, block_size=None):
+    """(B, 1, Tq, S) boolean mask for query slots q (Tq,) over key slots 0..S-1, S = real.shape[1]: the rule
+    ("causal" | "bidirectional" | "block") in slot coordinates, pads (real False) hidden from every query.
+    A pad query still sees itself, so no row is all False (SDPA would return NaN)."""
+    k = torch.arange(real.shape[1], device=real.device)
+    return ((attention_mask(rule, q, k, block_size) & real[:, None, :]) | (q[:, None] == k))[:, None]
+
+
+def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
+    """prompt: a (B, T) LongTensor or a list of token lists / 1-D tensors (ragged: left-padded with pad_id to
+    P, a multiple of `multiple`). -> x (B, P + n_new) with `fill` after the prompts, prompt_lens (B,), P,
+    real (B, P + n_new) bool (the slot holds a token, not a pad), pos (B, P + n_new) RoPE positions."""
+    dev = model.model.embed_tokens.weight.device
+    if torch.is_tensor(prompt) and prompt.dim() != 2:
+        raise ValueError(f"a prompt tensor must be (B, T), got {tuple(prompt.shape)}")
+    rows = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in prompt]
+    if not rows or min(len(r) for r in rows) == 0:
+        raise ValueError("every prompt needs at least one token")
+    P = -(-max(len(r) for r in rows) // multiple) * multiple
+    x = torch.full((len(rows), P + n_new), fill, dtype=torch.long, device=dev)
+    x[:, :P] = pad_id
+    for b, r in enumerate(rows):
+        x[b, P - len(r):P] = r.to(dev)
+    lens = torch.tensor([len(r) for r in rows], device=dev)
+    rel = torch.arange(P + n_new, device=dev) - (P - lens)[:, None]  # slot minus the row's pad count
+    return x, lens, P, rel >= 0, rel.clamp(min=0)
+
+
+def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id):
+    """The shared arguments: ban (V,) (-inf at the mask token and ids >= vocab_limit), the generator, pad id."""
+    dev = model.model.embed_tokens.weight.device
+    ban = torch.zeros(model.config.vocab_size, device=dev)
+    if mask_token_id is not None:
+        ban[mask_token_id] = NEG_INF
+    if vocab_limit is not None:
+        ban[vocab_limit:] = NEG_INF
+    if generator is None:
+        generator = torch.Generator(dev)
+        generator.seed()  # fresh randomness, never the global RNG; pass a seeded generator to reproduce
+    return ban, generator, pad_id if pad_id is not None else eos_id if eos_id is not None else 0
+
+
+def dlm_fields(model, mask_token_id, shift):
+    c = model.config
+    mask_id = c.mask_token_id if mask_token_id is None else mask_token_id
+    shift = c.shift if shift is None else shift
+    if mask_id is None or shift is None:
+        raise ValueError("a diffusion sampler needs mask_token_id and shift (from the checkpoint's config: "
+                         "convert.py writes them, or pass them)")
+    return mask_id, int(shift)
+
+
+def eos_fill(x, P, eos_id):
+    """In place: every generated position after a row's first eos becomes eos."""
+    if eos_id is not None:
+        gen = x[:, P:]
+        x[:, P:] = gen.masked_fill((gen == eos_id).cumsum(1) > 0, eos_id)
+    return x
+
+
+@torch.no_grad()
+def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None, pad_id=None,
+                generator=None, mask_token_id=None, vocab_limit=None, use_cache=True):
+    """Causal decoding (greedy when temperature == 0) with a static KV cache; rows that produced eos_id emit
+    pad_id (default eos_id) from then on. use_cache=False recomputes the whole sequence per token (reference)."""
+    mask_id = model.config.mask_token_id if mask_token_id is None else mask_token_id
+    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
+    x, lens, P, real, pos = prepare(model, prompt, max_new_tokens, pad_id, pad_id)
+    B, L = x.shape
+    slots = torch.arange(L, device=x.device)
+    cache = model.new_cache(B, L) if use_cache else None  # (layers, B, kv_heads, L, head_dim), written by slot
+    done = torch.zeros(B, dtype=torch.bool, device=x.device)
+    nfe = 0
+    for t in range(P, L):  # t: the slot being generated
+        a = t - 1 if use_cache and t > P else 0  # the cache holds slots < t-1: feed only the newest token
+        kw = dict(cache=cache, slots=slots[a:t]) if use_cache else {}
+        mask = attend("causal", slots[a:t], real[:, :L if use_cache else t])  # (B, 1, t-a, L or t)
+        logits = model(x[:, a:t], attn=mask, pos=pos[:, a:t], **kw)  # (B, t-a, V)
+        nfe += 1
+        tok, _ = sample(logits[:, -1], temperature, top_k, top_p, generator, ban)  # (B,)
+        x[:, t] = torch.where(done, pad_id, tok)
+        if eos_id is not None:
+            done |= tok == eos_id
+            if (t - P) % STOP_EVERY == STOP_EVERY - 1 and done.all():  # a host sync, once per STOP_EVERY
+                break
+    return Generation(x, lens, P, nfe)
+
+
+@torch.no_grad()
+def diffusion_generate(model, prompt, gen_length, block_length, steps, temperature=0.0, top_k=None, top_p=None,
+                       remasking="low_confidence", threshold=None, eos_id=None, pad_id=None, generator=None,
+                       mask_token_id=None, shift=None, vocab_limit=None):
+    """LLaDA: the response starts fully masked and is denoised block by block (block_length), `steps` spread
+    evenly over the blocks; each step commits the most confident predictions of the current block
+    ("low_confidence") or random ones ("random"). With `threshold` (Fast-dLLM), each step instead commits
+    every prediction with confidence >= threshold, at least one, until the block is done (`steps` unused)."""
+    mask_id, shift = dlm_fields(model, mask_token_id, shift)
+    if remasking not in ("low_confidence", "random"):
+        raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
+    if gen_length % block_length:
+        raise ValueError(f"gen_length {gen_length} is not a multiple of block_length {block_length}")
+    n_blocks = gen_length // block_length
+    if threshold is None and (steps % n_blocks or steps < n_blocks):
+        raise ValueError(f"steps {steps} must be a positive multiple of the number of blocks {n_blocks}")
+    if threshold is not None and remasking != "low_confidence":
+        raise ValueError("threshold decoding needs remasking='low_confidence'")
+    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
+    x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id)
+    slots = torch.arange(x.shape[1], device=x.device)
+    attn = "bidirectional" if real.all() else attend("bidirectional", slots, real)  # (B, 1, L, L) with pads
+    # LLaDA's schedule: a block's block_length tokens over its steps, evenly, the remainder first. (spb,)
+    spb = block_length if threshold is not None else steps // n_blocks
+    n_commit = block_length // spb + (torch.arange(spb, device=x.device) < block_length % spb).long()
+    nfe = 0
+    for b in range(n_blocks):
+        s, e = P + b * block_length, P + (b + 1) * block_length  # the block's slots
+        for i in range(spb):
+            masked = x[:, s:e] == mask_id  # (B, block_length)
+            logits = model(x, attn=attn, pos=pos)  # (B, L, V)
+            nfe += 1
+            tok, conf = sample(logits[:, s - shift:e - shift], temperature, top_k, top_p, generator, ban)
+            if remasking == "random":
+                conf = torch.rand(conf.shape, generator=generator, device=x.device)
+            commit = choose(conf, masked, n_commit[i], threshold)
+            x[:, s:e] = torch.where(commit, tok, x[:, s:e])
+            if threshold is not None and not (masked & ~commit).any():  # block done: a host sync per forward
+                break
+        if eos_id is not None and (x[:, P:e] == eos_id).any(1).all():  # every row is finished
+            break
+    return Generation(eos_fill(x, P, eos_id), lens, P, nfe)
+
+
+@torch.no_grad()
+def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, temperature=0.0, top_k=None,
+                   top_p=None, use_cache=True, record=False, eos_id=None, pad_id=None, generator=None,
+                   mask_token_id=None, shift=None, vocab_limit=None):
+    """Block diffusion for block-attention DLMs: blocks of block_size are denoised one after the other, each
+    round committing every prediction with confidence >= threshold (at least one). Finished blocks are
+    written into the KV cache once (exact: later blocks cannot change them); use_cache=False recomputes the
+    whole sequence every round (the slow reference, same results). record=True fills Generation.rounds."""
+    mask_id, shift = dlm_fields(model, mask_token_id, shift)
+    bs = block_size or model.config.block_size
+    if not bs:
+        raise ValueError("block_generate needs a block size (argument or the checkpoint's config.block_size)")
+    if gen_length % bs or threshold is None:
+        raise ValueError(f"gen_length {gen_length} must be a multiple of the block size {bs}, and a threshold set")
+    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
+    # Alignment: the prompt is left-padded to P, a multiple of bs, so generated block b occupies the slots
+    # [P + b*bs, P + (b+1)*bs) and the model's block rule (slot // bs) applies in slot coordinates, prompt
+    # blocks included (pads hidden). distill.py trains with the same convention.
+    x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id, multiple=bs)
+    B, L = x.shape
+    slots = torch.arange(L, device=x.device)
+    cache = model.new_cache(B, L) if use_cache else None
+    rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
+    nfe = 0
+    for b in range(gen_length // bs):
+        s, e = P + b * bs, P + (b + 1) * bs  # the block's slots
+        for r in range(bs):  # every round commits at least one token of each unfinished row
+            # With the cache, round 0 feeds the previous block (the prompt, for b = 0) with its final tokens
+            # along with the masked block: their keys/values enter the cache once, here. Later rounds feed
+            # the block alone. Without the cache every round feeds slots 0..e-1.
+            a = 0 if not use_cache or (r == 0 and b == 0) else s - bs if r == 0 else s  # first slot fed
+            kw = dict(cache=cache, slots=slots[a:e]) if use_cache else {}
+            mask = attend("block", slots[a:e], real[:, :L if use_cache else e], bs)  # (B, 1, e-a, L or e)
+            logits = model(x[:, a:e], attn=mask, pos=pos[:, a:e], **kw)  # (B, e-a, V)
+            nfe += 1
+            if shift and a == s:  # slot s-1 (the previous block's last token) is not in this forward: its
+                # logits are round 0's, unchanged since then because slot s-1 cannot see block b
+                logits = torch.cat([edge, logits[:, :-1]], 1)
+            else:
+                edge = logits[:, s - a - 1:s - a]  # (B, 1, V): slot s-1's logits, kept for the later rounds
+                logits = logits[:, s - a - shift:e - a - shift]  # (B, bs, V): the predictions for slots s..e-1
+            masked = x[:, s:e] == mask_id  # (B, bs)
+            tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
+            commit = choose(conf, masked, threshold=threshold)
+            x[:, s:e] = torch.where(commit, tok, x[:, s:e])
+            if record:
+                rounds[:, s - P:e - P] = torch.where(commit, r, rounds[:, s - P:e - P])
+            if not (masked & ~commit).any():  # block done: a host sync per forward
+                break
+        if eos_id is not None and (x[:, P:e] == eos_id).any(1).all():  # every row is finished
+            break
+    return Generation(eos_fill(x, P, eos_id), lens, P, nfe, rounds)
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory; its config.attn picks the sampler")
+    p.add_argument("--prompt", default="def ")
+    p.add_argument("--num_samples", type=int, default=1, help="rows of one batch, all from --prompt")
+    p.add_argument("--max_new_tokens", type=int, default=64, help="AR: at most; DLMs: the generation length")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top_k", type=int, default=None)
+    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
+    p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N, one token a step)")
+    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"], help="diffusion")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="diffusion: Fast-dLLM parallel decoding (default off); block: default 0.9")
+    p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
+    p.add_argument("--no_cache", action="store_true", help="block: recompute everything each round (reference)")
+    p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
+    p.add_argument("--ignore_eos", action="store_true", help="do not stop at <|endoftext|>")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model's forward")
+    args = p.parse_args()
+    if args.num_samples < 1 or args.max_new_tokens < 1:
+        p.error("--num_samples and --max_new_tokens must be positive")
+    import training  # after argument parsing, so that --help stays fast
+    device, _ = training.setup(args.device, args.seed)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        model = Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
+        tok = training.load_tokenizer(args.ckpt, model.config)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"sample: {e}")
+    ids = tok.encode(args.prompt)
+    if not ids:
+        raise SystemExit("sample: --prompt encodes to no tokens")
+    prompt = torch.tensor([ids] * args.num_samples, device=device)
+    kind, N = model.config.attn, args.max_new_tokens
+    common = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, vocab_limit=tok.vocab_size,
+                  eos_id=None if args.ignore_eos else tok.eos_id,
+                  generator=torch.Generator(device).manual_seed(args.seed))
+    if kind != "causal":
+        common["shift"] = None if args.shift is None else args.shift == "true"
+    fwd = torch.compile(model) if args.compile else model  # OptimizedModule forwards .config, .new_cache
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    try:
+        if kind == "causal":
+            gen = ar_generate(fwd, prompt, N, **common)
+        elif kind == "bidirectional":
+            bl = args.block_length or min(32, N)
+            gen = diffusion_generate(fwd, prompt, N, bl, args.steps or N, remasking=args.remasking,
+                                     threshold=args.threshold, **common)
+        else:
+            gen = block_generate(fwd, prompt, N, args.block_size, 0.9 if args.threshold is None else args.threshold,
+                                 use_cache=not args.no_cache, **common)
+    except ValueError as e:
+        raise SystemExit(f"sample: {e}")
+    sync()
+    dt = time.perf_counter() - t0
+    for b in range(args.num_samples):
+        seq = gen.sequence(b).tolist()
+        if common["eos_id"] in seq[len(ids):]:  # show the sample up to its first eos
+            seq = seq[:seq.index(common["eos_id"], len(ids)) + 1]
+        print(f"--- sample {b}\n{tok.decode(seq)}")
+    sampler = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block diffusion"}[kind]
+    print(f"{sampler}: {args.num_samples} x {N} tokens in {dt:.2f} s, {args.num_samples * N / dt:.1f} tokens/s, "
+          f"{N / gen.nfe:.2f} tokens per forward ({gen.nfe} forwards)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""align.py: the alignment loss against a slow re-implementation (loops over layers and positions), the
+positions S under both shift conventions, λ = 0 never touching the teacher, frozen tensors shared and
+unchanged, the teacher never changing, resume == no interruption, learning, NaN and refusals."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import align
+import convert
+import data
+import diffusion
+import training
+from conftest import run_script
+from model import Qwen3, Qwen3Model, preset
+from tokenizer import Tokenizer
+
+SMALL = ["--batch_size", "4", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2", "--samples", "1",
+         "--sample_len", "16"]
+
+
+def run(*args):
+    return run_script("align.py", *args)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny corpus, a micro AR 'teacher' (random weights) and its conversions (shift true and false)."""
+    src, root = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("world")
+    for i in range(12):
+        (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
+    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2)
+    Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
+    Tokenizer.byte_level().save_pretrained(root / "ar")
+    convert.convert(root / "ar", root / "dlm", "bidirectional")
+    convert.convert(root / "ar", root / "dlm_noshift", "bidirectional", shift=False)
+    convert.convert(root / "ar", root / "block", "block", block_size=4)
+    return root
+
+
+def common(world, out, *extra):
+    return ["--init", world / "dlm", "--data", world / "data", "--out_dir", out, *SMALL, *extra]
+
+
+def log(out):
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def slow_align(hs, ht, masked, layers, shift, mode):
+    """1 - the mean over (ℓ, i ∈ S) of a·b / (|a| |b|), by explicit loops."""
+    B, T = masked.shape
+    total, count = 0.0, 0
+    for l in layers:
+        for b in range(B):
+            for i in range(T):
+                if mode == "all" or (masked[b, i + 1] if shift and i + 1 < T else (not shift and masked[b, i])):
+                    a, c = hs[l][b, i].double(), ht[l][b, i].double()
+                    total, count = total + (a @ c) / (a.norm() * c.norm()), count + 1
+    return 1 - total / count
+
+
+@pytest.mark.parametrize("shift", [True, False])
+@pytest.mark.parametrize("mode", ["masked", "all"])
+def test_align_loss_matches_slow_loops(shift, mode):
+    g = torch.Generator().manual_seed(0)
+    hs, ht = [torch.randn(2, 7, 5, generator=g) for _ in range(4)], [torch.randn(2, 7, 5, generator=g) for _ in range(4)]
+    masked = torch.rand(2, 7, generator=g) < 0.5
+    masked[:, 0] = False if shift else masked[:, 0]
+    for layers in ([0, 1, 2, 3], [1, 3]):
+        got, per_layer = align.align_loss(hs, ht, align.align_rows(masked, shift, mode), layers)
+        assert torch.allclose(got.double(), slow_align(hs, ht, masked, layers, shift, mode), atol=1e-6)
+        assert per_layer.shape == (len(layers),)
+    rows = align.align_rows(masked, shift, mode)
+    l2, _ = align.align_loss(hs, ht, rows, [0, 2], "l2")
+    want = sum(((hs[l][rows] - ht[l][rows]) ** 2).sum(-1).mean() / 5 for l in (0, 2)) / 2  # mean of |a-b|^2 / C
+    assert torch.allclose(l2, want)
+
+
+def test_align_positions_and_layers():
+    masked = torch.tensor([[False, True, False, True, True]])
+    assert align.align_rows(masked, True, "masked").tolist() == [[True, False, True, True, False]]  # i-1 for masked i
+    assert align.align_rows(masked, False, "masked").tolist() == masked.tolist()
+    assert align.align_rows(masked, True, "all").all()
+    assert align.parse_layers("all", 7) == list(range(7))
+    assert align.parse_layers("mid", 7) == [2, 3] and align.parse_layers("top", 7) == [4, 5, 6]
+    assert align.parse_layers("0,-1,3", 7) == [0, 3, 6]
+    with pytest.raises(SystemExit):
+        align.parse_layers("9", 7)
+
+
+@pytest.mark.parametrize("ckpt", ["dlm", "dlm_noshift"])
+def test_loss_step_end_to_end_against_slow(world, ckpt):
+    """loss_step's alignment term equals loops over full forwards: student on xt (bidirectional), teacher on
+    clean x0 (causal), at the rows i-1 (shift) or i (no shift) of the masked positions i."""
+    student = Qwen3.from_pretrained(world / ckpt)
+    with torch.no_grad():  # make the student differ from the teacher
+        for q in student.parameters():
+            q.add_(0.01 * torch.randn(q.shape, generator=torch.Generator().manual_seed(1)))
+    teacher = align.load_teacher(world / "ar", student)
+    args = align.p.parse_args([])
+    x0 = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(2))
+    loss, stats = align.loss_step(student, teacher, x0, torch.Generator().manual_seed(3), args, [0, 1, 2])
+    xt, masked, t = diffusion.corrupt(x0, 259, student.config.shift, torch.Generator().manual_seed(3), args.eps)
+    _, hs = student(xt, attn="bidirectional", output_hidden_states=True)
+    _, ht = teacher(x0, attn="causal", output_hidden_states=True)
+    want = slow_align(hs, ht, masked, [0, 1, 2], student.config.shift, "masked")
+    assert torch.allclose(stats["align_loss"].double(), want, atol=1e-5)
+    assert torch.allclose(loss, stats["diff_loss"] + 10 * stats["align_loss"])
+
+
+def test_lambda_zero_never_loads_or_runs_the_teacher(world, tmp_path, monkeypatch):
+    load, forward = Qwen3.from_pretrained.__func__, Qwen3Model.forward
+
+    def no_teacher(cls, path, *a, **kw):
+        assert Path(path).resolve() != (world / "ar").resolve(), "the teacher was loaded"
+        return load(cls, path, *a, **kw)
+
+    def no_causal(self, idx, attn, *a, **kw):
+        assert attn != "causal", "a causal (teacher) forward ran"
+        return forward(self, idx, attn, *a, **kw)
+
+    monkeypatch.setattr(Qwen3, "from_pretrained", classmethod(no_teacher))
+    monkeypatch.setattr(Qwen3Model, "forward", no_causal)
+    r = run(*common(world, tmp_path / "l0"), "--teacher", world / "ar", "--lambda_align", "0", "--max_iters", "3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no teacher" in r.stdout and all("align_loss" not in rec for rec in log(tmp_path / "l0"))
+    with pytest.raises(AssertionError, match="teacher was loaded"):  # the trap works: λ > 0 springs it
+        run(*common(world, tmp_path / "l10"), "--teacher", world / "ar", "--max_iters", "1")
+
+
+def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
+    student = Qwen3.from_pretrained(world / "dlm")
+    student.freeze(["embed", "mlp"])
+    teacher = align.load_teacher(world / "ar", student)
+    frozen = {n: q for n, q in student.named_parameters() if not q.requires_grad}
+    assert "model.embed_tokens.weight" in frozen and any(".mlp." in n for n in frozen)
+    for n, q in frozen.items():
+        assert teacher.get_parameter(n) is q and teacher.get_parameter(n).data_ptr() == q.data_ptr()
+    assert teacher.lm_head.weight is student.model.embed_tokens.weight  # tied: the head too
+    assert student.model.layers[0].self_attn.q_proj.weight.data_ptr() != teacher.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    before_t = {k: v.clone() for k, v in teacher.state_dict().items()}
+    before_s = {k: v.clone() for k, v in student.state_dict().items()}
+    seen = []
+    orig_fwd = teacher.model.forward
+    teacher.model.forward = lambda idx, attn, *a: seen.append((idx.clone(), attn)) or orig_fwd(idx, attn, *a)
+    args, gen = align.p.parse_args([]), torch.Generator().manual_seed(0)
+    opt = training.configure_optimizer(student, 1e-2, 0.1)
+    for _ in range(3):
+        x0 = torch.randint(0, 256, (2, 16), generator=gen)
+        loss, _ = align.loss_step(student, teacher, x0, gen, args, list(range(3)))
+        loss.backward()
+        assert all(q.grad is None for q in frozen.values())
+        assert all(q.grad is None for q in teacher.parameters())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        assert torch.equal(seen[-1][0], x0) and seen[-1][1] == "causal"  # the teacher sees the clean x0, causally
+    after_s = student.state_dict()
+    for k, v in teacher.state_dict().items():
+        assert torch.equal(v, before_t[k]), f"teacher tensor {k} changed"
+    for k, v in after_s.items():
+        frozen_k = k in frozen or k == "lm_head.weight"
+        assert torch.equal(v, before_s[k]) == frozen_k, k
+
+
+def test_script_freeze_keeps_frozen_weights_and_refuses_scratch_with_freeze(world, tmp_path):
+    out = tmp_path / "frz"
+    r = run(*common(world, out), "--freeze", "lm_head,mlp", "--max_iters", "3", "--samples", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "tied embeddings" in r.stdout and "shares the student's" in r.stdout
+    init, got = Qwen3.from_pretrained(world / "dlm").state_dict(), Qwen3.from_pretrained(out).state_dict()
+    for k in init:
+        assert torch.equal(init[k], got[k]) == (".mlp." in k or "embed" in k or k == "lm_head.weight"), k
+    r = run(*common(world, tmp_path / "scr"), "--scratch", "--freeze", "embed", "--max_iters", "2")
+    assert r.returncode == 1 and "differs between student and teacher" in r.stderr
+
+
+def test_learns_writes_results_and_samples(world, tmp_path):
+    out = tmp_path / "learn"
+    r = run(*common(world, out), "--max_iters", "30", "--eval_interval", "29", "--lr", "3e-3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = log(out)
+    assert len(recs) == 30 and all({"diff_loss", "align_loss", "align_per_layer", "tokens_per_s"} <= set(x) for x in recs)
+    assert len(recs[0]["align_per_layer"]) == 3  # micro: embedding output, 1 block, final norm
+    first, last = recs[0], recs[-1]
+    assert last["val_loss@0.5"] < first["val_loss@0.5"] - 0.5 and last["val_nelbo"] < first["val_nelbo"] - 0.5
+    res = json.loads((out / "results.json").read_text())
+    assert res["steps"] == 30 and res["val_acc@0.15"] > first["val_acc@0.15"] and res["step_seconds"] > 0
+    assert "--- prompt:" in r.stdout and "forwards" in r.stdout  # samples from sample.py
+    assert Qwen3.from_pretrained(out).config.attn == "bidirectional"
+
+
+def test_resume_after_kill(world, tmp_path):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    args = ["--max_iters", "8", "--eval_interval", "4", "--samples", "0", "--freeze", "embed"]
+    assert run(*common(world, full), *args).returncode == 0
+    orig = training.save_checkpoint
+
+    def save_and_die(out_dir, *a, **kw):
+        orig(out_dir, *a, **kw)
+        if a[3] == 4:
+            raise SystemExit(3)
+
+    training.save_checkpoint = save_and_die
+    try:
+        assert run(*common(world, cut), *args).returncode == 3
+    finally:
+        training.save_checkpoint = orig
+    r = run(*common(world, cut), *args, "--resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got, want = log(cut), log(full)
+    key = lambda recs: [(x["step"], x["loss"], x["diff_loss"], x["align_loss"]) for x in recs]
+    assert key(got) == key(want[:4]) + key(want[5:])  # step 4's own record was lost with the kill
+    assert got[-1]["val_nelbo"] == want[-1]["val_nelbo"]
+
+
+def test_nan_stops_cleanly_and_refusals(world, tmp_path):
+    out = tmp_path / "nan"
+    r = run(*common(world, out), "--max_iters", "30", "--eval_interval", "1", "--lr", "1e12", "--grad_clip", "1e30")
+    assert r.returncode == 1 and "at step" in r.stderr and "last good checkpoint" in r.stderr
+    assert Qwen3.from_pretrained(out)
+    for ckpt in ("ar", "block"):  # a causal or block checkpoint is not a REPR-ALIGN student
+        r = run(*common(world, tmp_path / ckpt), "--init", world / ckpt)
+        assert r.returncode == 1 and "not a bidirectional DLM" in r.stderr and "convert.py" in r.stderr
+    r = run(*common(world, tmp_path / "f"), "--freeze", "head")
+    assert r.returncode == 2 and "unknown groups" in r.stderr
+
+
+def test_ablation_flags_run(world, tmp_path):
+    out = tmp_path / "abl"
+    r = run(*common(world, out), "--init", world / "dlm_noshift", "--align_metric", "l2", "--extra_ce", "--loss_norm",
+            "elbo", "--align_positions", "all", "--align_layers", "top", "--grad_checkpoint", "--grad_accum", "2",
+            "--max_iters", "2", "--samples", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = log(out)
+    assert len(recs) == 2 and len(recs[0]["align_per_layer"]) == 1 and recs[0]["align_loss"] > 0
+    assert "shift=False" in r.stdout

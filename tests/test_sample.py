@@ -1,0 +1,303 @@
+"""sample.py against slow, obvious re-implementations written here: AR greedy with the static cache and
+ragged batches against full recomputation of each prompt alone; LLaDA one-token-per-step against a
+position-by-position loop; block diffusion with the cache against without, its recorded rounds replayed;
+the shift convention on a model whose predictions are a known function of the slot; the mask token never
+emitted even when it is the model's favourite; eos; seeds; and the CLI on a saved checkpoint of each kind."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sample as S
+from conftest import run_script
+from model import Qwen3, Qwen3Config, preset
+from sample import ar_generate, block_generate, diffusion_generate
+from tokenizer import Tokenizer
+
+V, MASK, EOS = 48, 47, 1
+CFG = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+           num_key_value_heads=1, head_dim=16, max_position_embeddings=512, rope_theta=10_000.0,
+           bos_token_id=EOS, eos_token_id=EOS, torch_dtype="float32", mask_token_id=MASK)
+PROMPTS = [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13]]  # ragged: left-padded in a batch
+
+
+def make(attn="causal", shift=None, block_size=None, seed=0):
+    """A random model with large weights: peaked, context-dependent logits, so greedy is deterministic."""
+    m = Qwen3(Qwen3Config(**CFG, attn=attn, shift=shift, block_size=block_size)).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            p.copy_(base + torch.randn(p.shape, generator=g) * (0.2 if base else 0.5))
+    return m
+
+
+def oracle(m, f, by="slot"):
+    """Replace the logits by 10 * one_hot(f(i)) at each fed position, i its cache slot (or sequence index) or,
+    by="pos", its RoPE position: the model's prediction at i is f(i), whatever the tokens."""
+    def hook(mod, args, kwargs, out):
+        i = kwargs.get("pos") if by == "pos" else kwargs.get("slots")
+        i = torch.arange(args[0].shape[1]) if i is None else i
+        return 10 * F.one_hot(f(i), V).float().expand(out.shape).clone()
+    m.register_forward_hook(hook, with_kwargs=True)
+    return m
+
+
+def greedy(logits):
+    logits = logits.clone()
+    logits[..., MASK] = float("-inf")
+    probs = logits.softmax(-1)
+    return probs.max(-1)  # (confidence, token)
+
+
+# ---- the shared sampling helper ---------------------------------------------------------------
+
+def test_sample_helper_filters():
+    logits = torch.randn(64, V, generator=torch.Generator().manual_seed(0)) * 3
+    ban = torch.zeros(V)
+    ban[MASK] = float("-inf")
+    tok, conf = S.sample(logits, ban=ban)
+    want_conf, want_tok = greedy(logits)
+    assert torch.equal(tok, want_tok) and torch.allclose(conf, want_conf)
+    g = lambda s: torch.Generator().manual_seed(s)  # noqa: E731
+    for kw in (dict(top_k=1), dict(top_p=1e-6)):  # both leave only the top token
+        tok, conf = S.sample(logits, 1.0, generator=g(0), ban=ban, **kw)
+        assert torch.equal(tok, want_tok) and torch.allclose(conf, torch.ones(64))
+    tok, conf = S.sample(logits.expand(50, 64, V), 2.0, top_k=3, generator=g(1), ban=ban)
+    top3 = (logits + ban).topk(3, -1).indices
+    assert (tok[..., None] == top3).any(-1).all() and (tok != top3[:, 0]).any()  # only the top 3, not only the top 1
+    p3 = ((logits + ban) / 2).topk(3, -1).values.softmax(-1).expand(50, 64, 3)  # renormalised top-3 probabilities
+    which = (tok[..., None] == top3).float().argmax(-1, keepdim=True)  # (50, 64, 1): the chosen one's rank
+    assert torch.allclose(conf, p3.gather(-1, which)[..., 0])  # confidence: its probability after filtering
+    a, b = S.sample(logits, 1.0, generator=g(5))[0], S.sample(logits, 1.0, generator=g(5))[0]
+    assert torch.equal(a, b) and not torch.equal(a, S.sample(logits, 1.0, generator=g(6))[0])
+
+
+# ---- AR ---------------------------------------------------------------------------------------
+
+def slow_ar(m, ids, n):
+    """Greedy by full recomputation, one prompt, no cache, no padding."""
+    x = torch.tensor([ids])
+    for _ in range(n):
+        x = torch.cat([x, greedy(m(x, attn="causal")[0, -1])[1].view(1, 1)], 1)
+    return x[0]
+
+
+def test_ar_cache_equals_full_recomputation_ragged():
+    m = make()
+    gen = ar_generate(m, PROMPTS, 12)
+    assert gen.tokens.shape == (3, 7 + 12) and gen.prompt_lens.tolist() == [3, 7, 1] and gen.nfe == 12
+    assert (gen.tokens[0, :4] == 0).all()  # left-padded with pad_id (0 without eos)
+    for b, ids in enumerate(PROMPTS):  # every row of the ragged batch equals that prompt generated alone
+        assert torch.equal(gen.sequence(b), slow_ar(m, ids, 12)), b
+    assert torch.equal(ar_generate(m, PROMPTS, 12, use_cache=False).tokens, gen.tokens)
+    x = torch.tensor([PROMPTS[1], PROMPTS[1][::-1]])  # a (B, T) tensor prompt
+    assert torch.equal(ar_generate(m, x, 12).generated[1], slow_ar(m, PROMPTS[1][::-1], 12)[7:])
+
+
+def test_ar_eos_rows_stop():
+    f = lambda p: torch.where(p == 6, EOS, (3 * p + 2) % 40 + 2)  # noqa: E731  predicts eos at RoPE position 6
+    m = oracle(make(), f, by="pos")
+    n = S.STOP_EVERY + 8
+    gen = ar_generate(m, PROMPTS, n, eos_id=EOS)
+    assert gen.nfe == S.STOP_EVERY  # every row had stopped at the first check
+    for b, ids in enumerate(PROMPTS):
+        want = f(torch.arange(len(ids) - 1, len(ids) - 1 + n))  # AR: slot t comes from position t-1
+        first = int((want == EOS).nonzero()[0])
+        want[first:] = EOS
+        assert torch.equal(gen.sequence(b)[len(ids):], want), b
+    free = ar_generate(m, PROMPTS, 8)  # without eos_id, rows go on
+    assert torch.equal(free.sequence(0)[3:], f(torch.arange(2, 10)))
+
+
+# ---- masked diffusion ---------------------------------------------------------------------------
+
+def slow_llada(m, ids, gen_length, block_length, shift):
+    """LLaDA with one token per step, position by position: full bidirectional forward, then commit the single
+    most confident masked position of the current block (the first on ties); shift reads position i at i-1."""
+    x, P = list(ids) + [MASK] * gen_length, len(ids)
+    for blk in range(gen_length // block_length):
+        for _ in range(block_length):
+            conf, tok = greedy(m(torch.tensor([x]), attn="bidirectional")[0])
+            best = None
+            for i in range(P + blk * block_length, P + (blk + 1) * block_length):
+                j = i - 1 if shift else i
+                if x[i] == MASK and (best is None or conf[j] > conf[best[1]]):
+                    best = (i, j)
+            x[best[0]] = int(tok[best[1]])
+    return torch.tensor(x)
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_diffusion_one_token_per_step_equals_slow_reference(shift):
+    m = make("bidirectional", shift=shift)
+    gen = diffusion_generate(m, PROMPTS, 8, 4, steps=8)
+    assert gen.nfe == 8
+    for b, ids in enumerate(PROMPTS):
+        assert torch.equal(gen.sequence(b), slow_llada(m, ids, 8, 4, shift)), b
+    # an unreachable threshold degrades to one token per step: the same tokens, one forward per token
+    slow = diffusion_generate(m, PROMPTS, 8, 4, steps=2, threshold=1.01)
+    assert slow.nfe == 8 and torch.equal(slow.tokens, gen.tokens)
+    assert diffusion_generate(m, PROMPTS, 8, 4, steps=8, threshold=0.0).nfe == 2  # all at once: a forward a block
+    two = diffusion_generate(m, PROMPTS, 8, 4, steps=4)  # two tokens per step
+    assert two.nfe == 4 and (two.generated != MASK).all()
+
+
+def test_diffusion_random_remasking_and_eos():
+    m = make("bidirectional", shift=True)
+    g = torch.Generator().manual_seed(0)
+    gen = diffusion_generate(m, PROMPTS, 8, 8, steps=8, remasking="random", generator=g)
+    assert gen.nfe == 8 and (gen.generated != MASK).all()
+    P = 7
+    m = oracle(make("bidirectional", shift=False), lambda i: torch.where(i == P + 5, EOS, i % 40 + 2))
+    gen = diffusion_generate(m, PROMPTS, 16, 4, steps=16, eos_id=EOS)
+    want = torch.arange(P, P + 16) % 40 + 2
+    want[5:] = EOS  # everything after the first eos is eos
+    assert (gen.generated == want).all() and gen.nfe == 8  # stopped after block 1, which holds every row's eos
+    for b, ids in enumerate(PROMPTS):  # prompts untouched
+        assert gen.sequence(b)[:len(ids)].tolist() == ids
+    assert torch.equal(gen.tokens[0, :4], torch.full((4,), EOS))  # pad_id defaults to eos_id
+
+
+# ---- block diffusion ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shift", [True, False])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_block_cache_equals_no_cache(shift, temperature):
+    m = make("block", shift=shift, block_size=4)
+    runs = [block_generate(m, PROMPTS, 16, threshold=0.7, temperature=temperature, use_cache=c, record=True,
+                           generator=torch.Generator().manual_seed(3)) for c in (True, False)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].rounds, runs[1].rounds)
+    assert runs[0].nfe == runs[1].nfe
+    assert runs[0].start == 8 and runs[0].tokens.shape == (3, 8 + 16)  # the prompt padded to a multiple of 4
+    if temperature == 0:  # each row of the ragged batch equals that prompt alone
+        for b, ids in enumerate(PROMPTS):
+            assert torch.equal(block_generate(m, [ids], 16, threshold=0.7).generated[0], runs[0].generated[b])
+
+
+def test_block_recorded_rounds():
+    m = make("block", shift=False, block_size=4)
+    ids = list(range(6, 14))  # 8 tokens: no pads, so the replay below needs no mask
+    for thr in (0.0, 0.5, 0.9, 1.01):
+        gen = block_generate(m, [ids], 16, threshold=thr, record=True)
+        r = gen.rounds[0].view(4, 4)  # (blocks, bs)
+        assert (r >= 0).all()  # every generated position was committed in some round
+        for blk in r:  # rounds 0..R-1, each committing at least one token
+            assert set(blk.tolist()) == set(range(int(blk.max()) + 1))
+        assert gen.nfe == int((r.max(1).values + 1).sum())  # one forward per round, the cache costs none
+        if thr > 1:  # one token per round
+            assert all(sorted(blk.tolist()) == [0, 1, 2, 3] for blk in r) and gen.nfe == 16
+        if thr == 0:
+            assert (r == 0).all() and gen.nfe == 4
+    # replay: re-mask the positions committed at or after round k; the slow full forward's most confident
+    # masked prediction is the one committed in round k, with the token it got
+    gen = block_generate(m, [ids], 16, threshold=1.01, record=True)
+    x, rounds = gen.tokens[0], gen.rounds[0]
+    for blk in range(4):
+        s, e = 8 + 4 * blk, 8 + 4 * (blk + 1)
+        for k in range(4):
+            y = x[:e].clone()  # earlier blocks final (later ones are invisible under block attention anyway)
+            y[s:e][rounds[s - 8:e - 8] >= k] = MASK
+            conf, tok = greedy(m(y[None], attn="block", block_size=4)[0, s:e])  # unshifted: read at i
+            conf[y[s:e] != MASK] = -1
+            i = int(conf.argmax())
+            assert rounds[s - 8 + i] == k and tok[i] == x[s + i], (blk, k)
+
+
+def test_block_eos_stops_early():
+    P = 8
+    m = oracle(make("block", shift=False, block_size=4), lambda i: torch.where(i == P + 5, EOS, i % 40 + 2))
+    gen = block_generate(m, PROMPTS, 16, eos_id=EOS, record=True)
+    want = torch.arange(P, P + 16) % 40 + 2
+    want[5:] = EOS
+    assert (gen.generated == want).all() and gen.nfe == 2  # one round per block, stopped after block 1
+    assert (gen.rounds[:, :8] == 0).all() and (gen.rounds[:, 8:] == -1).all()  # blocks 2, 3 never generated
+
+
+# ---- every sampler: shift, the mask token, seeds ------------------------------------------------
+
+def run_all(m_for, **kw):
+    """{name: Generation} of the DLM samplers on models built by m_for(attn)."""
+    return {"diffusion": diffusion_generate(m_for("bidirectional"), PROMPTS, 8, 4, steps=8, **kw),
+            "block": block_generate(m_for("block"), PROMPTS, 8, threshold=0.9, **kw),
+            "block (no cache)": block_generate(m_for("block"), PROMPTS, 8, threshold=0.9, use_cache=False, **kw)}
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_shift_convention(shift):
+    """The prediction for slot i is read at slot i-1 when shifted, at i otherwise (a model that predicts f(i) at i)."""
+    f = lambda i: (3 * i + 2) % 40 + 2  # noqa: E731
+    gens = run_all(lambda attn: oracle(make(attn, shift=shift, block_size=4), f))
+    for name, gen in gens.items():
+        slots = torch.arange(gen.start, gen.start + 8)
+        assert (gen.generated == (f(slots - 1) if shift else f(slots))).all(), name
+
+
+def test_mask_token_never_emitted_even_when_favourite():
+    def favour_mask(m):
+        bias = torch.zeros(V)
+        bias[MASK] = 100.0
+        m.register_forward_hook(lambda mod, args, out: out + bias)
+        return m
+    m = favour_mask(make())
+    assert (m(torch.tensor([PROMPTS[1]])).argmax(-1) == MASK).all()  # the raw model wants the mask everywhere
+    for t in (0.0, 1.0):
+        gens = run_all(lambda attn: favour_mask(make(attn, shift=True, block_size=4)), temperature=t)
+        gens["ar"] = ar_generate(m, PROMPTS, 8, temperature=t)
+        for name, gen in gens.items():
+            assert (gen.tokens != MASK).all(), (name, t)
+
+
+@pytest.mark.parametrize("name", ["ar", "diffusion", "block"])
+def test_seeds(name):
+    m = make({"ar": "causal", "diffusion": "bidirectional", "block": "block"}[name], shift=True, block_size=4)
+    run = {"ar": lambda **kw: ar_generate(m, PROMPTS, 8, **kw),
+           "diffusion": lambda **kw: diffusion_generate(m, PROMPTS, 8, 4, steps=8, **kw),
+           "block": lambda **kw: block_generate(m, PROMPTS, 8, **kw)}[name]
+    assert torch.equal(run().tokens, run().tokens)  # greedy: deterministic (any generator)
+    seeded = lambda s: run(temperature=1.0, generator=torch.Generator().manual_seed(s)).tokens  # noqa: E731
+    assert torch.equal(seeded(0), seeded(0)) and not torch.equal(seeded(0), seeded(1))
+
+
+def test_bad_arguments():
+    m = make("bidirectional", shift=True)
+    for call in (lambda: diffusion_generate(m, PROMPTS, 10, 4, steps=10),  # not a multiple of the block
+                 lambda: diffusion_generate(m, PROMPTS, 8, 4, steps=3),
+                 lambda: diffusion_generate(m, [[]], 8, 4, steps=8),
+                 lambda: block_generate(m, PROMPTS, 8),  # no block size anywhere
+                 lambda: diffusion_generate(make(), PROMPTS, 8, 4, steps=8, mask_token_id=MASK)):  # no shift
+        with pytest.raises(ValueError):
+            call()
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpts")
+    for attn, shift, bs in [("causal", None, None), ("bidirectional", True, None), ("block", False, 4)]:
+        cfg = preset("micro", attn=attn, shift=shift, block_size=bs, mask_token_id=None if shift is None else 259)
+        Qwen3(cfg).init_weights(0).save_pretrained(root / attn)
+        Tokenizer.byte_level().save_pretrained(root / attn)
+    return root
+
+
+def test_cli_help():
+    r = run_script("sample.py", "--help")
+    assert r.returncode == 0 and "--ckpt" in r.stdout and "--threshold" in r.stdout
+
+
+@pytest.mark.parametrize("attn,sampler", [("causal", "AR"), ("bidirectional", "masked diffusion"),
+                                          ("block", "block diffusion")])
+def test_cli_each_kind(ckpts, attn, sampler):
+    r = run_script("sample.py", "--ckpt", ckpts / attn, "--prompt", "def fib(n):", "--max_new_tokens", 8,
+                   "--num_samples", 2, "--temperature", 0.8, "--top_k", 20, "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("--- sample") == 2 and r.stdout.count("def fib(n):") == 2
+    assert f"{sampler}: 2 x 8 tokens" in r.stdout and "tokens/s" in r.stdout and "tokens per forward" in r.stdout
+
+
+def test_cli_errors(ckpts, tmp_path):
+    r = run_script("sample.py", "--ckpt", tmp_path / "nope", "--device", "cpu")
+    assert r.returncode == 1 and "config.json not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_script("sample.py", "--ckpt", ckpts / "block", "--max_new_tokens", 6, "--device", "cpu")
+    assert r.returncode == 1 and "multiple of the block size 4" in r.stderr
