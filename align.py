@@ -192,10 +192,7 @@ def print_samples(model, tok, val_data, args, device):
         print(f"(no samples: sample.py could not be imported: {e})")
         return
     model.eval()
-    prompts = []
-    for text in [tok.decode(d.tolist()) for d in data.documents(val_data, tok.eos_id)][: args.samples]:
-        start = max(0, text.find("\ndef ") + 1)  # prompt: the start of the first function, if there is one
-        prompts.append(tok.encode(text[start:])[:32])
+    prompts = data.code_prompts(val_data, tok, args.samples, 32)
     n, bl = args.sample_len, 32 if args.sample_len % 32 == 0 else args.sample_len
     gen = sample.diffusion_generate(model, prompts, n, bl, n, eos_id=tok.eos_id, vocab_limit=tok.vocab_size,
                                     generator=torch.Generator(device).manual_seed(args.seed))

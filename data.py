@@ -228,6 +228,15 @@ def eval_batches(data, batch_size, seq_len, n_batches, device="cpu"):
     return [_stack(data, offsets[b * batch_size:(b + 1) * batch_size], seq_len, device) for b in range(n_batches)]
 
 
+def code_prompts(data, tok, n, length):
+    """n prompts of `length` tokens for showing samples: each validation document from the start of its first
+    function (`def ` at the start of a line), or from its beginning when it has none."""
+    prompts = []
+    for text in [tok.decode(d.tolist()) for d in documents(data, tok.eos_id)][:n]:
+        start = max(0, text.find("\ndef ") + 1)
+        prompts.append(tok.encode(text[start:])[:length])
+    return prompts
+
 def documents(data, eos_id):
     """Split a token array at eos into documents (eos removed, empty ones dropped)."""
     data = np.asarray(data)

@@ -10,7 +10,7 @@ What is notable: the output is an ordinary Hugging Face Qwen3 directory (config.
 model.safetensors, tokenizer.json), so every later script treats it exactly like a real Qwen3
 checkpoint; `--init DIR` continues from any Qwen3 checkpoint instead of random weights.
 At the end it prints the validation loss next to the corpus's unigram entropy (the loss of a model
-that knows only token frequencies) and a few greedy samples.
+that knows only token frequencies) and a few greedy and sampled (temperature 0.8) continuations.
 """
 import argparse
 import json
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import data
+import sample
 import training
 from model import PRESETS, Qwen3, preset
 
@@ -48,7 +49,7 @@ p.add_argument("--grad_checkpoint", action="store_true", help="activation checkp
 p.add_argument("--device", default="auto")
 p.add_argument("--seed", type=int, default=1337)
 p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
-p.add_argument("--samples", type=int, default=3, help="greedy samples printed at the end")
+p.add_argument("--samples", type=int, default=3, help="prompts continued at the end (greedy and sampled)")
 
 
 def positive(name):
@@ -78,14 +79,6 @@ def unigram_entropy(tokens):
     counts = np.bincount(tokens, minlength=1).astype(np.float64)
     q = counts[counts > 0] / counts.sum()
     return float(-(q * np.log(q)).sum())
-
-
-@torch.no_grad()
-def greedy(model, ids, n):
-    """Greedy continuation by full recomputation (sample.py has the fast, cached sampler)."""
-    for _ in range(n):
-        ids = torch.cat([ids, model(ids, attn="causal")[:, -1:].argmax(-1)], 1)
-    return ids
 
 
 if __name__ == "__main__":
@@ -159,9 +152,9 @@ if __name__ == "__main__":
     results = dict(val_loss=val, unigram_entropy=h, steps=args.max_iters, params=model.num_params(),
                    train_seconds_this_run=time.time() - t_start, tokens_seen=args.max_iters * tokens_per_step)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # also: "this run finished"
-    model.eval()
-    for text in [tok.decode(d.tolist()) for d in data.documents(val_data, tok.eos_id)][: args.samples]:
-        start = max(0, text.find("\ndef ") + 1)  # prompt: the start of the first function, if there is one
-        prompt = torch.tensor([tok.encode(text[start:])[:48]], device=device)
-        out = greedy(model, prompt, 96)[0]
-        print(f"--- prompt: {tok.decode(prompt[0].tolist())!r}\n{tok.decode(out.tolist())}")
+    prompts = data.code_prompts(val_data, tok, args.samples, 48)
+    for temperature in (0.0, 0.8) if prompts else ():  # greedy, then sampled, with sample.py's cached AR sampler
+        gen = sample.ar_generate(model.eval(), prompts, 96, temperature, vocab_limit=tok.vocab_size,
+                                 generator=torch.Generator(device).manual_seed(args.seed))
+        for b, ids in enumerate(prompts):
+            print(f"--- temperature {temperature}, prompt {tok.decode(ids)!r}\n{tok.decode(gen.sequence(b).tolist())}")
