@@ -49,22 +49,8 @@ p.add_argument("--align_positions", default="masked", choices=["masked", "all"])
 p.add_argument("--align_metric", default="cos", choices=["cos", "l2"], help="l2: mean over (ℓ, i) of |h_s - h_t|^2 / C")
 p.add_argument("--extra_ce", action="store_true", help="add the public code's exp(-CE)·CE per masked token (detached weight)")
 p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_head")
-p.add_argument("--max_iters", type=int, default=200)
-p.add_argument("--batch_size", type=int, default=8)
-p.add_argument("--seq_len", type=int, default=256)
-p.add_argument("--grad_accum", type=int, default=1)
-p.add_argument("--lr", type=float, default=1e-3)
-p.add_argument("--min_lr", type=float, default=1e-4)
-p.add_argument("--warmup", type=int, default=10)
-p.add_argument("--weight_decay", type=float, default=0.1)
-p.add_argument("--grad_clip", type=float, default=1.0)
-p.add_argument("--eval_interval", type=int, default=50)
-p.add_argument("--eval_batches", type=int, default=8)
-p.add_argument("--compile", action="store_true", help="torch.compile the decoders")
-p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
-p.add_argument("--device", default="auto")
-p.add_argument("--seed", type=int, default=1337)
-p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
+training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=256, lr=1e-3, min_lr=1e-4, warmup=10,
+                       eval_interval=50, eval_batches=8)
 p.add_argument("--samples", type=int, default=3, help="diffusion samples printed at the end")
 p.add_argument("--sample_len", type=int, default=64)
 
@@ -90,6 +76,11 @@ def load_teacher(path, student, device="cpu"):
     shapes = lambda m: {k: v.shape for k, v in m.state_dict().items()}
     if shapes(teacher) != shapes(student) or teacher.config.tie_word_embeddings != student.config.tie_word_embeddings:
         raise SystemExit(f"align: the teacher {path} and the student have different shapes")
+    return share_frozen(student, teacher)
+
+
+def share_frozen(student, teacher):
+    """Make every frozen student tensor the teacher's too (checked equal first): no second copy in memory."""
     for name, param in student.named_parameters():
         if not param.requires_grad:
             if not torch.equal(param, teacher.get_parameter(name)):
@@ -205,10 +196,7 @@ def print_samples(model, tok, val_data, args, device):
 
 
 if __name__ == "__main__":
-    args = p.parse_args()
-    for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "lr", "eval_interval", "eval_batches"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name} must be positive")
+    args = training.parse_loop_args(p)
     if not 0 <= args.eps < 0.5 or args.lambda_align < 0:
         p.error("need 0 <= --eps < 0.5 and --lambda_align >= 0")
     freeze = [g for g in args.freeze.split(",") if g]

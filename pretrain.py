@@ -33,28 +33,9 @@ p.add_argument("--data", default="data/stdlib", help="a directory prepared by da
 p.add_argument("--out_dir", default="out/ar-tiny")
 p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape when starting from scratch")
 p.add_argument("--init", default=None, help="start from this Qwen3 checkpoint instead of random weights")
-p.add_argument("--max_iters", type=int, default=600)
-p.add_argument("--batch_size", type=int, default=16)
-p.add_argument("--seq_len", type=int, default=256)
-p.add_argument("--grad_accum", type=int, default=1)
-p.add_argument("--lr", type=float, default=6e-3)
-p.add_argument("--min_lr", type=float, default=6e-4)
-p.add_argument("--warmup", type=int, default=20)
-p.add_argument("--weight_decay", type=float, default=0.1)
-p.add_argument("--grad_clip", type=float, default=1.0)
-p.add_argument("--eval_interval", type=int, default=100)
-p.add_argument("--eval_batches", type=int, default=16)
-p.add_argument("--compile", action="store_true", help="torch.compile the model")
-p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
-p.add_argument("--device", default="auto")
-p.add_argument("--seed", type=int, default=1337)
-p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
+training.add_loop_args(p, max_iters=600, batch_size=16, seq_len=256, lr=6e-3, min_lr=6e-4, warmup=20,
+                       eval_interval=100, eval_batches=16)
 p.add_argument("--samples", type=int, default=3, help="prompts continued at the end (greedy and sampled)")
-
-
-def positive(name):
-    if getattr(args, name) <= 0:
-        p.error(f"--{name} must be positive")
 
 
 def ar_loss(model, x):
@@ -82,9 +63,7 @@ def unigram_entropy(tokens):
 
 
 if __name__ == "__main__":
-    args = p.parse_args()
-    for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "lr", "eval_interval", "eval_batches"):
-        positive(name)
+    args = training.parse_loop_args(p)
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     try:

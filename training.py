@@ -23,6 +23,29 @@ from model import Qwen3, atomic_write
 from tokenizer import Tokenizer
 
 
+def add_loop_args(p, **defaults):
+    """The training-loop flags every training script shares, with that script's defaults (max_iters, batch_size,
+    seq_len, lr, min_lr, warmup, eval_interval, eval_batches)."""
+    d = dict(grad_accum=1, weight_decay=0.1, grad_clip=1.0, **defaults)
+    for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "warmup", "eval_interval", "eval_batches"):
+        p.add_argument(f"--{name}", type=int, default=d[name])
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+        p.add_argument(f"--{name}", type=float, default=d[name])
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
+    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
+
+
+def parse_loop_args(p):
+    args = p.parse_args()
+    for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "lr", "eval_interval", "eval_batches"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name} must be positive")
+    return args
+
+
 def setup(device="auto", seed=1337):
     """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there)."""
     if device == "auto":
