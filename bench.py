@@ -27,6 +27,11 @@ has one; shift and mask token from the checkpoint, else shifted, the last embedd
 its KV cache at several thresholds, --seq_len/2 tokens. Random weights give near-uniform predictions, so
 every threshold commits one token per round there: use --ckpt for meaningful tokens per forward.
 
+--what align: one align.py training step for λ = 0 (the "AR fine-tuning" baseline: no teacher), λ = 10, and
+λ = 10 with embed+mlp frozen (shared with the teacher), interleaved; step-time ratios against λ = 0 (the
+teacher's forward is the overhead) and the throughput gain from freezing. On a GPU:
+`python bench.py --what align --preset qwen3-0.6b --seq_len 2048 --batch_size 1` adds MFU and peak memory.
+
 Example: python bench.py --what sample --ckpt out/ar-tiny
 """
 import argparse
@@ -39,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from model import PRESETS, Qwen3, preset
-from training import mfu, setup
+from training import mfu, peak_flops, setup
 
 
 def timeit(fn, warmup, iters):
@@ -222,9 +227,66 @@ def bench_sample(args, device, dtype):
               f"{'yes' if torch.equal(gc.tokens, gr.tokens) else 'NO'} |")
 
 
+# ---- --what align --------------------------------------------------------------------------------
+
+def bench_align(args, device, dtype):
+    """One REPR-ALIGN training step (corrupt, student forward on xt, teacher forward on x0, backward, AdamW)
+    for lambda = 0, lambda = 10, and lambda = 10 with embed+mlp frozen (shared with the teacher), interleaved."""
+    from types import SimpleNamespace
+
+    import align
+    from training import configure_optimizer
+    B, T = args.batch_size, args.seq_len
+    variants = {"λ=0 (AR fine-tuning)": (0.0, []), "λ=10": (10.0, []), "λ=10, freeze embed,mlp": (10.0, ["embed", "mlp"])}
+    steps = {}
+    for name, (lam, freeze) in variants.items():
+        student = build_ours(args, device, dtype)  # same seed: student and teacher start equal, as after convert.py
+        c = student.config
+        c.attn, c.mask_token_id, c.shift = "bidirectional", c.vocab_size - 1, True  # the last row: never a token
+        student.freeze(freeze)
+        teacher = align.share_frozen(student, build_ours(args, device, dtype).requires_grad_(False).eval()) if lam else None
+        opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
+        hp = SimpleNamespace(eps=1 / 500, loss_norm="mean", extra_ce=False, lambda_align=lam, align_positions="masked",
+                             align_metric="cos")
+        layers = list(range(c.num_hidden_layers + 1))
+        g = torch.Generator(device).manual_seed(0)
+
+        def step(student=student, teacher=teacher, opt=opt, hp=hp, layers=layers, g=g):
+            x0 = torch.randint(0, c.vocab_size - 1, (B, T), device=device, generator=g)
+            loss, _ = align.loss_step(student, teacher, x0, g, hp, layers)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        steps[name] = (step, align.flops_per_token(student, teacher, T), student)
+    cuda = device.type == "cuda"
+    times, peaks = {k: [] for k in steps}, {k: 0 for k in steps}
+    for i in range(args.warmup + args.iters):  # interleaved
+        for name, (step, _, _) in steps.items():
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            t = timeit(step, warmup=0, iters=1)
+            if i >= args.warmup:
+                times[name].append(t)
+                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(device) if cuda else 0)
+    print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}")
+    print(f"preset {args.preset}, batch {B} x seq_len {T}, one align.py training step, median of {args.iters} "
+          f"after {args.warmup} warmup, interleaved (all variants' models stay resident on the device)\n")
+    head = "| variant | ms/step | tokens/s | step time vs λ=0 |" + (" MFU | peak GiB (all resident) |" if cuda else "")
+    print(head + "\n" + "|---" * (head.count("|") - 1) + "|")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = med["λ=0 (AR fine-tuning)"]
+    for name, (_, fpt, _) in steps.items():
+        line = f"| {name} | {med[name] * 1e3:.1f} | {B * T / med[name]:,.0f} | {med[name] / base:.2f}x |"
+        if cuda:
+            peak = peak_flops(device)
+            line += f" {'n/a' if peak is None else f'{fpt * B * T / med[name] / peak:.1%}'} | {peaks[name] / 2**30:.2f} |"
+        print(line)
+    print(f"\nfreezing embed+mlp: {med['λ=10'] / med['λ=10, freeze embed,mlp']:.2f}x the throughput of λ=10 unfrozen")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--what", default="model", choices=["model", "sample"], help="which benchmark to run")
+    p.add_argument("--what", default="model", choices=["model", "sample", "align"], help="which benchmark to run")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seq_len", type=int, default=256)
@@ -247,6 +309,9 @@ def main():
     if args.what == "model":
         args.iters = args.iters or 10
         bench_model(args, device, dtype)
+    elif args.what == "align":
+        args.iters = args.iters or 5
+        bench_align(args, device, dtype)
     else:
         bench_sample(args, device, dtype)
 

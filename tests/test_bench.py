@@ -1,15 +1,9 @@
-"""bench.py runs end to end on a tiny shape and prints its table (speed itself is never asserted)."""
-import os
-import subprocess
-import sys
-
-import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""bench.py runs end to end on a tiny shape and prints its tables (speed itself is never asserted)."""
+from conftest import run_script
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return run_script("bench.py", *args)
 
 
 def test_help():
@@ -31,3 +25,11 @@ def test_sample_tables():
     assert "| new tokens | cached tokens/s | recompute tokens/s | cached speed-up |" in r.stdout
     assert "| 2 |" in r.stdout and "2/2 rows" in r.stdout  # ours and transformers' greedy tokens agree
     assert "| threshold |" in r.stdout and "| 1.01 |" in r.stdout and "| NO |" not in r.stdout
+
+
+def test_align_table():
+    r = run("--what", "align", "--preset", "micro", "--seq_len", "16", "--batch_size", "2", "--iters", "1",
+            "--warmup", "0")
+    assert r.returncode == 0, r.stderr
+    for row in ("| λ=0 (AR fine-tuning) |", "| λ=10 |", "| λ=10, freeze embed,mlp |", "the throughput of λ=10"):
+        assert row in r.stdout
