@@ -144,28 +144,13 @@ def loss_step(student, teacher, x0, gen, args, layers):
     return l_diff + args.lambda_align * l_align, dict(diff_loss=l_diff, align_loss=l_align, align_per_layer=per_layer)
 
 
-@torch.no_grad()
 def evaluate(model, batches, ctx):
-    """On fixed batches with fixed masks (the generator is reseeded identically at every call): masked-token
-    accuracy and mean CE at the mask ratios EVAL_RATIOS, and the negative ELBO (nats/token; t ~ U(ε, 1-ε))."""
+    """On fixed batches with fixed masks (diffusion.fixed_mask_eval, seed EVAL_SEED): masked-token accuracy and
+    mean CE at the mask ratios EVAL_RATIOS, and a one-draw negative ELBO (nats/token; t ~ U(ε, 1-ε))."""
     model.eval()
-    c, g = model.config, torch.Generator().manual_seed(EVAL_SEED)
-    ce, acc, n, nelbo = np.zeros(3), np.zeros(3), np.zeros(3), 0.0
-    for x0 in batches:
-        with ctx:
-            for k, r in enumerate(EVAL_RATIOS):
-                xt, masked, _ = diffusion.corrupt(x0, c.mask_token_id, c.shift, g, t=r)
-                logits, _ = diffusion.masked_logits(model, xt, masked)
-                target = x0[masked]
-                ce[k] += F.cross_entropy(logits.float(), target, reduction="sum").item()
-                acc[k] += (logits.argmax(-1) == target).sum().item()
-                n[k] += target.numel()
-            xt, masked, t = diffusion.corrupt(x0, c.mask_token_id, c.shift, g, ELBO_EPS)
-            nelbo += diffusion.diffusion_loss(model, x0, xt, masked, t, "elbo").item() / len(batches)
+    out = diffusion.fixed_mask_eval(model, batches, ctx, EVAL_RATIOS, EVAL_SEED, ELBO_EPS)
     model.train()
-    n = np.maximum(n, 1)
-    return {**{f"val_loss@{r}": ce[k] / n[k] for k, r in enumerate(EVAL_RATIOS)},
-            **{f"val_acc@{r}": acc[k] / n[k] for k, r in enumerate(EVAL_RATIOS)}, "val_nelbo": nelbo}
+    return out
 
 
 def flops_per_token(student, teacher, seq_len):

@@ -13,6 +13,8 @@ What is notable here:
 - Every random draw comes from the generator passed in, so a reseeded generator gives identical masks
   (evaluation scores every checkpoint on the same corruptions).
 """
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -89,3 +91,27 @@ def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None,
         w = (1.0 / (t.float() * n_tok))[:, None].expand(B, T)[masked]  # 1 / (t_b · L_b) per masked token
         loss = (ce * w).sum() / B  # L = (1/B) Σ_b (1/L_b) Σ_{i∈M_b} CE_{b,i} / t_b
     return (loss, hidden) if output_hidden_states else loss
+
+
+@torch.no_grad()
+def fixed_mask_eval(model, batches, ctx=None, ratios=(0.15, 0.5, 0.9), seed=1234, elbo_eps=1e-3):
+    """On fixed batches with fixed masks (one generator, seeded here, so every call and every checkpoint sees
+    the same corruptions): masked-token accuracy and mean CE at each mask ratio, and a one-draw negative ELBO
+    (nats/token, t ~ U(elbo_eps, 1-elbo_eps)). Shared by align.py's evaluation and eval.py's likelihood."""
+    c, g = model.config, torch.Generator().manual_seed(seed)
+    ctx = ctx or contextlib.nullcontext()
+    ce, acc, n, nelbo = [0.0] * len(ratios), [0] * len(ratios), [0] * len(ratios), 0.0
+    for x0 in batches:
+        with ctx:
+            for k, r in enumerate(ratios):
+                xt, masked, _ = corrupt(x0, c.mask_token_id, c.shift, g, t=r)
+                logits, _ = masked_logits(model, xt, masked)
+                target = x0[masked]
+                ce[k] += F.cross_entropy(logits.float(), target, reduction="sum").item()
+                acc[k] += (logits.argmax(-1) == target).sum().item()
+                n[k] += target.numel()
+            xt, masked, t = corrupt(x0, c.mask_token_id, c.shift, g, elbo_eps)
+            nelbo += diffusion_loss(model, x0, xt, masked, t, "elbo").item() / len(batches)
+    n = [max(v, 1) for v in n]
+    return {**{f"val_loss@{r}": ce[k] / n[k] for k, r in enumerate(ratios)},
+            **{f"val_acc@{r}": acc[k] / n[k] for k, r in enumerate(ratios)}, "val_nelbo": nelbo}

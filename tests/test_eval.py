@@ -1,0 +1,275 @@
+"""eval.py: pass@k against its closed form; likelihoods against slow loops and against the uniform model
+(ELBO = log2 V bits/token, perplexity = V); the HumanEval harness on the canonical solutions (pass@1 = 1),
+empty completions (0) and hostile completions (each caught, bounded time, nothing written outside, no secret
+leaked, no process left behind); generate and humaneval end to end on micro checkpoints."""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convert
+import data
+import diffusion
+import eval as E
+from conftest import ROOT, run_script
+from model import Qwen3, preset
+from tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny corpus; a micro AR model (random), its DLM conversions, and a uniform AR model (zero head)."""
+    src, root = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("world")
+    for i in range(12):
+        (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
+    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2)
+    for name, zero in (("ar", False), ("uniform", True)):
+        m = Qwen3(preset("micro")).init_weights(0)
+        if zero:
+            with torch.no_grad():
+                m.lm_head.weight.zero_()  # uniform logits over the whole vocabulary
+        m.save_pretrained(root / name)
+        Tokenizer.byte_level().save_pretrained(root / name)
+    convert.convert(root / "ar", root / "dlm", "bidirectional")
+    convert.convert(root / "ar", root / "dlm_noshift", "bidirectional", shift=False)
+    convert.convert(root / "ar", root / "block", "block", block_size=4)
+    convert.convert(root / "uniform", root / "uniform_dlm", "bidirectional")
+    return root
+
+
+def batches(world, n=2):
+    return data.eval_batches(data.load_split(world / "data", "val"), 4, 32, n)
+
+
+# ---- pass@k --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,c,k", [(1, 0, 1), (1, 1, 1), (5, 2, 1), (10, 3, 1), (10, 3, 10), (10, 0, 10),
+                                   (20, 1, 10), (20, 15, 10), (7, 7, 3), (200, 13, 10)])
+def test_pass_at_k_closed_form(n, c, k):
+    assert E.pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+
+
+def test_truncate_and_entropy():
+    assert E.truncate("    return 1\n\ndef g():\n    pass") == "    return 1\n"
+    assert E.truncate("    x = 1\nprint(x)\nclass A: pass") == "    x = 1"
+    assert E.truncate("    return 2\n") == "    return 2\n"
+    assert E.unigram_entropy([7] * 10) == 0.0 and E.unigram_entropy([1, 2, 1, 2]) == pytest.approx(1.0)
+    assert E.unigram_entropy(list(range(8))) == pytest.approx(3.0)
+
+
+# ---- likelihood ----------------------------------------------------------------------------------
+
+def slow_ar_nll(model, xs):
+    nll, n = 0.0, 0
+    for x in xs:
+        for row in x:
+            for i in range(1, len(row)):  # -log p(x_i | x_<i), one prefix at a time
+                logits = model(row[None, :i], attn="causal")[0, -1]
+                nll -= F.log_softmax(logits, -1)[row[i]].item()
+                n += 1
+    return nll / n
+
+
+def slow_nelbo(model, xs, n_draws, seed, eps):
+    """The same draws as eval.dlm_nelbo, scored by explicit loops over sequences and masked positions."""
+    c, g = model.config, torch.Generator().manual_seed(seed)
+    draws = []
+    for _ in range(n_draws):
+        per_batch = []
+        for x in xs:
+            xt, masked, t = diffusion.corrupt(x, c.mask_token_id, c.shift, g, eps)
+            logp = F.log_softmax(model(xt, attn=c.attn), -1)  # (B, T, V)
+            seqs = []
+            for b in range(len(x)):
+                L = x.shape[1] - int(c.shift)  # maskable positions
+                s = sum(-logp[b, i - int(c.shift), x[b, i]].item() for i in range(x.shape[1]) if masked[b, i])
+                seqs.append(s / t[b].item() / L)
+            per_batch.append(sum(seqs) / len(seqs))
+        draws.append(sum(per_batch) / len(per_batch) / math.log(2))
+    return draws
+
+
+@torch.no_grad()
+def test_ar_likelihood_against_slow(world):
+    model = Qwen3.from_pretrained(world / "ar").eval()
+    xs = [x[:, :12] for x in batches(world)]
+    res = E.ar_likelihood(model, xs, torch.no_grad())
+    ref = slow_ar_nll(model, xs)
+    assert res["nll_nats"] == pytest.approx(ref, rel=1e-5)
+    assert res["bits_per_token"] == pytest.approx(ref / math.log(2), rel=1e-5)
+    assert res["perplexity"] == pytest.approx(math.exp(ref), rel=1e-5) and res["tokens"] == 2 * 4 * 11
+
+
+@pytest.mark.parametrize("ckpt", ["dlm", "dlm_noshift", "block"])
+@torch.no_grad()
+def test_nelbo_against_slow(world, ckpt):
+    model = Qwen3.from_pretrained(world / ckpt).eval()
+    xs = batches(world)
+    res = E.dlm_nelbo(model, xs, torch.no_grad(), 3, seed=5, eps=1e-3)
+    draws = slow_nelbo(model, xs, 3, 5, 1e-3)
+    mean = sum(draws) / 3
+    assert res["nelbo_bits_per_token"] == pytest.approx(mean, rel=1e-5)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in draws) / 2)
+    assert res["stderr"] == pytest.approx(sd / math.sqrt(3), rel=1e-4)
+    assert res["n_draws"] == 3 and res["n_samples"] == 3 * 8
+
+
+def test_uniform_model_likelihoods_are_log_vocab(world, tmp_path):
+    V = Qwen3.from_pretrained(world / "uniform").config.vocab_size
+    args = ["--data", world / "data", "--batch_size", "4", "--seq_len", "32", "--n_batches", "4"]
+    r = run_script("eval.py", "likelihood", "--ckpt", world / "uniform", *args, "--out", tmp_path / "ar.json")
+    assert r.returncode == 0, r.stderr
+    ar = json.loads((tmp_path / "ar.json").read_text())["results"]
+    assert ar["kind"] == "AR" and ar["perplexity"] == pytest.approx(V, rel=1e-5)
+    assert ar["bits_per_token"] == pytest.approx(math.log2(V), rel=1e-6)
+    r = run_script("eval.py", "likelihood", "--ckpt", world / "uniform_dlm", *args, "--n_draws", "16",
+                   "--out", tmp_path / "dlm.json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "dlm.json").read_text())
+    d = res["results"]
+    # E_t,M[ (1/(tL)) Σ_{i∈M} log V ] = log V exactly; the Monte Carlo estimate is within a few standard errors
+    assert d["kind"] == "DLM" and 0 < d["stderr"] < 0.05 * math.log2(V)
+    assert abs(d["nelbo_bits_per_token"] - math.log2(V)) < 4 * d["stderr"]
+    assert d["n_samples"] == 16 * 16 and res["settings"]["seed"] == 1337
+    assert d["ce_nats@0.5"] == pytest.approx(math.log(V), rel=1e-5)  # the masked-token CE at a fixed ratio
+    assert "nelbo_bits_per_token" in r.stdout and "acc@0.15" in r.stdout
+
+
+def test_likelihood_is_deterministic_and_refuses_bad_input(world, tmp_path):
+    outs = []
+    for i in range(2):
+        r = run_script("eval.py", "likelihood", "--ckpt", world / "dlm", "--data", world / "data", "--batch_size",
+                       "2", "--seq_len", "16", "--n_batches", "2", "--n_draws", "2", "--out", tmp_path / f"{i}.json")
+        assert r.returncode == 0, r.stderr
+        outs.append(json.loads((tmp_path / f"{i}.json").read_text())["results"])
+    assert outs[0] == outs[1]
+    r = run_script("eval.py", "likelihood", "--ckpt", tmp_path / "nope", "--data", world / "data")
+    assert r.returncode != 0 and "nope" in r.stderr
+    r = run_script("eval.py", "likelihood", "--ckpt", world / "dlm", "--n_draws", "0")
+    assert r.returncode != 0 and "--n_draws must be positive" in r.stderr
+    r = run_script("eval.py", "humaneval")
+    assert r.returncode != 0 and "exactly one of --ckpt and --completions" in r.stderr
+
+
+# ---- generate and humaneval with a model -------------------------------------------------------------
+
+@pytest.mark.parametrize("ckpt,extra", [("ar", []), ("dlm", ["--block_length", "8", "--steps", "8"]),
+                                        ("block", ["--threshold", "0.5"])])
+def test_generate(world, tmp_path, ckpt, extra):
+    r = run_script("eval.py", "generate", "--ckpt", world / ckpt, "--ref", world / "ar", "--data", world / "data",
+                   "--num_prompts", "3", "--batch_size", "2", "--prompt_len", "8", "--max_new_tokens", "8",
+                   "--ignore_eos", *extra, "--out", tmp_path / "g.json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "g.json").read_text())["results"]
+    assert res["completion_tokens"] == 3 * 8 and res["gen_perplexity"] > 1
+    assert 0 <= res["unigram_entropy_bits"] <= 3 and res["tokens_per_s"] > 0
+    if ckpt == "ar":
+        assert res["tokens_per_forward"] == 1.0
+    if ckpt == "dlm":
+        assert res["tokens_per_forward"] == 1.0 and res["nfe"] == 2 * 8
+    r = run_script("eval.py", "generate", "--ckpt", world / ckpt, "--ref", world / "dlm", "--data", world / "data",
+                   "--num_prompts", "1", "--max_new_tokens", "8", *extra)
+    assert r.returncode != 0 and "must be an AR checkpoint" in r.stderr
+
+
+@pytest.mark.parametrize("ckpt", ["ar", "dlm"])
+def test_humaneval_with_a_model(world, tmp_path, ckpt):
+    r = run_script("eval.py", "humaneval", "--ckpt", world / ckpt, "--limit", "2", "--n_samples", "2",
+                   "--max_new_tokens", "16", "--batch_size", "4", "--workers", "2", "--out", tmp_path / "h.json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "h.json").read_text())
+    assert res["results"]["problems"] == 2 and res["results"]["programs"] == 4
+    assert res["results"]["pass@1"] == 0.0 and "pass@10" not in res["results"]
+    assert res["settings"]["temperature"] == 0.8
+    assert all(not any(s in x["completion"] for s in E.STOP) for x in res["results"]["samples"])
+
+
+# ---- the sandbox -------------------------------------------------------------------------------------
+
+def write_jsonl(path, recs):
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def test_canonical_solutions_pass_and_empty_fail(tmp_path):
+    probs = E.problems()
+    assert len(probs) == 164
+    canon = write_jsonl(tmp_path / "c.jsonl", [dict(task_id=t, completion=p["canonical_solution"])
+                                               for t, p in probs.items()])
+    t0 = time.time()
+    r = run_script("eval.py", "humaneval", "--completions", canon, "--workers", "2", "--out", tmp_path / "c.json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "c.json").read_text())["results"]
+    assert res["pass@1"] == 1.0 and res["problems"] == 164, [s for s in res["samples"] if not s["passed"]][:3]
+    print(f"canonical solutions: 164 programs in {time.time() - t0:.1f} s with 2 workers")
+    empty = write_jsonl(tmp_path / "e.jsonl", [dict(task_id=t, completion="") for t in list(probs)[:5]] * 2)
+    r = run_script("eval.py", "humaneval", "--completions", empty, "--limit", "5", "--out", tmp_path / "e.json")
+    res = json.loads((tmp_path / "e.json").read_text())["results"]
+    assert r.returncode == 0 and res["pass@1"] == 0.0 and res["programs"] == 10
+
+
+def test_early_exit_does_not_pass():
+    ok = "print('fine')\n"
+    assert E.execute(ok)["passed"]
+    for bad in ("import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n", "raise SystemExit\n"):
+        res = E.execute(bad)
+        assert not res["passed"] and res["status"].startswith("failed (exit 0)"), res
+
+
+def test_hostile_completions_are_contained(tmp_path):
+    """Run in a throwaway harness process (so that a completion that kills its parent's parent could only
+    kill that one): every hostile completion fails, in bounded time, nothing appears outside the sandboxes,
+    no secret leaks and no sandboxed process survives."""
+    prob = E.problems(1)["HumanEval/0"]
+    good = prob["canonical_solution"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    top = lambda code: good + "\n" + code + "\n"  # after the (correct) function, at module level
+    hostile = {
+        "infinite loop": "    while True:\n        pass\n",
+        "sys.exit(0) first": top("import sys\nsys.exit(0)"),
+        "os._exit(0) first": top("import os\nos._exit(0)"),
+        "kill parent": top("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"),
+        "kill group": top("import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)"),
+        "fork loop": top("import os\nwhile True:\n    os.fork()"),
+        "subprocess": top(f"import subprocess\nsubprocess.run(['sh', '-c', 'echo x > {outside}/sh.txt'])"),
+        "ctypes fork": top("import ctypes\nctypes.CDLL(None).fork()"),
+        "memory bomb": top("x = []\nwhile True:\n    x.append(' ' * 10**8)"),
+        "huge output": top("while True:\n    print('x' * 100000)"),
+        "write outside": top(f"open({str(outside / 'w.txt')!r}, 'w').write('pwned')"),
+        "os.open outside": top(f"import os\nos.open({str(outside / 'o.txt')!r}, os.O_CREAT | os.O_WRONLY)"),
+        "relative escape": top("open('../escape-eval-test.txt', 'w').write('pwned')"),
+        "remove outside": top(f"import os\nos.remove({str(outside / 'keep.txt')!r})"),
+        "parent environ": top("import os\nprint(open(f'/proc/{os.getppid()}/environ').read())"),
+    }
+    (outside / "keep.txt").write_text("keep")
+    recs = [dict(task_id="HumanEval/0", completion=c, name=n) for n, c in hostile.items()]
+    recs.append(dict(task_id="HumanEval/0", completion=top("import os\nprint(dict(os.environ))"), name="env"))
+    env = dict(os.environ, EVAL_SECRET="s3cr3t-" + "x" * 8, OMP_NUM_THREADS="1")
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "eval.py", "humaneval", "--completions", write_jsonl(tmp_path / "h.jsonl", recs),
+                        "--limit", "1", "--workers", "2", "--timeout", "3", "--memory_mb", "512", "--out", tmp_path / "h.json"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    elapsed = time.time() - t0
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert elapsed < 60
+    res = json.loads((tmp_path / "h.json").read_text())["results"]
+    by_name = {s["name"]: s for s in res["samples"]}
+    for name in hostile:
+        assert not by_name[name]["passed"], (name, by_name[name])
+    assert by_name["env"]["passed"]  # reading its own (minimal) environment is allowed, and harmless:
+    assert "s3cr3t" not in (tmp_path / "h.json").read_text() + p.stdout + p.stderr
+    assert sorted(x.name for x in outside.iterdir()) == ["keep.txt"]
+    assert not (Path(tempfile.gettempdir()) / "escape-eval-test.txt").exists()
+    assert "timed out" in by_name["infinite loop"]["status"]
+    assert "PermissionError" in by_name["kill parent"]["output"]
+    survivors = subprocess.run(["pgrep", "-f", "eval-sandbox-"], capture_output=True, text=True).stdout.split()
+    assert not survivors
