@@ -196,20 +196,14 @@ if __name__ == "__main__":
     gen = torch.Generator().manual_seed(args.seed)  # draws the batches, the t's and the masks
 
     # ---- the student, its frozen groups, and the teacher -----------------------------------------
-    if args.resume:
-        student, state = training.load_checkpoint(out_dir, device)
-        gen.set_state(state["gen"])
-        start = state["step"] + 1
-    else:
-        if (out_dir / "model.safetensors").exists():
-            raise SystemExit(f"{out_dir} already holds a checkpoint: pass --resume to continue it, or another --out_dir")
+    def fresh():
         try:
             student = Qwen3.from_pretrained(args.init, device=device, dtype=torch.float32)
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(f"align: {e}")
-        if args.scratch:
-            student.init_weights(args.seed)
-        state, start = None, 0
+        return student.init_weights(args.seed) if args.scratch else student
+
+    student, state, start = training.resume_or_start(out_dir, args.resume, device, gen, fresh)
     check_student(student.config, out_dir if args.resume else args.init)
     tok = training.load_tokenizer(args.data, student.config)
     student.freeze(freeze)

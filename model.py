@@ -12,7 +12,6 @@ What is notable here:
 - Attention is F.scaled_dot_product_attention; causal and bidirectional calls pass no mask tensor.
 """
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path

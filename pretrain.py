@@ -72,16 +72,10 @@ if __name__ == "__main__":
         raise SystemExit(f"pretrain: {e}")
     gen = torch.Generator().manual_seed(args.seed)  # draws the training batches
 
-    if args.resume:
-        model, state = training.load_checkpoint(out_dir, device)
-        gen.set_state(state["gen"])
-        start = state["step"] + 1
-    else:
-        if (out_dir / "model.safetensors").exists():
-            raise SystemExit(f"{out_dir} already holds a checkpoint: pass --resume to continue it, or another --out_dir")
-        model = (Qwen3.from_pretrained(args.init, device=device, dtype=torch.float32) if args.init
-                 else Qwen3(preset(args.preset)).init_weights(args.seed).to(device))
-        state, start = None, 0
+    model, state, start = training.resume_or_start(
+        out_dir, args.resume, device, gen,
+        lambda: (Qwen3.from_pretrained(args.init, device=device, dtype=torch.float32) if args.init
+                 else Qwen3(preset(args.preset)).init_weights(args.seed).to(device)))
     tok = training.load_tokenizer(args.data, model.config)
     if model.config.attn != "causal":
         raise SystemExit(f"pretrain.py trains AR models; this checkpoint has attn={model.config.attn!r}")

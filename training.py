@@ -111,6 +111,18 @@ def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None)
     atomic_write(out_dir / "train_state.pt", lambda f: torch.save(state, f))
 
 
+def resume_or_start(out_dir, resume, device, gen, fresh):
+    """-> (model, train state or None, first step). --resume: the run in out_dir, its batch/mask generator
+    restored; otherwise fresh() (the new model), refusing an out_dir that already holds a checkpoint."""
+    if resume:
+        model, state = load_checkpoint(out_dir, device)
+        gen.set_state(state["gen"])
+        return model, state, state["step"] + 1
+    if (Path(out_dir) / "model.safetensors").exists():
+        raise SystemExit(f"{out_dir} already holds a checkpoint: pass --resume to continue it, or another --out_dir")
+    return fresh(), None, 0
+
+
 def load_checkpoint(out_dir, device):
     """-> (model, train state) of a run in out_dir, for --resume."""
     from safetensors import safe_open

@@ -38,3 +38,20 @@ def run_script(name, *args):
 @pytest.fixture
 def script():
     return run_script
+
+
+def tiny_world(root, ar=True):
+    """root/data: a tiny, repetitive "codebase" prepared by data.py (a small model learns it quickly);
+    root/ar (ar=True): a micro AR model with random weights and the byte-level tokenizer."""
+    import data
+    from model import Qwen3, preset
+    from tokenizer import Tokenizer
+    src = root / "src"
+    src.mkdir(parents=True)
+    for i in range(12):
+        (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
+    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2)
+    if ar:
+        Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
+        Tokenizer.byte_level().save_pretrained(root / "ar")
+    return root

@@ -9,12 +9,10 @@ import torch
 
 import align
 import convert
-import data
 import diffusion
 import training
-from conftest import run_script
-from model import Qwen3, Qwen3Model, preset
-from tokenizer import Tokenizer
+from conftest import run_script, tiny_world
+from model import Qwen3, Qwen3Model
 
 SMALL = ["--batch_size", "4", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2", "--samples", "1",
          "--sample_len", "16"]
@@ -27,12 +25,7 @@ def run(*args):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny corpus, a micro AR 'teacher' (random weights) and its conversions (shift true and false)."""
-    src, root = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("world")
-    for i in range(12):
-        (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
-    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2)
-    Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
-    Tokenizer.byte_level().save_pretrained(root / "ar")
+    root = tiny_world(tmp_path_factory.mktemp("world"))
     convert.convert(root / "ar", root / "dlm", "bidirectional")
     convert.convert(root / "ar", root / "dlm_noshift", "bidirectional", shift=False)
     convert.convert(root / "ar", root / "block", "block", block_size=4)

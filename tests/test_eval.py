@@ -19,7 +19,7 @@ import convert
 import data
 import diffusion
 import eval as E
-from conftest import ROOT, run_script
+from conftest import ROOT, run_script, tiny_world
 from model import Qwen3, preset
 from tokenizer import Tokenizer
 
@@ -27,17 +27,12 @@ from tokenizer import Tokenizer
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny corpus; a micro AR model (random), its DLM conversions, and a uniform AR model (zero head)."""
-    src, root = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("world")
-    for i in range(12):
-        (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
-    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2)
-    for name, zero in (("ar", False), ("uniform", True)):
-        m = Qwen3(preset("micro")).init_weights(0)
-        if zero:
-            with torch.no_grad():
-                m.lm_head.weight.zero_()  # uniform logits over the whole vocabulary
-        m.save_pretrained(root / name)
-        Tokenizer.byte_level().save_pretrained(root / name)
+    root = tiny_world(tmp_path_factory.mktemp("world"))
+    m = Qwen3(preset("micro")).init_weights(0)
+    with torch.no_grad():
+        m.lm_head.weight.zero_()  # uniform logits over the whole vocabulary
+    m.save_pretrained(root / "uniform")
+    Tokenizer.byte_level().save_pretrained(root / "uniform")
     convert.convert(root / "ar", root / "dlm", "bidirectional")
     convert.convert(root / "ar", root / "dlm_noshift", "bidirectional", shift=False)
     convert.convert(root / "ar", root / "block", "block", block_size=4)

@@ -2,7 +2,6 @@
 randomised (norm weights included); the attention modes position by position; the KV-cache path against
 the full forward; checkpoints both ways; and clear errors for bad checkpoints."""
 import json
-import shutil
 
 import pytest
 import torch

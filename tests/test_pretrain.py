@@ -3,11 +3,10 @@ tokenizer, --resume reproduces the uninterrupted run's losses exactly, and a NaN
 import json
 
 import pytest
-import torch
 
 import data
 import training
-from conftest import run_script
+from conftest import run_script, tiny_world
 from model import Qwen3
 from pretrain import unigram_entropy
 from tokenizer import Tokenizer
@@ -22,12 +21,7 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    src = tmp_path_factory.mktemp("src")
-    for i in range(12):  # a repetitive little "codebase" a small model learns quickly
-        (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
-    out = tmp_path_factory.mktemp("data")
-    data.prepare(str(out), source=str(src), val_fraction=0.2)
-    return out
+    return tiny_world(tmp_path_factory.mktemp("world"), ar=False) / "data"
 
 
 def losses(out):
