@@ -33,12 +33,22 @@ teacher's forward is the overhead) and the throughput gain from freezing. On a G
 `python bench.py --what align --preset qwen3-0.6b --seq_len 2048 --batch_size 1` adds MFU and peak memory.
 
 Example: python bench.py --what sample --ckpt out/ar-tiny
+
+--what distill: one distill.py iteration on --preset's random weights (OPDLM's student: block 4, unshifted;
+the teacher a second copy), batch --batch_size, 16-token prompts, a --seq_len-token rollout at threshold 0.9,
+temperature 1.0, no end-of-sequence token: the time of the rollout, the teacher's forward and the student's
+update (forward, backward, AdamW). Then, on one rollout batch, the vectorised student forward over
+[prompt, x0, xt] against the one-forward-per-block reference (distill.per_block_logits), interleaved, with
+their losses (equal up to rounding). Random weights commit one token per round, so the rollout is the slowest
+case (seq_len forwards). On a GPU: `python bench.py --what distill --preset qwen3-0.6b --seq_len 512
+--batch_size 1` (issue 6's Qwen3-0.6B shape, rollout 512).
 """
 import argparse
 import os
 import statistics
 import tempfile
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -232,8 +242,6 @@ def bench_sample(args, device, dtype):
 def bench_align(args, device, dtype):
     """One REPR-ALIGN training step (corrupt, student forward on xt, teacher forward on x0, backward, AdamW)
     for lambda = 0, lambda = 10, and lambda = 10 with embed+mlp frozen (shared with the teacher), interleaved."""
-    from types import SimpleNamespace
-
     import align
     from training import configure_optimizer
     B, T = args.batch_size, args.seq_len
@@ -284,9 +292,81 @@ def bench_align(args, device, dtype):
     print(f"\nfreezing embed+mlp: {med['λ=10'] / med['λ=10, freeze embed,mlp']:.2f}x the throughput of λ=10 unfrozen")
 
 
+# ---- --what distill ------------------------------------------------------------------------------
+
+def bench_distill(args, device, dtype):
+    """One distill.py iteration (rollout, teacher forward, student forward + backward + AdamW) with its time
+    split, then the vectorised student forward against the per-block reference on one batch, interleaved."""
+    import distill
+    from training import configure_optimizer
+    B, N, bs = args.batch_size, args.seq_len, 4
+    student, teacher = build_ours(args, device, dtype), build_ours(args, device, dtype).requires_grad_(False).eval()
+    c = student.config
+    c.attn, c.block_size, c.mask_token_id, c.shift = "block", bs, c.vocab_size - 1, False  # OPDLM's student
+    # no end-of-sequence token (the mask id is never sampled), so every rollout runs the full N tokens
+    tok, hp = SimpleNamespace(eos_id=c.mask_token_id, vocab_size=c.vocab_size - 1), distill.p.parse_args([])
+    opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
+    g = torch.Generator(device).manual_seed(0)
+    items = [(torch.randint(0, tok.vocab_size, (16,), generator=g, device=device).tolist(), []) for _ in range(B)]
+    got, t_teach, teacher_logits = {}, [0.0], distill.teacher_logits
+
+    def timed_teacher(*a, out=[]):  # distill_loss calls it by its module-level name
+        t_teach[0] += timeit(lambda: out.append(teacher_logits(*a)), 0, 1)
+        return out.pop()
+    distill.teacher_logits = timed_teacher
+
+    def rollout():
+        student.eval()
+        got["batch"] = distill.make_batch(student, items, N, hp, g, tok, "on")[:4]  # x, lens, P, masked
+        student.train()
+
+    def update(batch, vectorised=True):
+        loss = distill.distill_loss(student, teacher, *batch, hp, tok, vectorised=vectorised)[0]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    split = {"rollout": [], "teacher forward": [], "student forward + backward + AdamW": []}
+    for i in range(args.warmup + args.iters):
+        t_roll = timeit(rollout, 0, 1)
+        t_teach[0] = 0.0
+        t_upd = timeit(lambda: update(got["batch"]), 0, 1)
+        if i >= args.warmup:
+            for k, v in zip(split, (t_roll, t_teach[0], t_upd - t_teach[0])):
+                split[k].append(v)
+    rollout()
+    batch, t_vec = got["batch"], {True: [], False: []}
+    loss = {v: distill.distill_loss(student, teacher, *batch, hp, tok, vectorised=v)[0].item() for v in t_vec}
+    for grp in opt.param_groups:  # lr 0 (AdamW's decay is scaled by it too): both time the same weights
+        grp["lr"] = 0.0
+    for i in range(args.warmup + args.iters):  # interleaved
+        for v in t_vec:
+            t_teach[0] = 0.0
+            t = timeit(lambda: update(batch, v), 0, 1)
+            if i >= args.warmup:
+                t_vec[v].append(t - t_teach[0])  # the student's part: the teacher's forward is the same in both
+    distill.teacher_logits = teacher_logits
+    med = {k: statistics.median(v) for k, v in split.items()}
+    total = sum(med.values())
+    print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}; preset {args.preset}, random weights")
+    print(f"one distill.py iteration: batch {B}, 16-token prompts, rollout {N} tokens (block {bs}, threshold "
+          f"{hp.threshold}, temperature {hp.temperature}), median of {args.iters} after {args.warmup} warmup\n")
+    print("| part | ms | share |\n|---|---|---|")
+    for k, v in med.items():
+        print(f"| {k} | {v * 1e3:.1f} | {v / total:.0%} |")
+    print(f"| iteration | {total * 1e3:.1f} | {B / total:.2f} sequences/s, {1 / total:.2f} iterations/s |")
+    m = {k: statistics.median(v) for k, v in t_vec.items()}
+    print(f"\nstudent forward + backward + AdamW on one rollout batch ({int(batch[3].sum())} masked positions), "
+          "interleaved\n")
+    print("| student training | ms | loss |\n|---|---|---|")
+    print(f"| vectorised: one forward over [prompt, x0, xt] | {m[True] * 1e3:.1f} | {loss[True]:.6f} |")
+    print(f"| per-block reference: {N // bs} forwards | {m[False] * 1e3:.1f} | {loss[False]:.6f} |")
+    print(f"\nvectorised: {m[False] / m[True]:.2f}x faster than per-block; |loss difference| "
+          f"{abs(loss[True] - loss[False]):.2e}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--what", default="model", choices=["model", "sample", "align"], help="which benchmark to run")
+    p.add_argument("--what", default="model", choices=["model", "sample", "align", "distill"], help="which benchmark to run")
     p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seq_len", type=int, default=256)
@@ -312,6 +392,9 @@ def main():
     elif args.what == "align":
         args.iters = args.iters or 5
         bench_align(args, device, dtype)
+    elif args.what == "distill":
+        args.iters = args.iters or 3
+        bench_distill(args, device, dtype)
     else:
         bench_sample(args, device, dtype)
 

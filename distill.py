@@ -233,14 +233,8 @@ if __name__ == "__main__":
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     gen = torch.Generator(device).manual_seed(args.seed)  # prompts, rollouts, states: all randomness
-    if args.resume:
-        student, state = training.load_checkpoint(out_dir, device)
-        gen.set_state(state["gen"])
-        start = state["step"] + 1
-    else:
-        if (out_dir / "model.safetensors").exists():
-            raise SystemExit(f"{out_dir} already holds a checkpoint: pass --resume to continue it, or another --out_dir")
-        student, state, start = load(args.init, "student"), None, 0
+    student, state, start = training.resume_or_start(out_dir, args.resume, device, gen,
+                                                     lambda: load(args.init, "student"))
     c = student.config
     if c.attn != "block" or not c.block_size or c.mask_token_id is None or c.shift is None:
         raise SystemExit(f"distill: {args.init} is not a block DLM (attn={c.attn!r}, block_size={c.block_size}); make one "

@@ -33,3 +33,15 @@ def test_align_table():
     assert r.returncode == 0, r.stderr
     for row in ("| λ=0 (AR fine-tuning) |", "| λ=10 |", "| λ=10, freeze embed,mlp |", "the throughput of λ=10"):
         assert row in r.stdout
+
+
+def test_distill_tables():
+    r = run("--what", "distill", "--preset", "micro", "--seq_len", "8", "--batch_size", "2", "--iters", "1",
+            "--warmup", "0")
+    assert r.returncode == 0, r.stderr
+    for row in ("| rollout |", "| teacher forward |", "| student forward + backward + AdamW |", "| iteration |",
+                "| vectorised: one forward over [prompt, x0, xt] |", "| per-block reference: 2 forwards |",
+                "faster than per-block"):
+        assert row in r.stdout
+    diff = float(r.stdout.split("|loss difference| ")[1].split()[0])
+    assert diff < 1e-4  # the two student forwards agree (distill's tests check this exactly)

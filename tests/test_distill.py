@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import convert
-import data
 import distill
-from conftest import run_script
-from model import Qwen3, preset
+from conftest import run_script, tiny_world
+from model import Qwen3
 from sample import block_generate
 from tokenizer import Tokenizer
 
@@ -23,12 +22,7 @@ EOS = 256
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    src, root = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("world")
-    for i in range(12):
-        (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
-    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2)
-    Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
-    Tokenizer.byte_level().save_pretrained(root / "ar")
+    root = tiny_world(tmp_path_factory.mktemp("world"))
     convert.convert(root / "ar", root / "block", "block", block_size=4)
     convert.convert(root / "ar", root / "block_shift", "block", block_size=4, shift=True)
     return root
