@@ -55,3 +55,21 @@ def tiny_world(root, ar=True):
         Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
         Tokenizer.byte_level().save_pretrained(root / "ar")
     return root
+
+
+@contextlib.contextmanager
+def killed_after_checkpoint(step):
+    """Inside the block, a training script "dies" (exit code 3) right after writing its step-`step` checkpoint."""
+    import training
+    orig = training.save_checkpoint
+
+    def save_and_die(out_dir, model, tok, opt, s, *a, **kw):
+        orig(out_dir, model, tok, opt, s, *a, **kw)
+        if s == step:
+            raise SystemExit(3)
+
+    training.save_checkpoint = save_and_die
+    try:
+        yield
+    finally:
+        training.save_checkpoint = orig

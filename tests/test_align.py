@@ -11,7 +11,7 @@ import align
 import convert
 import diffusion
 import training
-from conftest import run_script, tiny_world
+from conftest import run_script, tiny_world, killed_after_checkpoint
 from model import Qwen3, Qwen3Model
 
 SMALL = ["--batch_size", "4", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2", "--samples", "1",
@@ -187,18 +187,8 @@ def test_resume_after_kill(world, tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
     args = ["--max_iters", "8", "--eval_interval", "4", "--samples", "0", "--freeze", "embed"]
     assert run(*common(world, full), *args).returncode == 0
-    orig = training.save_checkpoint
-
-    def save_and_die(out_dir, *a, **kw):
-        orig(out_dir, *a, **kw)
-        if a[3] == 4:
-            raise SystemExit(3)
-
-    training.save_checkpoint = save_and_die
-    try:
+    with killed_after_checkpoint(4):
         assert run(*common(world, cut), *args).returncode == 3
-    finally:
-        training.save_checkpoint = orig
     r = run(*common(world, cut), *args, "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
     got, want = log(cut), log(full)

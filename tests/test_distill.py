@@ -10,7 +10,7 @@ import torch
 
 import convert
 import distill
-from conftest import run_script, tiny_world
+from conftest import run_script, tiny_world, killed_after_checkpoint
 from model import Qwen3
 from sample import block_generate
 from tokenizer import Tokenizer
@@ -233,22 +233,11 @@ def test_learns_and_logs(world, tmp_path):
 
 
 def test_resume_after_kill(world, tmp_path):
-    import training
     full, cut = tmp_path / "full", tmp_path / "cut"
     args = ["--max_iters", "6", "--eval_interval", "3"]
     assert run_script("distill.py", *common(world, full), *args).returncode == 0
-    orig = training.save_checkpoint
-
-    def save_and_die(out_dir, *a, **kw):
-        orig(out_dir, *a, **kw)
-        if a[3] == 3:
-            raise SystemExit(3)
-
-    training.save_checkpoint = save_and_die
-    try:
+    with killed_after_checkpoint(3):
         assert run_script("distill.py", *common(world, cut), *args).returncode == 3
-    finally:
-        training.save_checkpoint = orig
     r = run_script("distill.py", *common(world, cut), *args, "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
     key = lambda recs: [(x["step"], x["loss"], x["kl"], x["rollout_len"], x["masked"]) for x in recs]

@@ -5,8 +5,7 @@ import json
 import pytest
 
 import data
-import training
-from conftest import run_script, tiny_world
+from conftest import run_script, tiny_world, killed_after_checkpoint
 from model import Qwen3
 from pretrain import unigram_entropy
 from tokenizer import Tokenizer
@@ -50,18 +49,8 @@ def test_resume_after_kill(corpus, tmp_path):
     common = ["--data", str(corpus), "--max_iters", "12", "--eval_interval", "6", *SMALL]
     assert run(*common, "--out_dir", str(full)).returncode == 0
     # simulate a kill right after the step-6 checkpoint
-    orig = training.save_checkpoint
-
-    def save_and_die(out_dir, *a, **kw):
-        orig(out_dir, *a, **kw)
-        if a[3] == 6:
-            raise SystemExit(3)
-
-    training.save_checkpoint = save_and_die
-    try:
+    with killed_after_checkpoint(6):
         assert run(*common, "--out_dir", str(cut)).returncode == 3
-    finally:
-        training.save_checkpoint = orig
     assert len(losses(cut)) == 6  # steps 0..5 logged; step 6's record is written after its checkpoint
     r = run(*common, "--out_dir", str(cut), "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
