@@ -189,10 +189,7 @@ if __name__ == "__main__":
         p.error(f"--freeze: unknown groups {sorted(bad)}; choose from embed, mlp, attn, lm_head")
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
-    try:
-        train_data, val_data = data.load_split(args.data, "train"), data.load_split(args.data, "val")
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"align: {e}")
+    train_data, val_data = training.load_splits(args.data, "align")
     gen = torch.Generator().manual_seed(args.seed)  # draws the batches, the t's and the masks
 
     # ---- the student, its frozen groups, and the teacher -----------------------------------------

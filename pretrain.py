@@ -66,10 +66,7 @@ if __name__ == "__main__":
     args = training.parse_loop_args(p)
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
-    try:
-        train_data, val_data = data.load_split(args.data, "train"), data.load_split(args.data, "val")
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"pretrain: {e}")
+    train_data, val_data = training.load_splits(args.data, "pretrain")
     gen = torch.Generator().manual_seed(args.seed)  # draws the training batches
 
     model, state, start = training.resume_or_start(

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import data
 from model import Qwen3, atomic_write
 from tokenizer import Tokenizer
 
@@ -85,6 +86,14 @@ def check_finite(loss, step, out_dir):
     if not torch.isfinite(loss):
         raise SystemExit(f"loss is {loss.item()} at step {step}: stopping. The last good checkpoint is in {out_dir} "
                          f"(try a lower --lr, or --grad_clip).")
+
+
+def load_splits(data_dir, who):
+    """(train, val) token arrays of a prepared dataset, or a one-line exit naming the script and the problem."""
+    try:
+        return data.load_split(data_dir, "train"), data.load_split(data_dir, "val")
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"{who}: {e}")
 
 
 def load_tokenizer(path, config):
