@@ -308,7 +308,7 @@ def bench_distill(args, device, dtype):
     opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
     g = torch.Generator(device).manual_seed(0)
     items = [(torch.randint(0, tok.vocab_size, (16,), generator=g, device=device).tolist(), []) for _ in range(B)]
-    got, t_teach, teacher_logits = {}, [0.0], distill.teacher_logits
+    got, t_teach, teacher_logits, train_mask = {}, [0.0], distill.teacher_logits, distill.train_mask
 
     def timed_teacher(*a, out=[]):  # distill_loss calls it by its module-level name
         t_teach[0] += timeit(lambda: out.append(teacher_logits(*a)), 0, 1)
@@ -320,8 +320,12 @@ def bench_distill(args, device, dtype):
         got["batch"] = distill.make_batch(student, items, N, hp, g, tok, "on")[:4]  # x, lens, P, masked
         student.train()
 
-    def update(batch, vectorised=True):
-        loss = distill.distill_loss(student, teacher, *batch, hp, tok, vectorised=vectorised)[0]
+    def loss_of(batch, v=True):  # v: True (vectorised), False (per block), "dense" (vectorised, dense mask on CUDA)
+        distill.train_mask = (lambda real, N, bs, flex: train_mask(real, N, bs)) if v == "dense" else train_mask
+        return distill.distill_loss(student, teacher, *batch, hp, tok, vectorised=bool(v))[0]
+
+    def update(batch, v=True):
+        loss = loss_of(batch, v)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -335,7 +339,9 @@ def bench_distill(args, device, dtype):
                 split[k].append(v)
     rollout()
     batch, t_vec = got["batch"], {True: [], False: []}
-    loss = {v: distill.distill_loss(student, teacher, *batch, hp, tok, vectorised=v)[0].item() for v in t_vec}
+    if device.type == "cuda":  # the vectorised forward uses FlexAttention there; time the dense mask too
+        t_vec["dense"] = []
+    loss = {v: loss_of(batch, v).item() for v in t_vec}
     for grp in opt.param_groups:  # lr 0 (AdamW's decay is scaled by it too): both time the same weights
         grp["lr"] = 0.0
     for i in range(args.warmup + args.iters):  # interleaved
@@ -344,7 +350,7 @@ def bench_distill(args, device, dtype):
             t = timeit(lambda: update(batch, v), 0, 1)
             if i >= args.warmup:
                 t_vec[v].append(t - t_teach[0])  # the student's part: the teacher's forward is the same in both
-    distill.teacher_logits = teacher_logits
+    distill.teacher_logits, distill.train_mask = teacher_logits, train_mask
     med = {k: statistics.median(v) for k, v in split.items()}
     total = sum(med.values())
     print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}; preset {args.preset}, random weights")
@@ -360,7 +366,11 @@ def bench_distill(args, device, dtype):
     print("| student training | ms | loss |\n|---|---|---|")
     print(f"| vectorised: one forward over [prompt, x0, xt] | {m[True] * 1e3:.1f} | {loss[True]:.6f} |")
     print(f"| per-block reference: {N // bs} forwards | {m[False] * 1e3:.1f} | {loss[False]:.6f} |")
-    print(f"\nvectorised: {m[False] / m[True]:.2f}x faster than per-block; |loss difference| "
+    if "dense" in m:
+        print(f"| vectorised, dense (B, 1, T, T) mask to SDPA | {m['dense'] * 1e3:.1f} | {loss['dense']:.6f} |")
+    print("\nvectorised: " + ("a FlexAttention BlockMask (the dense-mask row: the same forward with SDPA)" if "dense" in m
+                             else "the dense mask to SDPA (FlexAttention is used on CUDA only: no backward on CPU)"))
+    print(f"vectorised: {m[False] / m[True]:.2f}x faster than per-block; |loss difference| "
           f"{abs(loss[True] - loss[False]):.2e}")
 
 

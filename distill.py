@@ -13,10 +13,20 @@ valid: generated positions before the first end-of-sequence token (--train_eos: 
 L(step) ramps from --rollout_min to --rollout_max over --curriculum_steps (cosine), a multiple of the block size.
 
 What is notable here:
-- Vectorised training (BD3-LM): one student forward over [prompt, x0, xt] of length P + 2N under the mask
-  of `train_mask`: the clean stream [prompt, x0] is block-causal, the noisy copy of block b sees the clean
+- Vectorised training (BD3-LM): one student forward over [prompt, x0, xt] of length P + 2N under the rule
+  of `train_rule`: the clean stream [prompt, x0] is block-causal, the noisy copy of block b sees the clean
   blocks < b and itself; its RoPE positions are those of the clean copy. `per_block_logits` is the
   one-forward-per-block reference it is tested equal to.
+- The rule is stated once, as a FlexAttention mask_mod. On CUDA `train_mask` turns it into a BlockMask
+  (create_block_mask) and the model runs flex_attention: no (B, 1, T, T) mask lives through the forward and
+  backward, and 128 x 128 tiles the rule hides are skipped. On CPU (flex_attention has no backward there) the
+  same mask_mod, evaluated on the index grid, is the dense bool mask handed to SDPA.
+- --compile marks the shapes dynamic (torch.compile(dynamic=True)): the curriculum changes the length every
+  step (a rollout ending early at eos keeps its length, eos-filled), and with symbolic lengths one graph per
+  kind of call (rollout forward, training forward with and without grad, teacher forward) serves them all.
+  torch's default compiles the first length statically and then recompiles, several graphs on the one code
+  object (Qwen3Model.forward, shared by student and teacher) whose recompile limit is 8; padding to length
+  buckets would also bound the graphs, at the cost of padded compute.
 - The shift convention (config.shift): unshifted, position i is read at the noisy slot i; shifted, at i-1,
   which for the first position of a block is the clean copy's last slot of the previous block (exactly
   what the sampler and the per-block reference read there).
@@ -31,6 +41,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
 from tqdm import tqdm
 
 import data
@@ -96,24 +107,40 @@ def layout(lens, P, L):
     return rel >= 0, rel.clamp(min=0)
 
 
-def train_mask(real, N, bs):
-    """(B, 1, T, T) bool over [prompt, x0, xt] (T = L + N, L = P + N, P a multiple of bs). Clean stream
-    (slots < L): block-causal. Noisy slot of block g: clean blocks < g, and the noisy slots of block g."""
-    B, L = real.shape
-    j = torch.arange(L + N, device=real.device)
-    noisy = j >= L
-    blk = torch.where(noisy, j - N, j) // bs  # the noisy copy lives in the same blocks as the clean one
-    q_noisy, k_noisy, q_blk, k_blk = noisy[:, None], noisy[None, :], blk[:, None], blk[None, :]
-    m = torch.where(q_noisy, torch.where(k_noisy, k_blk == q_blk, k_blk < q_blk), ~k_noisy & (k_blk <= q_blk))
-    key_real = torch.cat([real, torch.ones(B, N, dtype=torch.bool, device=real.device)], 1)
-    return ((m & key_real[:, None, :]) | torch.eye(L + N, dtype=torch.bool, device=real.device))[:, None]
+def train_rule(real, N, bs):
+    """The attention rule over [prompt, x0, xt] (T = L + N slots, L = P + N, P a multiple of bs) as a FlexAttention
+    mask_mod: rule(b, h, q, k) says whether query slot q of row b may attend to key slot k. Clean slot (< L):
+    block-causal over the clean stream. Noisy slot of block g: the clean blocks < g and the noisy slots of block g.
+    Left pads are hidden from every query; a slot always sees itself (so a pad query has a key)."""
+    L = real.shape[1]
+    key_real = torch.cat([real, real.new_ones(real.shape[0], N)], 1)  # (B, T): the noisy copy has no pads
+
+    def rule(b, h, q, k):
+        q_noisy, k_noisy = q >= L, k >= L
+        q_blk = torch.where(q_noisy, q - N, q) // bs  # the noisy copy lives in the same blocks as the clean one
+        k_blk = torch.where(k_noisy, k - N, k) // bs
+        m = torch.where(q_noisy, torch.where(k_noisy, k_blk == q_blk, k_blk < q_blk), ~k_noisy & (k_blk <= q_blk))
+        return (m & key_real[b, k]) | (q == k)
+    return rule
 
 
-def student_logits(student, x, xt, real, pos, P, sel):
-    """Vectorised: logits (M, V) for the positions sel (B, N) (row-major), one forward over [prompt, x0, xt]."""
+def train_mask(real, N, bs, flex=False):
+    """The rule of `train_rule` as a FlexAttention BlockMask (flex: only the allowed blocks are computed, no
+    (T, T) tensor is kept) or as a dense (B, 1, T, T) bool tensor: the rule evaluated on the index grid."""
+    B, T, dev = real.shape[0], real.shape[1] + N, real.device
+    if flex:
+        return create_block_mask(train_rule(real, N, bs), B, None, T, T, device=dev)
+    i = torch.arange(T, device=dev)
+    return train_rule(real, N, bs)(torch.arange(B, device=dev)[:, None, None, None], None, i[:, None], i)
+
+
+def student_logits(student, x, xt, real, pos, P, sel, flex=None):
+    """Vectorised: logits (M, V) for the positions sel (B, N) (row-major), one forward over [prompt, x0, xt].
+    flex (default: on CUDA): attend through a FlexAttention BlockMask instead of the dense mask."""
     B, L = x.shape
     N, bs, shift = L - P, student.config.block_size, int(student.config.shift)
-    h = student.model(torch.cat([x, xt], 1), train_mask(real, N, bs), None, False, torch.cat([pos, pos[:, P:]], 1))[0]
+    mask = train_mask(real, N, bs, flex=x.is_cuda if flex is None else flex)
+    h = student.model(torch.cat([x, xt], 1), mask, None, False, torch.cat([pos, pos[:, P:]], 1))[0]
     b, i = sel.nonzero(as_tuple=True)
     first = (i % bs == 0) & bool(shift)  # shifted, a block's first position is read at the clean slot P + i - 1
     rows = torch.where(first, P + i - 1, L + i - shift)
@@ -253,9 +280,9 @@ if __name__ == "__main__":
     opt = training.configure_optimizer(student, args.lr, args.weight_decay, device_type=device.type)
     if state:
         opt.load_state_dict(state["optimizer"])
-    if args.compile:
-        student.model.compile()
-        teacher.model.compile()
+    if args.compile:  # dynamic shapes: one graph serves every length of the curriculum (module docstring)
+        student.model.compile(dynamic=True)
+        teacher.model.compile(dynamic=True)
     eval_items = pool[:args.eval_batches * args.batch_size]
     log = training.Log(out_dir, args.resume)
     print(f"student: {student.num_params() / 1e6:.2f}M parameters, block {c.block_size}, shift={c.shift}; teacher "

@@ -9,7 +9,9 @@ What is notable here:
 - Module names are Hugging Face's (model.layers.{i}.self_attn.q_proj, ...), so official Qwen3
   safetensors load with strict=True and no mapping table, and our checkpoints load in transformers.
 - A static KV cache written in place at given slots (gpt-fast style) serves all three samplers.
-- Attention is F.scaled_dot_product_attention; causal and bidirectional calls pass no mask tensor.
+- Attention is F.scaled_dot_product_attention; causal and bidirectional calls pass no mask tensor. A
+  FlexAttention BlockMask goes to flex_attention instead (distill.py's training mask on CUDA): only the
+  blocks the mask allows are computed, and no (T, T) mask exists.
 """
 import json
 import os
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
 ATTN_MODES = ("causal", "bidirectional", "block")
@@ -102,14 +105,15 @@ PRESETS = {
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
-    # the embedded default's AR teacher: byte-level vocabulary (259 tokens, row 259 free for the mask)
-    "tiny": dict(vocab_size=320, hidden_size=128, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4,
+    # the embedded default's AR teacher: data.py's learnt BPE (1024 ids, eos 1021; row 1024 free for the mask)
+    "tiny": dict(vocab_size=1088, hidden_size=128, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, rope_theta=10_000.0,
-                 tie_word_embeddings=True, bos_token_id=256, eos_token_id=256, torch_dtype="float32"),
+                 tie_word_embeddings=True, bos_token_id=1021, eos_token_id=1021, torch_dtype="float32"),
 }
-# the same vocabulary in a model small enough for the tests
-PRESETS["micro"] = dict(PRESETS["tiny"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+# a model small enough for the tests, with the byte-level vocabulary (259 ids, row 259 free for the mask)
+PRESETS["micro"] = dict(PRESETS["tiny"], vocab_size=320, bos_token_id=256, eos_token_id=256, hidden_size=64,
+                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                        head_dim=32)
 
 
 def preset(name, **overrides):
@@ -164,6 +168,20 @@ class KVCache:
         return self.k[layer], self.v[layer]
 
 
+_compiled_flex = None
+
+
+def flex(q, k, v, block_mask, enable_gqa):
+    """flex_attention, compiled once on first use on CUDA (the fused kernel). Eager elsewhere: unfused, it
+    materialises the scores (fine for CPU tests); inside a torch.compile'd model the outer compile fuses it."""
+    global _compiled_flex
+    if not q.is_cuda or torch.compiler.is_compiling():
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
 class Qwen3Attention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -184,8 +202,11 @@ class Qwen3Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer_idx, slots, k, v)  # (B, nkv, max_len, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           enable_gqa=self.n_kv != self.n_head)
+        if isinstance(mask, BlockMask):  # (B, 1, T, T) as blocks; the rule is its mask_mod
+            y = flex(q, k, v, mask, enable_gqa=self.n_kv != self.n_head)  # (B, nh, T, hd)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                               enable_gqa=self.n_kv != self.n_head)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, nh*hd) -> (B, T, C)
 
 
@@ -244,8 +265,8 @@ class Qwen3Model(nn.Module):
         seq = torch.arange(T, device=dev) if slots is None else slots  # sequence index of each query
         cos, sin = rope_cos_sin(seq if pos is None else pos, self.config.head_dim, self.config.rope_theta, x.dtype)
         mask, is_causal = None, False
-        if isinstance(attn, torch.Tensor):
-            mask = attn  # explicit boolean mask, broadcastable to (B, heads, T, keys)
+        if isinstance(attn, (torch.Tensor, BlockMask)):
+            mask = attn  # explicit boolean mask, broadcastable to (B, heads, T, keys), or a BlockMask
         elif cache is not None:  # keys are the cache slots; slots not yet written are hidden
             k_pos = torch.arange(cache.max_len, device=dev)
             mask = attention_mask(attn, seq, k_pos, block_size, k_len=seq.max() + 1)
@@ -279,7 +300,8 @@ class Qwen3(nn.Module):
 
     def forward(self, idx, attn=None, block_size=None, output_hidden_states=False, pos=None, cache=None, slots=None):
         """idx (B, T) token ids -> logits (B, T, vocab) [, hidden_states].
-        attn: "causal" | "bidirectional" | "block" | a boolean mask; default: the checkpoint's mode.
+        attn: "causal" | "bidirectional" | "block" | a boolean mask | a FlexAttention BlockMask (no cache);
+        default: the checkpoint's mode.
         pos: RoPE positions (T,) or (B, T); default the sequence index (or the cache slots).
         cache, slots: a KVCache and the LongTensor (T,) of cache slots this call's tokens are written to;
         queries then attend to the cached keys under the same rule, in cache-slot coordinates."""

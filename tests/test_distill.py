@@ -1,12 +1,18 @@
 """distill.py: the vectorised [prompt, x0, xt] mask against a slow construction, the vectorised loss against
 one forward per block (shift false and true, ragged prompts), the state construction from recorded rounds,
 the teacher's targets off by one, the divergences against slow loops, eos/padding exclusion, the curriculum,
-and the script: learning, resume == no interruption, the off-policy ablation, flags and refusals."""
+the FlexAttention BlockMask against the dense mask (flex_attention runs eagerly on CPU, forward only), the
+number of graphs --compile makes over a curriculum (a counting backend, no real compile), and the script:
+learning, resume == no interruption, the off-policy ablation, flags and refusals."""
 import json
 import math
 
 import pytest
 import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounter
+from torch.nn.attention.flex_attention import create_mask
 
 import convert
 import distill
@@ -71,6 +77,33 @@ def test_train_mask_matches_slow_construction():
                     g = (q - N) // bs
                     want = (k < L and k // bs < g) or (k >= L and (k - N) // bs == g)
                 assert bool(m[b, 0, q, k]) == want, (b, q, k)
+
+
+def test_flex_block_mask_equals_train_mask():
+    bs, P, N = 4, 64, 48  # T = 160: 2 x 2 blocks of 128
+    lens = torch.tensor([64, 30, 1])
+    real, _ = distill.layout(lens, P, P + N)
+    dense = distill.train_mask(real, N, bs)  # (B, 1, T, T)
+    bm = distill.train_mask(real, N, bs, flex=True)
+    T = P + 2 * N
+    assert bm.shape == (3, 1, T, T)
+    assert torch.equal(create_mask(bm.mask_mod, 3, 1, T, T, device="cpu"), dense)  # position by position
+    # block level: exactly the 128 x 128 tiles holding an allowed pair are computed (the upper right one is not)
+    tiles = F.pad(dense, (0, 256 - T, 0, 256 - T)).view(3, 1, 2, 128, 2, 128).any(5).any(3)
+    assert torch.equal(bm.to_dense().bool(), tiles) and not tiles[:, :, 0, 1].any()
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", ["block", "block_shift"])
+def test_flex_student_logits_equal_dense(world, name):
+    student = student_of(world, name)
+    x, lens, P, masked = ragged_batch()
+    real, pos = distill.layout(lens, P, x.shape[1])
+    xt = x[:, P:].masked_fill(masked, 259)
+    with torch.no_grad():  # flex_attention has no backward on CPU
+        dense = distill.student_logits(student, x, xt, real, pos, P, masked, flex=False)
+        flex = distill.student_logits(student, x, xt, real, pos, P, masked, flex=True)
+    assert torch.allclose(flex, dense, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["block", "block_shift"])
@@ -217,6 +250,34 @@ def common(world, out, *extra):
 
 def log(out):
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_compile_makes_a_bounded_number_of_graphs(world, tmp_path, monkeypatch):
+    """--compile over a curriculum of 7 lengths: one graph per kind of call (the student's rollout forward, its
+    training forward with and without grad, the teacher's forward), not one per length. A counting backend
+    stands in for inductor (it only counts the graphs dynamo captures and runs them eagerly)."""
+    cnt, compile = CompileCounter(), torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile(self, **kw, backend=cnt))
+    out = tmp_path / "compiled"
+    torch._dynamo.reset()
+    try:
+        r = run_script("distill.py", *common(world, out), "--compile", "--rollout_max", "40", "--curriculum_steps", "8",
+                       "--max_iters", "10", "--eval_interval", "4")
+        assert r.returncode == 0, r.stderr[-2000:]
+        lengths = {x["max_len"] for x in log(out)}
+        assert len(lengths) == 7 and cnt.frame_count <= 4, (lengths, cnt.frame_count)
+        # the FlexAttention path (CUDA's) likewise: one graph over lengths below and above one 128-tile
+        student, cnt.frame_count = student_of(world, "block"), 0
+        student.model.compile(dynamic=True)
+        with torch.no_grad():
+            for N in (8, 24, 48, 64, 96):
+                x, lens, P, masked = ragged_batch(N=N)
+                real, pos = distill.layout(lens, P, x.shape[1])
+                xt = x[:, P:].masked_fill(masked, 259)
+                distill.student_logits(student, x, xt, real, pos, P, masked, flex=True)
+        assert cnt.frame_count <= 2, cnt.frame_count
+    finally:
+        torch._dynamo.reset()
 
 
 def test_learns_and_logs(world, tmp_path):

@@ -174,6 +174,26 @@ def test_rope_positions_and_explicit_mask():
         torch.testing.assert_close(got, m(x, attn="causal"), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_block_mask_equals_dense_mask():
+    """A FlexAttention BlockMask gives the logits of the same rule as a dense boolean mask (GQA, 2 x 2 tiles of
+    128, per-row left pads). flex_attention runs eagerly on CPU, forward only."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    m = randomise(Qwen3(Qwen3Config(**TINY)).eval())
+    B, T, bs = 2, 150, 5
+    x = ids(B=B, T=T)
+    pads = torch.tensor([0, 7])
+
+    def rule(b, h, q, k):  # block rule, row b's first pads[b] slots hidden, the diagonal always allowed
+        return ((k // bs <= q // bs) & (k >= pads[b])) | (q == k)
+    i = torch.arange(T)
+    dense = rule(torch.arange(B)[:, None, None, None], None, i[:, None], i)  # (B, 1, T, T)
+    with torch.no_grad():
+        want = m(x, attn=dense)
+        got = m(x, attn=create_block_mask(rule, B, None, T, T, device="cpu"))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_freeze_groups_and_checkpointing_grads():
     m = randomise(Qwen3(Qwen3Config(**TINY, tie_word_embeddings=False)))
     m.freeze(["embed", "mlp"])
