@@ -103,15 +103,31 @@ def is_val(name, val_fraction):
 # -----------------------------------------------------------------------------
 # preparing a dataset
 
-def prepare(out_dir, source=None, tokenizer="byte", val_fraction=0.05, max_mb=None, batch_docs=256):
-    """Tokenize a source into out_dir/{train,val}.bin + tokenizer + meta.json; returns meta."""
+def bpe_texts(source, val_fraction, max_mb):
+    """The training documents' texts (streamed, as prepare reads them), for learning a BPE vocabulary."""
+    n_bytes = 0
+    for name, text, size in tqdm(iter_documents(source, {"skipped_binary": 0}), desc="learning BPE", unit=" docs"):
+        if max_mb is not None and n_bytes >= max_mb * 1e6:
+            return
+        n_bytes += size
+        if not is_val(name, val_fraction):
+            yield text
+
+
+def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=None, batch_docs=256, vocab_size=1024):
+    """Tokenize a source into out_dir/{train,val}.bin + tokenizer + meta.json; returns meta.
+    tokenizer: "bpe" (learn a byte-level BPE of vocab_size ids on the training documents, a first pass
+    over the source), "byte" (259 ids), or a path to a tokenizer (a dir with tokenizer.json, a .tiktoken)."""
     if source is not None and not os.path.exists(source):
         raise FileNotFoundError(f"source not found: {source}")
     if source is not None and os.path.isfile(source) and not source.endswith(".jsonl"):
         raise ValueError(f"source {source} is a file: expected a folder of text files or a .jsonl file")
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    tok = Tokenizer.byte_level() if tokenizer == "byte" else Tokenizer.from_pretrained(tokenizer)
+    if tokenizer == "bpe":
+        tok = Tokenizer.train(bpe_texts(source, val_fraction, max_mb), vocab_size)
+    else:
+        tok = Tokenizer.byte_level() if tokenizer == "byte" else Tokenizer.from_pretrained(tokenizer)
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
     os.makedirs(out_dir, exist_ok=True)
     paths = {s: os.path.join(out_dir, f"{s}.bin") for s in ("train", "val")}
@@ -270,20 +286,25 @@ if __name__ == "__main__":
     # run settings (defaults), overridable as --flag value
     out_dir = "data/stdlib"
     source = None        # None: this Python's standard library; or a folder of text files, or a .jsonl
-    tokenizer = "byte"   # "byte" (the tiny models) or a path: a dir with tokenizer.json, or a *.tiktoken
+    tokenizer = "bpe"    # "bpe": learnt here on the corpus; "byte"; or a path: a dir with tokenizer.json, a *.tiktoken
+    vocab_size = 1024    # ids of the learnt BPE (256 bytes + merges + 3 special tokens)
     val_fraction = 0.05
     max_mb = None        # stop after this many MB of source text
     p = argparse.ArgumentParser(description="Tokenize a corpus into train.bin / val.bin / meta.json.")
     p.add_argument("--out_dir", default=out_dir)
     p.add_argument("--source", default=source, help="folder of text files or .jsonl with a 'text' field (default: stdlib)")
-    p.add_argument("--tokenizer", default=tokenizer, help="'byte' or a tokenizer dir / .tiktoken file")
+    p.add_argument("--tokenizer", default=tokenizer, help="'bpe', 'byte', or a tokenizer dir / .tiktoken file")
+    p.add_argument("--vocab_size", type=int, default=vocab_size, help="with --tokenizer bpe: the number of ids")
     p.add_argument("--val_fraction", type=float, default=val_fraction)
     p.add_argument("--max_mb", type=float, default=max_mb)
     args = p.parse_args()
     if args.source is not None and not os.path.exists(args.source):
         p.error(f"--source {args.source} does not exist")
+    if not 259 <= args.vocab_size <= 65536:
+        p.error("--vocab_size must be in 259..65536 (the 256 bytes and 3 special tokens at least)")
     try:
-        meta = prepare(args.out_dir, args.source, args.tokenizer, args.val_fraction, args.max_mb)
+        meta = prepare(args.out_dir, args.source, args.tokenizer, args.val_fraction, args.max_mb,
+                       vocab_size=args.vocab_size)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"data.py: error: {e}")
     s = meta["splits"]

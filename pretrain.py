@@ -1,6 +1,6 @@
 """
 Train the tiny AR teacher of the embedded default: a Qwen3-shaped model on the prepared corpus
-(the Python standard library, byte-level), with the plain next-token loss. nanoGPT's train.py in
+(the Python standard library, in a BPE vocabulary data.py learnt on it), with the plain next-token loss. nanoGPT's train.py in
 miniature, on the shared machinery of training.py.
 
     python data.py --out_dir data/stdlib
@@ -27,6 +27,7 @@ import data
 import sample
 import training
 from model import PRESETS, Qwen3, preset
+from tokenizer import Tokenizer
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
@@ -69,10 +70,14 @@ if __name__ == "__main__":
     train_data, val_data = training.load_splits(args.data, "pretrain")
     gen = torch.Generator().manual_seed(args.seed)  # draws the training batches
 
+    tok = Tokenizer.from_pretrained(args.data)
+    # from scratch the preset gives the shape, the data's tokenizer the vocabulary: its ids plus one free row
+    # for a DLM's mask token, rounded up to a multiple of 64
+    vocab = dict(vocab_size=-(-(tok.mask_id + 1) // 64) * 64, bos_token_id=tok.eos_id, eos_token_id=tok.eos_id)
     model, state, start = training.resume_or_start(
         out_dir, args.resume, device, gen,
         lambda: (Qwen3.from_pretrained(args.init, device=device, dtype=torch.float32) if args.init
-                 else Qwen3(preset(args.preset)).init_weights(args.seed).to(device)))
+                 else Qwen3(preset(args.preset, **vocab)).init_weights(args.seed).to(device)))
     tok = training.load_tokenizer(args.data, model.config)
     if model.config.attn != "causal":
         raise SystemExit(f"pretrain.py trains AR models; this checkpoint has attn={model.config.attn!r}")

@@ -17,8 +17,10 @@ What is notable here:
 - `Tokenizer.byte_level()` is the 259-id tokenizer of the project's tiny models, and
   `save_pretrained` writes Hugging Face files (atomically) that `transformers` loads unchanged.
 """
+import collections
 import json
 import operator
+import re
 import os
 import unicodedata
 from base64 import b64decode
@@ -31,6 +33,9 @@ QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # GPT-2's regex, which Hugging Face's ByteLevel pre-tokenizer applies when `use_regex` is true.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# The pieces BPE is learnt within (Tokenizer.train): GPT-2's rule with ASCII classes, so that Python's
+# `re` (training) and tiktoken (encoding) read it alike; `_` joins words, as in Python identifiers.
+CODE_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z_]+| ?[0-9]+| ?[^\sA-Za-z0-9_]+|\s+(?!\S)|\s+"""
 QWEN_N_RANKS = 151643
 # Qwen3's added tokens, ids 151643.... Hugging Face marks those from <tool_call> (151657) on as
 # `special: false`, the earlier ones as `special: true`.
@@ -89,6 +94,47 @@ class Tokenizer:
         """The tiny models' tokenizer: ids 0..255 are the bytes, then three special tokens."""
         added = {EOS: (256, True), "<|im_start|>": (257, True), "<|im_end|>": (258, True)}
         return cls("byte", {bytes([b]): b for b in range(256)}, GPT2_PATTERN, added, nfc=False)
+
+    @classmethod
+    def train(cls, texts, vocab_size, name="bpe"):
+        """Byte-level BPE learnt from texts: the 256 bytes, then the most frequent adjacent pair merged
+        into a new token, again and again, within the pieces CODE_PATTERN cuts, until vocab_size ids
+        (with the three special tokens of byte_level() last). Pair counts are updated only for the
+        words a merge touches, so the standard library trains in well under a minute."""
+        words = collections.Counter(p for t in texts for p in re.findall(CODE_PATTERN, t))
+        seqs = [[bytes([b]) for b in w.encode("utf-8")] for w in words]  # each distinct piece as tokens
+        freq = list(words.values())
+        pairs, where = collections.Counter(), collections.defaultdict(set)  # pair -> count, -> word indices
+        for i, s in enumerate(seqs):
+            for pair in zip(s, s[1:]):
+                pairs[pair] += freq[i]
+                where[pair].add(i)
+        ranks = {bytes([b]): b for b in range(256)}
+        while len(ranks) < vocab_size - 3 and pairs:
+            (a, b), n = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))  # most frequent; ties by bytes
+            if n < 2:
+                break
+            ranks.setdefault(a + b, len(ranks))
+            for i in where.pop((a, b)):
+                s, f = seqs[i], freq[i]
+                for pair in zip(s, s[1:]):
+                    pairs[pair] -= f
+                j, new = 0, []
+                while j < len(s):
+                    if s[j] == a and j + 1 < len(s) and s[j + 1] == b:
+                        new.append(a + b)
+                        j += 2
+                    else:
+                        new.append(s[j])
+                        j += 1
+                seqs[i] = new
+                for pair in zip(new, new[1:]):
+                    pairs[pair] += f
+                    where[pair].add(i)
+            del pairs[(a, b)]
+        n = len(ranks)
+        added = {EOS: (n, True), "<|im_start|>": (n + 1, True), "<|im_end|>": (n + 2, True)}
+        return cls(name, ranks, CODE_PATTERN, added, nfc=False)
 
     @classmethod
     def from_pretrained(cls, path):
@@ -207,22 +253,33 @@ class Tokenizer:
         _atomic_write(d / "tokenizer_config.json", json.dumps(config, indent=2).encode())
 
     def _hf_json(self):
-        # Only the byte tokenizer is generated: a BPE with the 256 bytes and no merges.
-        if any(len(b) != 1 for b in self._ranks) or self._pattern != GPT2_PATTERN:
-            raise ValueError(f"{self.name}: can only generate a tokenizer.json for a byte tokenizer")
+        """A tokenizer.json for a vocabulary made here (byte-level or trained by `train`). The merges are
+        every split of a token into two lower-ranked tokens, in rank order: Hugging Face then merges
+        exactly as tiktoken does (the lowest-ranked result first)."""
         u = bytes_to_unicode()
-        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+
+        def text(b):
+            return "".join(u[c] for c in b)
+
+        merges = [(text(t[:k]), text(t[k:])) for t, _ in sorted(self._ranks.items(), key=lambda kv: kv[1])
+                  for k in sorted(range(1, len(t)), key=lambda k: (self._ranks.get(t[:k], -1), self._ranks.get(t[k:], -1)))
+                  if t[:k] in self._ranks and t[k:] in self._ranks]
+        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                      "use_regex": self._pattern == GPT2_PATTERN}
+        split = {"type": "Split", "pattern": {"Regex": self._pattern}, "behavior": "Isolated", "invert": False}
         return {
             "version": "1.0", "truncation": None, "padding": None,
             "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
                               "normalized": False, "special": special}
                              for t, (i, special) in sorted(self._added.items(), key=lambda kv: kv[1])],
             "normalizer": {"type": "NFC"} if self.nfc else None,
-            "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+            "pre_tokenizer": byte_level if self._pattern == GPT2_PATTERN else
+            {"type": "Sequence", "pretokenizers": [split, byte_level]},
+            "post_processor": None, "decoder": dict(byte_level, use_regex=True),
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                      "ignore_merges": False, "vocab": {u[b[0]]: i for b, i in self._ranks.items()},
-                      "merges": []},
+                      "ignore_merges": False, "vocab": {text(b): i for b, i in self._ranks.items()},
+                      "merges": [list(m) for m in merges]},
         }
 
     # ---- encoding and decoding ----

@@ -50,7 +50,7 @@ def tiny_world(root, ar=True):
     src.mkdir(parents=True)
     for i in range(12):
         (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
-    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2)
+    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2, tokenizer="byte")
     if ar:
         Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
         Tokenizer.byte_level().save_pretrained(root / "ar")

@@ -13,7 +13,7 @@ from tokenizer import Tokenizer
 @pytest.fixture
 def ar(tmp_path):
     d = tmp_path / "ar"
-    Qwen3(preset("tiny", num_hidden_layers=1)).init_weights().save_pretrained(d)
+    Qwen3(preset("micro", num_hidden_layers=1)).init_weights().save_pretrained(d)
     Tokenizer.byte_level().save_pretrained(d)
     return d
 

@@ -37,18 +37,30 @@ def reversed_walk(root, _walk=os.walk):
 
 
 def split_texts(out_dir):
-    """{split: [decoded documents]} of a prepared dataset."""
-    return {s: [TOK.decode(d.tolist()) for d in data.documents(data.load_split(out_dir, s), TOK.eos_id)]
+    """{split: [decoded documents]} of a prepared dataset, read with its own tokenizer."""
+    tok = Tokenizer.from_pretrained(out_dir)
+    return {s: [tok.decode(d.tolist()) for d in data.documents(data.load_split(out_dir, s), tok.eos_id)]
             for s in ("train", "val")}
 
 # -----------------------------------------------------------------------------
 # prepare
 
 
+def test_bpe_is_learnt_on_train_documents_only(tmp_path):
+    docs = {**DOCS, **{f"v{i}.py": "zyzzyva " * 50 for i in range(40)}}  # a word that only val may hold
+    val_only = [n for n in docs if n.startswith("v") and data.is_val(n, 0.2)]
+    docs = {n: t for n, t in docs.items() if not n.startswith("v") or n in val_only}
+    assert val_only
+    data.prepare(str(tmp_path / "out"), str(make_corpus(tmp_path / "src", docs)), val_fraction=0.2, vocab_size=400)
+    tok = Tokenizer.from_pretrained(str(tmp_path / "out"))
+    assert len(tok.encode(" zyzzyva")) >= 4  # never merged: the val documents did not shape the vocabulary
+
+
 def test_prepare_round_trip(tmp_path):
     src, out = make_corpus(tmp_path / "src", DOCS), tmp_path / "out"
-    meta = data.prepare(str(out), str(src), val_fraction=0.2)
-    texts = split_texts(out)
+    meta = data.prepare(str(out), str(src), val_fraction=0.2, vocab_size=300)  # a BPE learnt here
+    texts, tok = split_texts(out), Tokenizer.from_pretrained(str(out))
+    assert 259 < tok.vocab_size <= 300 and meta["tokenizer"] == "bpe"  # fewer when pairs run out
     assert texts["train"] and texts["val"]
     # every document in exactly one split, decoded back exactly
     assert sorted(texts["train"] + texts["val"]) == sorted(DOCS.values())
@@ -60,14 +72,15 @@ def test_prepare_round_trip(tmp_path):
         arr = data.load_split(out, s)
         assert arr.dtype == np.uint16 and meta["dtype"] == "uint16"
         # each document followed by exactly one eos, nothing else in the file
-        assert arr[-1] == TOK.eos_id
-        assert int((arr == TOK.eos_id).sum()) == len(texts[s]) == meta["splits"][s]["documents"]
-        assert len(arr) == sum(len(TOK.encode(t)) + 1 for t in texts[s]) == meta["splits"][s]["tokens"]
+        assert arr[-1] == tok.eos_id
+        assert int((arr == tok.eos_id).sum()) == len(texts[s]) == meta["splits"][s]["documents"]
+        assert len(arr) == sum(len(tok.encode(t)) + 1 for t in texts[s]) == meta["splits"][s]["tokens"]
         assert os.path.getsize(out / f"{s}.bin") == 2 * meta["splits"][s]["tokens"]
     on_disk = json.loads((out / "meta.json").read_text())
-    assert on_disk["vocab_size"] == TOK.vocab_size and on_disk["eos_id"] == TOK.eos_id
+    assert on_disk["vocab_size"] == tok.vocab_size and on_disk["eos_id"] == tok.eos_id
     assert on_disk["val_fraction"] == 0.2 and on_disk["python"]
-    assert Tokenizer.from_pretrained(str(out)).encode("héllo") == TOK.encode("héllo")
+    assert tok.decode(tok.encode("héllo")) == "héllo"
+    assert len(tok.encode("x = 7 * 'é'")) < len("x = 7 * 'é'".encode())  # it learnt merges from the corpus
     assert not list(out.glob("*.tmp"))
 
 

@@ -316,3 +316,61 @@ def test_bad_inputs(tmp_path):
     bad_line.write_text("IQ== 0\nnot-base64!!\n")
     with pytest.raises(ValueError, match="line 2"):
         Tokenizer.from_pretrained(bad_line)
+
+
+# ---- a BPE learnt here (the embedded default's tokenizer) ----
+
+def slow_bpe(texts, n_merges):
+    """Reference trainer: recount every pair from scratch before each merge (no incremental updates)."""
+    import collections
+    import re
+    from tokenizer import CODE_PATTERN
+    words = collections.Counter(p for t in texts for p in re.findall(CODE_PATTERN, t))
+    seqs = {w: [bytes([b]) for b in w.encode()] for w in words}
+    merges = []
+    for _ in range(n_merges):
+        pairs = collections.Counter()
+        for w, s in seqs.items():
+            for pair in zip(s, s[1:]):
+                pairs[pair] += words[w]
+        if not pairs or max(pairs.values()) < 2:
+            break
+        best = max(pairs, key=lambda p: (pairs[p], p))
+        merges.append(best[0] + best[1])
+        for w, s in seqs.items():
+            out = []
+            for tok in s:
+                if out and (out[-1], tok) == best:
+                    out[-1] = best[0] + best[1]
+                else:
+                    out.append(tok)
+            seqs[w] = out
+    return merges
+
+
+def test_train_learns_the_most_frequent_pairs_first():
+    texts = ["def f(self):\n    return self.x\n", "self.self = self  # self", "aaaa"] * 3
+    tok = Tokenizer.train(texts, 256 + 12 + 3)
+    ranks = tok._ranks
+    learnt = [b for b, _ in sorted(ranks.items(), key=lambda kv: kv[1]) if len(b) > 1]
+    assert learnt == slow_bpe(texts, 12)
+    assert learnt[:3] == [b"se", b"sel", b"self"]  # "se"/"el" tie on count; ties go to the larger pair
+    assert (tok.vocab_size, tok.eos_id, tok.mask_id) == (271, 268, 271)
+    assert tok.encode(" self") == [ranks[b" self"]] and tok.encode("aaaa") == [ranks[b"aa"]] * 2
+
+
+def test_trained_tokenizer_matches_hugging_face(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = [(STDLIB / s).read_text() for s in SOURCES]
+    tok = Tokenizer.train(corpus[:3], 600)
+    tok.save_pretrained(tmp_path)
+    back = Tokenizer.from_pretrained(tmp_path)
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    texts = corpus[3:] + SAMPLES + random_texts(30, seed=5) + ["x<|endoftext|>y"]
+    for text in texts:
+        ids = tok.encode(text, allowed_special="all")
+        assert back.encode(text, allowed_special="all") == ids
+        assert hf.encode(text, add_special_tokens=False) == ids, text[:80]
+        assert tok.decode(ids) == text and hf.decode(ids) == text
+    assert len(tok.encode(corpus[4])) < 0.5 * len(corpus[4].encode())  # it compresses unseen code
