@@ -93,6 +93,17 @@ def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None,
     return (loss, hidden) if output_hidden_states else loss
 
 
+def sequence_elbo(model, x0, masked, t, attn=None):
+    """(B,) one draw of each sequence's ELBO term: -Σ_{i∈M_b} CE_{b,i} / t_b, for the given masks and rates (no
+    normalisation). With M drawn at rate t ~ U(0, 1) over a response alone, its mean over draws is the bound
+    log p(response | prompt) >= -E_{t,M}[Σ_{i∈M} CE_i / t] (LLaDA); merge.py's implicit rewards use it."""
+    xt = torch.where(masked, torch.full_like(x0, model.config.mask_token_id), x0)
+    logits, _ = masked_logits(model, xt, masked, attn)
+    ce = F.cross_entropy(logits.float(), x0[masked], reduction="none")  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
+    rows = masked.nonzero()[:, 0]  # the sequence of each masked token, in masked_logits' row-major order
+    return -torch.zeros(x0.shape[0], device=x0.device).index_add(0, rows, ce / t.float()[rows])  # -Σ_{i∈M_b} CE_{b,i} / t_b
+
+
 @torch.no_grad()
 def fixed_mask_eval(model, batches, ctx=None, ratios=(0.15, 0.5, 0.9), seed=1234, elbo_eps=1e-3):
     """On fixed batches with fixed masks (one generator, seeded here, so every call and every checkpoint sees

@@ -1,0 +1,544 @@
+"""
+AR-MAP (methods.md §4): teach the AR model a preference with DPO, then carry it into the DLM converted from
+that AR model by adding the preference task vector τ_pref = W_AR_aligned − W_AR to the DLM's weights.
+
+    python merge.py pairs    --data data/stdlib --out_dir data/pairs          # the synthetic preference data
+    python merge.py dpo      --ar out/ar-tiny --pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl \\
+                             --out_dir out/ar-dpo                               # add --lora_rank 8 for LoRA
+    python merge.py spectrum --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/repro/lambda10
+    python merge.py merge    --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/repro/lambda10 \\
+                             --pairs data/pairs/heldout.jsonl --out_dir out/dlm-merged --method ties
+
+What is notable here:
+- The embedded default's preference can be checked by eye: "prefer single-quoted strings". `pairs` cuts
+  windows of the corpus whose continuation holds >= 2 quotes: chosen = every " made ', rejected = every ' made ",
+  and rule_score(text) = (#' − #")/max(1, #' + #") scores any text by the same rule (the win rate).
+- DPO's log π(y|x) sums over response tokens only, from one causal forward on prompt + response, lm_head on the
+  response rows only. --lora_rank r: LoRA through torch.nn.utils.parametrize, merged into plain weights whenever
+  a checkpoint is written, so the output is an ordinary Qwen3 checkpoint either way (train_state.pt keeps A, B).
+- Checkpoints are read one tensor at a time with safetensors.safe_open (spectrum, task vectors); merging applies
+  and reverts γ·Δ in place on the loaded DLM from one saved copy W0, so the revert is bit-exact and there is
+  never a second model per γ.
+- The γ search uses common random numbers: the masks (t, u) are drawn once per (pair, draw) and shared by chosen
+  and rejected, by every γ and by the reference DLM, whose ELBOs are computed once.
+"""
+import argparse
+import contextlib
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from torch.nn.utils import parametrize
+from tqdm import tqdm
+
+import data
+import diffusion
+import training
+from model import Qwen3, atomic_write, weight_files
+from sample import attend, block_generate, diffusion_generate
+from tokenizer import Tokenizer
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TYPES = LORA_TARGETS + ("embed_tokens", "lm_head", "norms")  # spectrum's rows, in this order
+SEQ_LEN = 512  # merge: max tokens of prompt + response (dpo: --seq_len)
+BATCH = 16  # merge: pairs per forward (ELBOs) and prompts per sampler call (win rate)
+GEN_LEN, GEN_BLOCK = 64, 32  # win rate: tokens sampled per prompt; the bidirectional sampler's block length
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+sub = p.add_subparsers(dest="cmd", required=True)
+s = sub.add_parser("pairs", help="synthetic preference pairs: prefer single-quoted strings")
+s.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
+s.add_argument("--out_dir", default="data/pairs")
+for name, default in (("n_train", 512), ("n_heldout", 128), ("prompt_chars", 192), ("response_chars", 96), ("seed", 1337)):
+    s.add_argument(f"--{name}", type=int, default=default)
+s = sub.add_parser("dpo", help="DPO on the AR model")
+s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint; also the frozen reference")
+s.add_argument("--pairs", default="data/pairs/train.jsonl")
+s.add_argument("--heldout", default="data/pairs/heldout.jsonl")
+s.add_argument("--out_dir", default="out/ar-dpo")
+s.add_argument("--beta", type=float, default=0.1)
+s.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning")
+s.add_argument("--lora_alpha", type=float, default=16.0)
+training.add_loop_args(s, max_iters=30, batch_size=8, seq_len=SEQ_LEN, lr=2e-4, min_lr=2e-5, warmup=3,
+                       eval_interval=10, eval_batches=16)  # eval_batches x batch_size held-out pairs
+s.set_defaults(weight_decay=0.0)  # decay would add -η·λ·W to τ_pref, which is not the preference
+s = sub.add_parser("spectrum", help="spectral norms of τ_diff and τ_pref per weight, by layer type")
+s.add_argument("--ar", default="out/ar-tiny")
+s.add_argument("--ar_aligned", default="out/ar-dpo")
+s.add_argument("--dlm", default="out/repro/lambda10")
+s.add_argument("--out", default="spectrum.json")
+s = sub.add_parser("merge", help="W = W_DLM + γ·Δ, γ chosen by held-out reward accuracy")
+s.add_argument("--ar", default="out/ar-tiny")
+s.add_argument("--ar_aligned", default="out/ar-dpo")
+s.add_argument("--dlm", default="out/repro/lambda10")
+s.add_argument("--pairs", default="data/pairs/heldout.jsonl", help="the pairs that score each γ")
+s.add_argument("--out_dir", default="out/dlm-merged")
+s.add_argument("--method", default="linear", choices=["linear", "ties", "dare"])
+s.add_argument("--density", type=float, default=0.2, help="ties: the fraction of entries kept")
+s.add_argument("--drop", type=float, default=0.9, help="dare: the drop probability p")
+g = s.add_mutually_exclusive_group()
+g.add_argument("--gammas", default="0,0.5,1,2,3,4,6,8", help="the γ grid")
+g.add_argument("--gamma", type=float, default=None, help="one γ, no search")
+s.add_argument("--beta", type=float, default=0.1)
+s.add_argument("--n_masks", type=int, default=4, help="ELBO draws (t, mask) per pair")
+s.add_argument("--samples", type=int, default=32, help="win rate: completions per model (0: none)")
+s.add_argument("--device", default="auto")
+s.add_argument("--seed", type=int, default=1337, help="masks, DARE, samples")
+
+
+# ---- pairs -----------------------------------------------------------------------------------------
+
+def rule_score(text):
+    s, d = text.count("'"), text.count('"')
+    return (s - d) / max(1, s + d)  # (#' − #") / max(1, #' + #"): +1 all single quotes, −1 all double
+
+
+def make_pairs(texts, n, prompt_chars, response_chars, seed):
+    """n {prompt, chosen, rejected} records: windows (prompt = the preceding text, response = the continuation)
+    whose response holds >= 2 quotes, drawn with a seeded RNG; the rule is applied to the response only."""
+    windows = []
+    for text in texts:
+        for c in range(prompt_chars, len(text) - response_chars + 1, response_chars):
+            y = text[c:c + response_chars]
+            if y.count("'") + y.count('"') >= 2:
+                windows.append((text[c - prompt_chars:c], y))
+    picked = random.Random(seed).sample(windows, min(n, len(windows)))
+    return [dict(prompt=x, chosen=y.replace('"', "'"), rejected=y.replace("'", '"')) for x, y in picked]
+
+
+def cmd_pairs(args):
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        tok = Tokenizer.from_pretrained(args.data)
+        splits = {s: data.load_split(args.data, s) for s in ("train", "val")}
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"merge pairs: {e}")
+    for split, name, n in (("train", "train.jsonl", args.n_train), ("val", "heldout.jsonl", args.n_heldout)):
+        docs = data.documents(splits[split], tok.eos_id)
+        texts = [tok.decode(d.tolist()) for d in tqdm(docs, desc=f"decoding {split}", leave=False)]
+        recs = make_pairs(texts, n, args.prompt_chars, args.response_chars, args.seed + (split == "val"))
+        atomic_write(out / name, lambda f: Path(f).write_text("".join(json.dumps(r) + "\n" for r in recs)))
+        print(f"{out / name}: {len(recs)} pairs from the {split} split" + (f" (asked for {n})" * (len(recs) < n)))
+
+
+def read_pairs(path, tok, seq_len):
+    """-> [(prompt ids, chosen ids, rejected ids)]: responses cut to seq_len // 2 tokens, each prompt to its last
+    tokens that fit, at least one (it predicts the first response token)."""
+    try:
+        recs = data.read_pairs(path)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"merge: {e}")
+    out = []
+    for k, r in enumerate(recs, 1):
+        yw, yl = tok.encode(r["chosen"])[:seq_len // 2], tok.encode(r["rejected"])[:seq_len // 2]
+        x = tok.encode(r["prompt"])[-(seq_len - max(len(yw), len(yl))):]
+        if not x:
+            raise SystemExit(f"merge: {path}: record {k} has an empty prompt")
+        out.append((x, yw, yl))
+    return out
+
+
+def pair_batch(items, device):
+    """Chosen rows then rejected rows, right-padded: -> ids (2B, T), prompt_lens (2B,), resp (2B, T) bool (the
+    response positions), real (2B, T) bool (not padding)."""
+    seqs = [(x, yw) for x, yw, _ in items] + [(x, yl) for x, _, yl in items]
+    lens = torch.tensor([len(x) + len(y) for x, y in seqs])
+    plen = torch.tensor([len(x) for x, _ in seqs])
+    ids = torch.zeros(len(seqs), int(lens.max()), dtype=torch.long)
+    for b, (x, y) in enumerate(seqs):
+        ids[b, :lens[b]] = torch.tensor(x + y)
+    pos = torch.arange(ids.shape[1])
+    real = pos < lens[:, None]
+    return ids.to(device), plen.to(device), ((pos >= plen[:, None]) & real).to(device), real.to(device)
+
+
+# ---- DPO -------------------------------------------------------------------------------------------
+
+def response_logps(model, ids, resp_mask):
+    """(B,) log π(y|x) = Σ_{i ∈ response} log p(ids_i | ids_<i): one causal forward, lm_head on the rows that
+    predict a response token (row i-1 predicts token i, the AR head's shift); prompt and padding excluded."""
+    h, _ = model.model(ids, "causal")  # (B, T, C)
+    logp = model.lm_head(h[diffusion.denoiser_rows(resp_mask, True)]).float().log_softmax(-1)  # (n_resp, V)
+    tok_logp = logp.gather(-1, ids[resp_mask][:, None])[:, 0]  # log p(y_i | x, y_<i)
+    return torch.zeros(ids.shape[0], device=ids.device).index_add(0, resp_mask.nonzero()[:, 0], tok_logp)
+
+
+def dpo_loss(pi_w, pi_l, ref_w, ref_l, beta):
+    """-> (mean loss, reward_w, reward_l), the implicit rewards detached."""
+    r_w, r_l = beta * (pi_w - ref_w), beta * (pi_l - ref_l)  # r(x, y) = β (log π(y|x) − log π_ref(y|x))
+    loss = -F.logsigmoid(r_w - r_l).mean()  # −log σ(r(x, y_w) − r(x, y_l))
+    return loss, r_w.detach(), r_l.detach()
+
+
+class LoRA(nn.Module):
+    """The parametrization W -> W + (α/r)·B@A of a Linear's weight; B starts at zero (the model is unchanged)."""
+
+    def __init__(self, weight, rank, alpha):
+        super().__init__()
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.randn(rank, weight.shape[1], device=weight.device) / math.sqrt(weight.shape[1]))
+        self.lora_B = nn.Parameter(torch.zeros(weight.shape[0], rank, device=weight.device))
+
+    def forward(self, W):
+        return W + self.scale * self.lora_B @ self.lora_A  # W + (α/r)·B@A
+
+
+def add_lora(model, rank, alpha):
+    """Every weight frozen; LoRA on the attention and MLP projections (A, B: the only trainable tensors)."""
+    model.requires_grad_(False)
+    for name, m in model.named_modules():
+        if name.rsplit(".", 1)[-1] in LORA_TARGETS:
+            parametrize.register_parametrization(m, "weight", LoRA(m.weight, rank, alpha))
+    return model
+
+
+@contextlib.contextmanager
+def merged(model):
+    """Inside: each LoRA Linear holds the plain weight W + (α/r)·B@A, so state_dict is an ordinary Qwen3's.
+    On exit the parametrizations come back with the same A, B (the optimizer's tensors) and the base W, restored
+    bit for bit from a copy (removing a parametrization overwrites the base tensor in place)."""
+    saved = []
+    for m in model.modules():
+        if parametrize.is_parametrized(m, "weight"):
+            saved.append((m, m.parametrizations.weight.original.detach().clone(), m.parametrizations.weight[0]))
+            parametrize.remove_parametrizations(m, "weight", leave_parametrized=True)
+    try:
+        yield model
+    finally:
+        for m, base, lora in saved:
+            parametrize.register_parametrization(m, "weight", lora)
+            with torch.no_grad():
+                m.parametrizations.weight.original.copy_(base)
+
+
+@torch.no_grad()
+def all_logps(model, items, batch_size, ctx, device):
+    """(n, 2): log π(y_w|x), log π(y_l|x) of every pair."""
+    out = []
+    for s in range(0, len(items), batch_size):
+        ids, _, resp, _ = pair_batch(items[s:s + batch_size], device)
+        with ctx:
+            lp = response_logps(model, ids, resp).cpu()
+        out.append(torch.stack(lp.chunk(2), 1))
+    return torch.cat(out)
+
+
+def evaluate(model, items, ref_lp, args, ctx, device):
+    model.eval()
+    lp = all_logps(model, items, args.batch_size, ctx, device)
+    model.train()
+    loss, r_w, r_l = dpo_loss(lp[:, 0], lp[:, 1], ref_lp[:, 0], ref_lp[:, 1], args.beta)
+    return dict(heldout_loss=loss.item(), heldout_reward_acc=(r_w > r_l).float().mean().item(),
+                heldout_margin=(r_w - r_l).mean().item(), heldout_pref_acc=(lp[:, 0] > lp[:, 1]).float().mean().item())
+
+
+def load(path, what, device):
+    try:
+        return Qwen3.from_pretrained(path, device=device, dtype=torch.float32)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"merge: {what} {path}: {e}")
+
+
+def cmd_dpo(args):
+    if args.beta <= 0 or args.lora_rank < 0:
+        p.error("need --beta > 0 and --lora_rank >= 0")
+    device, ctx = training.setup(args.device, args.seed)
+    out_dir = Path(args.out_dir)
+    gen = torch.Generator().manual_seed(args.seed)  # draws the batches
+    ref = load(args.ar, "--ar", device).requires_grad_(False).eval()  # π_ref: the initial AR model, frozen
+    if ref.config.attn != "causal":
+        raise SystemExit(f"merge dpo: --ar {args.ar} is not an AR checkpoint (attn={ref.config.attn!r})")
+    tok = training.load_tokenizer(args.ar, ref.config)
+    train, heldout = read_pairs(args.pairs, tok, args.seq_len), read_pairs(args.heldout, tok, args.seq_len)
+    heldout = heldout[:args.eval_batches * args.batch_size]
+    policy, state, start = training.resume_or_start(out_dir, args.resume, device, gen, lambda: load(args.ar, "--ar", device))
+    if args.lora_rank:
+        if state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with the saved A, B
+            policy = load(args.ar, "--ar", device)
+        add_lora(policy, args.lora_rank, args.lora_alpha)
+        if state:
+            policy.load_state_dict(state["extra"]["lora"], strict=False)
+    opt = training.configure_optimizer(policy, args.lr, args.weight_decay, device_type=device.type)
+    if state:
+        opt.load_state_dict(state["optimizer"])
+    ref_held = all_logps(ref, heldout, args.batch_size, ctx, device)  # the reference never changes: once
+    log = training.Log(out_dir, args.resume)
+    n_train = sum(q.numel() for q in policy.parameters() if q.requires_grad)
+    print(f"DPO: {len(train)} train / {len(heldout)} held-out pairs, β = {args.beta}, {n_train / 1e6:.3f}M trainable "
+          f"parameters ({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}); device {device}")
+
+    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="dpo")
+    last_eval, t_start = {}, time.time()
+    for step in bar:
+        t0 = time.time()
+        lr = training.lr_at(step, args.lr, args.min_lr, args.warmup, args.max_iters)
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        losses, rw, rl, n_tok = [], [], [], 0
+        for _ in range(args.grad_accum):
+            pick = torch.randint(len(train), (args.batch_size,), generator=gen).tolist()
+            ids, _, resp, _ = pair_batch([train[k] for k in pick], device)
+            with torch.no_grad(), ctx:
+                ref_w, ref_l = response_logps(ref, ids, resp).chunk(2)  # log π_ref(y|x), no gradient
+            with ctx:
+                pi_w, pi_l = response_logps(policy, ids, resp).chunk(2)  # log π(y|x)
+            loss, r_w, r_l = dpo_loss(pi_w, pi_l, ref_w, ref_l, args.beta)
+            (loss / args.grad_accum).backward()
+            losses.append(loss.detach())
+            rw.append(r_w)
+            rl.append(r_l)
+            n_tok += ids.numel()
+        training.check_finite(loss, step, out_dir)
+        norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        rw, rl, dt = torch.cat(rw), torch.cat(rl), time.time() - t0
+        rec = dict(step=step, loss=torch.stack(losses).mean().item(), reward_acc=(rw > rl).float().mean().item(),
+                   margin=(rw - rl).mean().item(), reward_chosen=rw.mean().item(), reward_rejected=rl.mean().item(),
+                   lr=lr, grad_norm=norm.item(), tokens_per_s=n_tok / dt,
+                   mfu=training.mfu(policy, n_tok / dt, ids.shape[1], device))
+        if step % args.eval_interval == 0 or step == args.max_iters - 1:
+            last_eval = dict(step=step, **evaluate(policy, heldout, ref_held, args, ctx, device))
+            rec.update({k: v for k, v in last_eval.items() if k != "step"})
+            lora = {k: v for k, v in policy.state_dict().items() if "lora_" in k}
+            with merged(policy):
+                training.save_checkpoint(out_dir, policy, tok, opt, step, gen, extra=dict(args=vars(args), lora=lora))
+        log(**rec)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['reward_acc']:.2f}",
+                        val_acc=f"{last_eval.get('heldout_reward_acc', float('nan')):.2f}")
+
+    final = last_eval if last_eval.get("step") == args.max_iters - 1 else evaluate(policy, heldout, ref_held, args, ctx, device)
+    final = {k: v for k, v in final.items() if k != "step"}
+    final["heldout_pref_acc_before"] = (ref_held[:, 0] > ref_held[:, 1]).float().mean().item()  # the AR's own
+    print("\nfinal held-out: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    (out_dir / "results.json").write_text(json.dumps(dict(**final, steps=args.max_iters, beta=args.beta,
+        lora_rank=args.lora_rank, train_seconds_this_run=time.time() - t_start), indent=2) + "\n")
+
+
+# ---- task vectors: spectrum ------------------------------------------------------------------------
+
+def open_weights(paths):
+    """-> one {name: safe_open handle} per checkpoint (nothing read yet), after checking that all hold the same
+    tensor names and shapes."""
+    handles = []
+    for path in paths:
+        h = {}
+        try:
+            for f in weight_files(Path(path)):
+                sf = safe_open(f, "pt")
+                h.update({k: sf for k in sf.keys()})
+        except (FileNotFoundError, OSError, SafetensorError) as e:
+            raise SystemExit(f"merge: {path}: {e}")
+        handles.append(h)
+    shapes = [{k: tuple(sf.get_slice(k).get_shape()) for k, sf in h.items()} for h in handles]
+    for path, sh in zip(paths[1:], shapes[1:]):
+        if sh != shapes[0]:
+            diff = sorted(set(sh.items()) ^ set(shapes[0].items()))[:2]
+            raise SystemExit(f"merge: {path} and {paths[0]} hold different tensors (names or shapes), e.g. {diff}: "
+                             f"they are not the same model")
+    return handles
+
+
+def read(h, name):
+    return h[name].get_tensor(name).float()
+
+
+def spectral_norm(x):
+    """‖x‖₂: the largest singular value of a matrix, the L2 norm of a vector (norm weights, biases)."""
+    return torch.linalg.matrix_norm(x, ord=2).item() if x.dim() == 2 else x.norm().item()
+
+
+def layer_type(name):
+    kind = name.rsplit(".", 2)[-2]  # model.layers.3.self_attn.q_proj.weight -> q_proj
+    return "norms" if kind.endswith("norm") else kind
+
+
+def spectrum(ar, aligned, dlm):
+    """Per tensor: ‖τ_diff‖₂, ‖τ_pref‖₂ and their ratio, one tensor of each checkpoint in memory at a time."""
+    h_ar, h_al, h_dlm = open_weights([ar, aligned, dlm])
+    rows = []
+    for name in tqdm(sorted(h_ar), desc="spectrum", leave=False):
+        w = read(h_ar, name)
+        pref = spectral_norm(read(h_al, name) - w)  # τ_pref = W_AR_aligned − W_AR
+        diff = spectral_norm(w - read(h_dlm, name))  # τ_diff = W_AR − W_DLM
+        rows.append(dict(name=name, type=layer_type(name), diff=diff, pref=pref, ratio=diff / pref if pref else math.inf))
+    return rows
+
+
+def summarise(rows):
+    """Per layer type: count, median ‖τ_diff‖₂, median ‖τ_pref‖₂, median and min ratio."""
+    types = sorted({r["type"] for r in rows}, key=lambda t: (TYPES + (t,)).index(t))
+    med = lambda t, k: statistics.median(r[k] for r in rows if r["type"] == t)
+    return {t: dict(count=sum(r["type"] == t for r in rows), diff=med(t, "diff"), pref=med(t, "pref"),
+                    ratio=med(t, "ratio"), min_ratio=min(r["ratio"] for r in rows if r["type"] == t)) for t in types}
+
+
+def cmd_spectrum(args):
+    summary = summarise(rows := spectrum(args.ar, args.ar_aligned, args.dlm))
+    print("| layer type | count | median ‖τ_diff‖₂ | median ‖τ_pref‖₂ | median ratio | min ratio |\n|---|---|---|---|---|---|")
+    for t, v in summary.items():
+        print(f"| {t} | {v['count']} | {v['diff']:.4g} | {v['pref']:.4g} | {v['ratio']:.4g} | {v['min_ratio']:.4g} |")
+    Path(args.out).write_text(json.dumps(dict(ar=args.ar, ar_aligned=args.ar_aligned, dlm=args.dlm,
+                                              summary=summary, tensors=rows), indent=2) + "\n")
+
+
+# ---- task vectors: merge ---------------------------------------------------------------------------
+
+def ties(deltas, density):
+    """TIES: trim each delta to its top-`density` fraction by magnitude, elect a sign per entry (the sign of the
+    sum of the trimmed deltas), and average, per entry, only the deltas that agree with it (disjoint mean)."""
+    trimmed = []
+    for d in deltas:
+        keep = torch.zeros(d.numel(), dtype=torch.bool, device=d.device)
+        keep[d.abs().flatten().topk(max(1, round(density * d.numel()))).indices] = True
+        trimmed.append(d * keep.view(d.shape))  # τ̂_t = τ_t on its top-k |entries|, 0 elsewhere
+    T = torch.stack(trimmed)
+    sign = torch.sign(T.sum(0))  # γ = sgn(Σ_t τ̂_t)
+    agree = (torch.sign(T) == sign) & (T != 0)  # A = {t : sgn(τ̂_t) = γ}
+    return (T * agree).sum(0) / agree.sum(0).clamp(min=1)  # τ = (1/|A|) Σ_{t∈A} τ̂_t
+
+
+def dare(delta, drop, generator):
+    """DARE: drop each entry with probability p, rescale the survivors by 1/(1−p) (the expectation is kept)."""
+    keep = torch.rand(delta.shape, generator=generator, device=generator.device).to(delta.device) >= drop
+    return delta * keep / (1 - drop)  # τ̃ = m ⊙ τ / (1 − p), m_i ~ Bernoulli(1 − p)
+
+
+def task_deltas(handles, names, args, device):
+    """{name: Δ}: the merged delta of τ_pref = W_AR_aligned − W_AR per tensor, by --method."""
+    h_ar, h_al = handles
+    g = torch.Generator().manual_seed(args.seed)
+    delta = {}
+    for name in tqdm(names, desc=f"task vector ({args.method})", leave=False):
+        tau = read(h_al, name) - read(h_ar, name)  # τ_pref = W_AR_aligned − W_AR
+        delta[name] = (ties([tau], args.density) if args.method == "ties" else dare(tau, args.drop, g)
+                       if args.method == "dare" else tau).to(device)  # linear: Δ = τ_pref
+    return delta
+
+
+@torch.no_grad()
+def apply(model, W0, delta, gamma):
+    for name, q in model.named_parameters():
+        torch.add(W0[name], delta[name], alpha=gamma, out=q)  # W = W_DLM + γ·Δ, in place
+
+
+@torch.no_grad()
+def revert(model, W0):
+    for name, q in model.named_parameters():
+        q.copy_(W0[name])  # W = W_DLM, bit for bit
+
+
+def draw_masks(n_pairs, n_masks, T, seed, eps=1e-3):
+    """Common random numbers, drawn once: t (n_masks, n_pairs) ~ U(eps, 1-eps), u (n_masks, n_pairs, T) ~ U(0, 1).
+    In draw k, response position i of pair j (chosen and rejected alike) is masked when u[k, j, i] < t[k, j]."""
+    g = torch.Generator().manual_seed(seed)
+    t = eps + (1 - 2 * eps) * torch.rand(n_masks, n_pairs, generator=g)
+    return t, torch.rand(n_masks, n_pairs, T, generator=g)
+
+
+@torch.no_grad()
+def pair_elbos(model, items, t, u, ctx=contextlib.nullcontext()):
+    """(n_pairs, 2): ELBO estimates of log p(y_w|x) and log p(y_l|x), the mean over the draws of (t, u)."""
+    c, dev = model.config, model.model.embed_tokens.weight.device
+    out = torch.zeros(len(items), 2)
+    for s in range(0, len(items), BATCH):
+        ids, plen, resp, real = pair_batch(items[s:s + BATCH], dev)
+        B, T = ids.shape
+        attn = c.attn if real.all() else attend(c.attn, torch.arange(T, device=dev), real, c.block_size)  # pads hidden
+        ok = resp & diffusion.maskable(B, T, c.shift, plen, dev)  # the response only; never position 0 under shift
+        for k in range(t.shape[0]):
+            tk, uk = t[k, s:s + B // 2].repeat(2).to(dev), u[k, s:s + B // 2, :T].repeat(2, 1).to(dev)  # same for y_w, y_l
+            masked = (uk < tk[:, None]) & ok  # P(masked) = t
+            with ctx:
+                e = diffusion.sequence_elbo(model, ids, masked, tk, attn)  # −Σ_{i∈M} CE_i / t
+            out[s:s + B // 2] += torch.stack(e.cpu().chunk(2), 1) / t.shape[0]  # E_{t,M}: the mean over draws
+    return out
+
+
+def pick_gamma(gammas, accs):
+    """The γ with the highest reward accuracy; ties go to the smallest γ."""
+    return min(zip(gammas, accs), key=lambda ga: (-ga[1], ga[0]))[0]
+
+
+@torch.no_grad()
+def completions(model, prompts, tok, seed, ctx):
+    """Decoded completions from the DLM's own sampler at temperature 1.0 and confidence threshold 0.9, one seeded
+    generator: bidirectional, diffusion_generate (Fast-dLLM, blocks of GEN_BLOCK); block, block_generate."""
+    c, dev = model.config, model.model.embed_tokens.weight.device
+    g, out = torch.Generator(dev).manual_seed(seed), []
+    kw = dict(temperature=1.0, threshold=0.9, eos_id=tok.eos_id, generator=g, vocab_limit=tok.vocab_size)
+    for s in tqdm(range(0, len(prompts), BATCH), desc="sampling", leave=False):
+        with ctx:
+            if c.attn == "block":
+                gen = block_generate(model, prompts[s:s + BATCH], -(-GEN_LEN // c.block_size) * c.block_size, **kw)
+            else:
+                gen = diffusion_generate(model, prompts[s:s + BATCH], GEN_LEN, GEN_BLOCK, GEN_LEN, **kw)
+        out += [tok.decode(r[:r.index(tok.eos_id)] if tok.eos_id in r else r) for r in gen.generated.tolist()]
+    return out
+
+
+def cmd_merge(args):
+    gammas = [args.gamma] if args.gamma is not None else [float(x) for x in args.gammas.split(",") if x.strip()]
+    if not gammas or not 0 < args.density <= 1 or not 0 <= args.drop < 1 or args.n_masks <= 0 or args.samples < 0:
+        p.error("need a γ, 0 < --density <= 1, 0 <= --drop < 1, --n_masks > 0, --samples >= 0")
+    device, ctx = training.setup(args.device, args.seed)
+    handles = open_weights([args.ar, args.ar_aligned, args.dlm])
+    model = load(args.dlm, "--dlm", device).requires_grad_(False).eval()
+    c = model.config
+    if c.attn == "causal" or c.mask_token_id is None or c.shift is None:
+        raise SystemExit(f"merge: --dlm {args.dlm} is not a DLM (attn={c.attn!r}); make one with convert.py")
+    tok = training.load_tokenizer(args.dlm, c)
+    items = read_pairs(args.pairs, tok, SEQ_LEN)
+    names = [n for n, _ in model.named_parameters()]
+    delta = task_deltas(handles[:2], names, args, device)
+    W0 = {n: q.detach().clone() for n, q in model.named_parameters()}  # W_DLM, the one saved copy
+    t, u = draw_masks(len(items), args.n_masks, max(len(x) + max(len(yw), len(yl)) for x, yw, yl in items), args.seed)
+    ref = pair_elbos(model, items, t, u, ctx)  # γ = 0: the DLM's own ELBOs, computed once
+    accs, margins = [], []
+    for gamma in tqdm(gammas, desc=f"γ search ({args.method})"):
+        apply(model, W0, delta, gamma)
+        e = ref if gamma == 0 else pair_elbos(model, items, t, u, ctx)
+        revert(model, W0)
+        r = args.beta * (e - ref)  # r_γ(x, y) = β (ELBO_γ(y|x) − ELBO_DLM(y|x))
+        accs.append((r[:, 0] > r[:, 1]).float().mean().item())  # mean over pairs of [r_γ(x, y_w) > r_γ(x, y_l)]
+        margins.append((r[:, 0] - r[:, 1]).mean().item())
+    best = pick_gamma(gammas, accs)
+    print(f"\n{args.method}: held-out reward accuracy on {len(items)} pairs, {args.n_masks} mask draws each\n"
+          "| γ | reward accuracy | mean margin |\n|---|---|---|")
+    for gamma, a, m in zip(gammas, accs, margins):
+        print(f"| {gamma:g}{' (best)' * (gamma == best)} | {a:.3f} | {m:.4f} |")
+
+    out_dir = Path(args.out_dir)
+    apply(model, W0, delta, best)
+    model.save_pretrained(out_dir)  # the DLM's config (attn, shift, mask token, converted_from) kept
+    tok.save_pretrained(out_dir)
+    win = None
+    if args.samples:
+        prompts = [items[k % len(items)][0] for k in range(args.samples)]
+        mine = completions(model, prompts, tok, args.seed, ctx)
+        revert(model, W0)
+        base = completions(model, prompts, tok, args.seed, ctx)  # the same seeds
+        a, b = [rule_score(x) for x in mine], [rule_score(x) for x in base]
+        win = sum(1.0 if x > y else 0.5 if x == y else 0.0 for x, y in zip(a, b)) / len(a)  # ties count half
+        print(f"win rate of the merged DLM (γ = {best:g}) against the DLM by rule_score, {len(a)} samples at "
+              f"temperature 1.0, threshold 0.9: {win:.3f} (mean score {statistics.mean(a):+.3f} vs {statistics.mean(b):+.3f})")
+    res = dict(method=args.method, density=args.density if args.method == "ties" else None,
+               drop=args.drop if args.method == "dare" else None, beta=args.beta, n_masks=args.n_masks, seed=args.seed,
+               n_pairs=len(items), gammas=gammas, reward_accuracy=accs, mean_margin=margins, best_gamma=best,
+               win_rate=win, samples=args.samples, ar=args.ar, ar_aligned=args.ar_aligned, dlm=args.dlm)
+    atomic_write(out_dir / "merge.json", lambda f: Path(f).write_text(json.dumps(res, indent=2) + "\n"))
+
+
+if __name__ == "__main__":
+    args = p.parse_args()
+    if args.cmd == "dpo":
+        args = training.parse_loop_args(p)  # the shared checks of the loop flags
+    dict(pairs=cmd_pairs, dpo=cmd_dpo, spectrum=cmd_spectrum, merge=cmd_merge)[args.cmd](args)

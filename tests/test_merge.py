@@ -1,0 +1,280 @@
+"""merge.py (AR-MAP): response log-probs and the DPO loss against slow references, LoRA, in-place apply/revert,
+TIES and DARE on hand-made tensors, spectral norms, the ELBO estimate (deterministic, common masks, a slow
+position-by-position reference, padding), pick_gamma, the synthetic pairs, and the CLI end to end."""
+import json
+import math
+
+import pytest
+import torch
+
+import convert
+import data
+import diffusion
+import merge
+from conftest import killed_after_checkpoint, run_script, tiny_world
+from model import Qwen3, preset
+from tokenizer import Tokenizer
+
+MASK = 259
+
+
+def run(*args):
+    return run_script("merge.py", *args)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """tiny_world's micro AR, its DLM conversions, a corpus with quotes and its pairs, and a differently shaped DLM."""
+    root = tiny_world(tmp_path_factory.mktemp("world"))
+    convert.convert(root / "ar", root / "dlm", "bidirectional")
+    src = root / "qsrc"
+    src.mkdir()
+    for i in range(10):
+        (src / f"q{i}.py").write_text("".join(f"x{j} = 'a{j}' + \"b\"\nprint(\"c{i}\", y)\n" for j in range(30)))
+    data.prepare(str(root / "qdata"), source=str(src), val_fraction=0.2)
+    Qwen3(preset("micro", intermediate_size=96)).init_weights(1).save_pretrained(root / "ar_other")
+    Tokenizer.byte_level().save_pretrained(root / "ar_other")
+    convert.convert(root / "ar_other", root / "dlm_other", "bidirectional")
+    r = run("pairs", "--data", root / "qdata", "--out_dir", root / "pairs", "--n_train", 24, "--n_heldout", 8,
+            "--prompt_chars", 24, "--response_chars", 12)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return root
+
+
+def micro(seed=0, **kw):
+    return Qwen3(preset("micro", **kw)).init_weights(seed)
+
+
+# ---- DPO pieces ------------------------------------------------------------------------------------
+
+def test_response_logps_matches_a_slow_per_token_loop():
+    model = micro()
+    items = [([1, 2, 3], [4, 5], [6]), ([7], [8, 9, 10, 11], [12, 13, 14])]
+    ids, plen, resp, real = merge.pair_batch(items, "cpu")
+    assert ids.shape == (4, 5) and plen.tolist() == [3, 1, 3, 1] and resp.sum(1).tolist() == [2, 4, 1, 3]
+    with torch.no_grad():
+        got = merge.response_logps(model, ids, resp)
+        seqs = [x + y for x, y, _ in items] + [x + y for x, _, y in items]
+        for b, seq in enumerate(seqs):
+            want = 0.0
+            for i in range(int(plen[b]), len(seq)):  # response tokens only; padding never reached
+                want += model(torch.tensor([seq[:i]]), attn="causal")[0, -1].log_softmax(-1)[seq[i]].item()
+            assert abs(got[b].item() - want) < 1e-4
+
+
+def test_dpo_loss_and_rewards_match_scalar_arithmetic():
+    g = torch.Generator().manual_seed(0)
+    pw, pl, rw, rl = (torch.randn(5, generator=g) * 3 for _ in range(4))
+    loss, r_w, r_l = merge.dpo_loss(pw, pl, rw, rl, beta=0.1)
+    want = []
+    for k in range(5):
+        a, b = 0.1 * (pw[k].item() - rw[k].item()), 0.1 * (pl[k].item() - rl[k].item())
+        assert abs(r_w[k].item() - a) < 1e-6 and abs(r_l[k].item() - b) < 1e-6
+        want.append(-math.log(1 / (1 + math.exp(-(a - b)))))
+    assert abs(loss.item() - sum(want) / 5) < 1e-6
+
+
+def test_lora_starts_at_zero_and_merges_to_w_plus_scaled_ba():
+    model, x = micro(), torch.randint(0, 259, (2, 9))
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    want = model(x, attn="causal")
+    merge.add_lora(model, rank=2, alpha=16)
+    assert {n.rsplit(".", 1)[-1] for n, q in model.named_parameters() if q.requires_grad} == {"lora_A", "lora_B"}
+    assert torch.equal(model(x, attn="causal"), want)
+    with merge.merged(model):  # at init the task vector is zero
+        assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items())
+    lin = model.model.layers[1].mlp.down_proj
+    lora = lin.parametrizations.weight[0]
+    with torch.no_grad():
+        lora.lora_B.normal_()
+    after = model(x, attn="causal")
+    with merge.merged(model):
+        assert set(model.state_dict()) == set(base)  # an ordinary Qwen3 state dict
+        W = base["model.layers.1.mlp.down_proj.weight"]
+        assert torch.allclose(lin.weight, W + 8.0 * lora.lora_B @ lora.lora_A, atol=1e-6)
+    assert torch.equal(model(x, attn="causal"), after) and torch.equal(lin.parametrizations.weight.original, W)
+
+
+# ---- task vectors ----------------------------------------------------------------------------------
+
+def test_apply_at_gamma_zero_is_the_dlm_and_revert_is_bit_exact():
+    model = micro(attn="bidirectional", mask_token_id=MASK, shift=True).requires_grad_(False)
+    W0 = {n: q.detach().clone() for n, q in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    delta = {n: torch.randn(q.shape, generator=g) * 0.01 for n, q in model.named_parameters()}
+    merge.apply(model, W0, delta, 0.0)
+    assert all(torch.equal(q, W0[n]) for n, q in model.named_parameters())
+    for gamma in (0.5, 3.0, -2.0, 8.0):
+        merge.apply(model, W0, delta, gamma)
+        assert torch.allclose(model.get_parameter("model.norm.weight"), W0["model.norm.weight"] + gamma * delta["model.norm.weight"])
+        merge.revert(model, W0)
+    assert all(torch.equal(q, W0[n]) for n, q in model.named_parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+
+
+def test_ties_by_hand():
+    d1, d2, d3 = torch.tensor([3.0, -1, 0.5, -4]), torch.tensor([-2.5, 2, 1, -3]), torch.tensor([1.0, -3, 0.2, 2])
+    # top half by magnitude: d1 -> [3, 0, 0, -4], d2 -> [-2.5, 0, 0, -3], d3 -> [0, -3, 0, 2]
+    # elected signs: sum [0.5, -3, 0, -5] -> [+, -, 0, -]; disjoint means: [3], [-3], none, [-4, -3]
+    assert torch.equal(merge.ties([d1, d2, d3], 0.5), torch.tensor([3.0, -3, 0, -3.5]))
+    assert torch.equal(merge.ties([d1, d2], 0.5), torch.tensor([3.0, 0, 0, -3.5]))  # sum [0.5, 0, 0, -7]
+    assert torch.equal(merge.ties([d1.view(2, 2)], 0.5), torch.tensor([[3.0, 0], [0, -4]]))  # one delta: trimming
+    assert torch.equal(merge.ties([d1], 1.0), d1)
+
+
+def test_dare_keeps_the_expectation_and_rescales_survivors():
+    delta = torch.randn(200_000, generator=torch.Generator().manual_seed(1))
+    out = merge.dare(delta, 0.9, torch.Generator().manual_seed(0))
+    assert torch.equal(out, merge.dare(delta, 0.9, torch.Generator().manual_seed(0)))  # seeded: deterministic
+    kept = out != 0
+    assert abs(kept.float().mean().item() - 0.1) < 0.005
+    assert torch.allclose(out[kept], delta[kept] / (1 - 0.9))
+    ones = merge.dare(torch.full((200_000,), 2.0), 0.9, torch.Generator().manual_seed(2))
+    assert set(ones.unique().tolist()) <= {0.0, 20.0} and abs(ones.mean().item() - 2.0) < 0.06  # E[out] = delta
+
+
+def test_spectral_norm_is_the_top_singular_value():
+    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(0))
+    assert abs(merge.spectral_norm(x) - torch.linalg.svdvals(x)[0].item()) < 1e-5
+    assert abs(merge.spectral_norm(torch.tensor([3.0, 4.0])) - 5.0) < 1e-6
+    assert [merge.layer_type(n) for n in ("model.layers.3.self_attn.q_proj.weight", "model.norm.weight",
+                                          "model.layers.0.self_attn.k_norm.weight", "model.embed_tokens.weight")] == \
+        ["q_proj", "norms", "norms", "embed_tokens"]
+
+
+# ---- the ELBO and the γ search ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_sequence_elbo_matches_a_slow_position_by_position_reference(shift):
+    model = micro(attn="bidirectional", mask_token_id=MASK, shift=shift)
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randint(0, 256, (2, 8), generator=g)
+    masked = (torch.rand(2, 8, generator=g) < 0.5) & diffusion.maskable(2, 8, shift, torch.tensor([3, 2]))
+    t = torch.tensor([0.3, 0.7])
+    with torch.no_grad():
+        got = diffusion.sequence_elbo(model, x0, masked, t)
+        assert torch.equal(got, diffusion.sequence_elbo(model, x0, masked, t))  # fixed (t, masks): deterministic
+        logits = model(torch.where(masked, MASK, x0))
+        for b in range(2):
+            want = 0.0
+            for i in range(8):
+                if masked[b, i]:
+                    want -= -logits[b, i - shift].log_softmax(-1)[x0[b, i]].item() / t[b].item()
+            assert abs(got[b].item() - want) < 1e-4
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_pair_elbos_share_masks_and_ignore_padding(shift):
+    model = micro(attn="bidirectional", mask_token_id=MASK, shift=shift).eval()
+    same = ([5, 6, 7], [8, 9, 10, 11], [8, 9, 10, 11])  # chosen == rejected: equal only if the masks are shared
+    short = ([1, 2], [3, 4], [3, 39])
+    items = [same, short]
+    t, u = merge.draw_masks(len(items), 3, 7, seed=0)
+    e = merge.pair_elbos(model, items, t, u)
+    assert torch.equal(e, merge.pair_elbos(model, items, t, u)) and e[0, 0] == e[0, 1] and (e < 0).all()
+    alone = merge.pair_elbos(model, [short], t[:, 1:], u[:, 1:])  # the padded row equals the pair by itself
+    assert torch.allclose(e[1], alone[0], atol=1e-5)
+
+
+def test_pick_gamma():
+    assert merge.pick_gamma([0, 1, 2, 3], [0.0, 0.5, 0.9, 0.7]) == 2
+    assert merge.pick_gamma([0, 0.5, 1, 2], [0.0, 0.8, 0.8, 0.8]) == 0.5  # ties: the smallest γ
+    assert merge.pick_gamma([4, 2, 3], [0.6, 0.6, 0.5]) == 2
+
+
+# ---- pairs -----------------------------------------------------------------------------------------
+
+def test_pairs_follow_the_rule_and_are_deterministic(world):
+    texts = ["a = 'x' + \"y\"\n" * 20, 'print("hi", \'there\')\n' * 20]
+    recs = merge.make_pairs(texts, 6, 16, 12, seed=3)
+    assert recs == merge.make_pairs(texts, 6, 16, 12, seed=3) and len(recs) == 6
+    for r in recs:
+        assert '"' not in r["chosen"] and "'" not in r["rejected"] and len(r["prompt"]) == 16
+        assert r["chosen"].replace("'", '"') == r["rejected"]
+    assert merge.rule_score("'a' \"b\" 'c'") == pytest.approx(1 / 3)  # (4 - 2) / 6
+    assert (merge.rule_score("no quotes"), merge.rule_score("'x'"), merge.rule_score('"x"')) == (0.0, 1.0, -1.0)
+    lines = (world / "pairs" / "train.jsonl").read_text().splitlines()
+    assert len(lines) == 24 and all(merge.rule_score(json.loads(l)["chosen"]) == 1.0 for l in lines)
+    r = run("pairs", "--data", world / "qdata", "--out_dir", world / "pairs2", "--n_train", 24, "--n_heldout", 8,
+            "--prompt_chars", 24, "--response_chars", 12)
+    assert (world / "pairs2" / "train.jsonl").read_text() == "\n".join(lines) + "\n"
+
+
+# ---- the CLI ---------------------------------------------------------------------------------------
+
+def dpo_args(world, out, *extra):
+    return ["dpo", "--ar", world / "ar", "--pairs", world / "pairs/train.jsonl", "--heldout",
+            world / "pairs/heldout.jsonl", "--out_dir", out, "--batch_size", 4, "--eval_batches", 2, "--warmup", 1,
+            "--lr", 1e-3, *extra]
+
+
+def test_cli_end_to_end(world, tmp_path):
+    r = run(*dpo_args(world, tmp_path / "dpo", "--max_iters", 6, "--eval_interval", 3))
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "dpo/results.json").read_text())
+    assert res["heldout_reward_acc"] > 0.5 and res["heldout_loss"] < math.log(2)
+    log = [json.loads(l) for l in (tmp_path / "dpo/log.jsonl").read_text().splitlines()]
+    assert len(log) == 6 and {"loss", "reward_acc", "margin", "reward_chosen", "tokens_per_s", "mfu"} <= set(log[0])
+    r = run(*dpo_args(world, tmp_path / "lora", "--max_iters", 3, "--eval_interval", 2, "--lora_rank", 2))
+    assert r.returncode == 0, r.stderr[-2000:]
+    lora = Qwen3.from_pretrained(tmp_path / "lora")  # merged: an ordinary checkpoint that differs from the AR
+    assert not torch.equal(lora.model.layers[0].self_attn.q_proj.weight, Qwen3.from_pretrained(world / "ar").model.layers[0].self_attn.q_proj.weight)
+    assert torch.equal(lora.model.embed_tokens.weight, Qwen3.from_pretrained(world / "ar").model.embed_tokens.weight)
+
+    r = run("spectrum", "--ar", world / "ar", "--ar_aligned", tmp_path / "dpo", "--dlm", world / "dlm",
+            "--out", tmp_path / "spec.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "| q_proj | 2 |" in r.stdout and "| norms |" in r.stdout
+    spec = json.loads((tmp_path / "spec.json").read_text())
+    assert spec["summary"]["q_proj"]["diff"] == 0 and spec["summary"]["q_proj"]["pref"] > 0  # conversion: τ_diff = 0
+
+    for method in ("linear", "ties", "dare"):
+        out = tmp_path / f"m-{method}"
+        r = run("merge", "--ar", world / "ar", "--ar_aligned", tmp_path / "dpo", "--dlm", world / "dlm", "--pairs",
+                world / "pairs/heldout.jsonl", "--out_dir", out, "--method", method, "--gammas", "0,1,4",
+                "--n_masks", 2, "--samples", 2, "--density", 0.5, "--drop", 0.5)
+        assert r.returncode == 0, r.stderr[-2000:]
+        res = json.loads((out / "merge.json").read_text())
+        assert res["gammas"] == [0, 1, 4] and res["reward_accuracy"][0] == 0 and len(res["mean_margin"]) == 3
+        assert res["best_gamma"] == merge.pick_gamma(res["gammas"], res["reward_accuracy"])
+        assert 0 <= res["win_rate"] <= 1 and "win rate" in r.stdout and "| γ |" in r.stdout
+        m = Qwen3.from_pretrained(out)
+        assert (m.config.attn, m.config.shift, m.config.mask_token_id) == ("bidirectional", True, MASK)
+        assert Tokenizer.from_pretrained(out).vocab_size == 259
+    # γ = 0 alone: the saved DLM is the DLM itself
+    r = run("merge", "--ar", world / "ar", "--ar_aligned", tmp_path / "dpo", "--dlm", world / "dlm", "--pairs",
+            world / "pairs/heldout.jsonl", "--out_dir", tmp_path / "g0", "--gamma", 0, "--n_masks", 1, "--samples", 0)
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = Qwen3.from_pretrained(tmp_path / "g0").state_dict(), Qwen3.from_pretrained(world / "dlm").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("lora", [0, 2])
+def test_dpo_resume_after_kill_matches_an_uninterrupted_run(world, tmp_path, lora):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    args = ["--max_iters", 4, "--eval_interval", 2, "--lora_rank", lora]
+    assert run(*dpo_args(world, full, *args)).returncode == 0
+    with killed_after_checkpoint(2):
+        assert run(*dpo_args(world, cut, *args)).returncode == 3
+    r = run(*dpo_args(world, cut, *args, "--resume"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = Qwen3.from_pretrained(full).state_dict(), Qwen3.from_pretrained(cut).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bad_inputs_give_one_line_errors(world, tmp_path):
+    r = run(*dpo_args(world, tmp_path / "x", "--pairs", tmp_path / "missing.jsonl"))
+    assert r.returncode == 1 and "missing.jsonl" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a"\n')
+    r = run(*dpo_args(world, tmp_path / "y", "--pairs", bad))
+    assert r.returncode == 1 and "bad.jsonl:2" in r.stderr
+    for cmd in (["spectrum", "--out", tmp_path / "s.json"], ["merge", "--pairs", world / "pairs/heldout.jsonl",
+                                                              "--out_dir", tmp_path / "m", "--samples", 0]):
+        r = run(cmd[0], "--ar", world / "ar", "--ar_aligned", world / "ar", "--dlm", world / "dlm_other", *cmd[1:])
+        assert r.returncode == 1 and "different tensors" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run("merge", "--ar", world / "ar", "--ar_aligned", world / "ar", "--dlm", world / "ar", "--pairs",
+            world / "pairs/heldout.jsonl", "--out_dir", tmp_path / "m2")
+    assert r.returncode == 1 and "not a DLM" in r.stderr
+    r = run("merge", "--method", "ties", "--density", 0)
+    assert r.returncode == 2 and "--density" in r.stderr
