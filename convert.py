@@ -6,7 +6,7 @@ config.json, which every other script honours:
     attn           "bidirectional" (masked diffusion: REPR-ALIGN) or "block" (block diffusion: OPDLM)
     block_size     the block length for attn="block"
     mask_token_id  an embedding row no token uses (Qwen3: 151669, the first padding row; the tiny
-                   byte-level model: 259), so no resize is needed
+                   model's learnt BPE: 1024; the byte tokenizer: 259), so no resize is needed
     shift          True: the logits that denoise position i are read at position i-1, so the AR head
                    keeps its meaning (Dream, REPR-ALIGN). False: read at i itself (OPDLM's block
                    student, whose position i-1 may sit in an earlier block that cannot see block i)

@@ -65,7 +65,7 @@ p.add_argument("--temperature", type=float, default=1.0, help="rollout temperatu
 p.add_argument("--rollout_min", type=int, default=16, help="curriculum start (published: 100)")
 p.add_argument("--rollout_max", type=int, default=64, help="curriculum end (published: 4000)")
 p.add_argument("--curriculum_steps", type=int, default=100, help="cosine ramp length (published: 100)")
-training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=32, lr=1e-4, min_lr=1e-5, warmup=5,
+training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=32, lr=1e-3, min_lr=1e-4, warmup=5,
                        eval_interval=50, eval_batches=2)
 EVAL_SEED = 1234
 

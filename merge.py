@@ -269,6 +269,9 @@ def cmd_dpo(args):
     opt = training.configure_optimizer(policy, args.lr, args.weight_decay, device_type=device.type)
     if state:
         opt.load_state_dict(state["optimizer"])
+    policy.model.gradient_checkpointing = args.grad_checkpoint
+    if args.compile:
+        policy.model.compile(dynamic=True)  # pairs differ in length from batch to batch
     ref_held = all_logps(ref, heldout, args.batch_size, ctx, device)  # the reference never changes: once
     log = training.Log(out_dir, args.resume)
     n_train = sum(q.numel() for q in policy.parameters() if q.requires_grad)

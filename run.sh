@@ -44,7 +44,7 @@ stage merge     out/dlm-merged/merge.json "$PYTHON" merge.py merge --ar out/ar-t
 
 # Every model on the same validation batches and prompts. Sampling: temperature 0.8; the DLMs commit every token
 # whose confidence reaches 0.9 (Fast-dLLM / the block sampler's threshold), hence their tokens per forward.
-MODELS="ar-tiny ar-dpo dlm-tiny align0 align distill dlm-merged"
+MODELS="ar-tiny ar-dpo dlm-tiny align0 align dlm-block distill dlm-merged"
 for m in $MODELS; do
   stage "eval $m" out/eval/$m.likelihood.json "$PYTHON" eval.py likelihood --ckpt out/$m --data data/stdlib \
     --n_batches 4 --n_draws 4 --out out/eval/$m.likelihood.json
@@ -58,7 +58,8 @@ import json, sys
 from pathlib import Path
 what = {"ar-tiny": "AR teacher (pretrain.py)", "ar-dpo": "AR after DPO (merge.py dpo)",
         "dlm-tiny": "converted DLM, untrained (convert.py)", "align0": "masked diffusion, λ = 0 (align.py)",
-        "align": "REPR-ALIGN, λ = 10 (align.py)", "distill": "OPDLM block student (distill.py)",
+        "align": "REPR-ALIGN, λ = 10 (align.py)", "dlm-block": "converted block DLM, untrained (convert.py)",
+        "distill": "OPDLM block student (distill.py)",
         "dlm-merged": "REPR-ALIGN + AR-MAP (merge.py merge)"}
 merge = json.loads(Path("out/dlm-merged/merge.json").read_text())
 dpo = json.loads(Path("out/ar-dpo/results.json").read_text())

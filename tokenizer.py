@@ -12,10 +12,12 @@ What is notable here:
   `allowed_special`; otherwise they are encoded as plain text (tiktoken-style safety, no error).
   Those marked `special: false` (Qwen3's `<think>`, `<tool_call>`, `<|fim_prefix|>` ...) are
   matched anywhere in the text, because Hugging Face's tokenizer does so.
-- `mask_id` is the first id past the last token (151669 for Qwen3, 259 for the byte tokenizer):
+- `mask_id` is the first id past the last token (151669 for Qwen3, 1024 for the embedded default's BPE):
   an unused embedding row, not a token. `decode` shows it as `<|mask|>`.
-- `Tokenizer.byte_level()` is the 259-id tokenizer of the project's tiny models, and
-  `save_pretrained` writes Hugging Face files (atomically) that `transformers` loads unchanged.
+- `Tokenizer.train(texts, vocab_size)` learns a byte-level BPE (the embedded default's 1024 ids, learnt by
+  data.py on the standard library); `Tokenizer.byte_level()` is the 259-id byte tokenizer (the tests' micro
+  models). `save_pretrained` writes Hugging Face files (atomically) that `transformers` loads unchanged,
+  with the merges a learnt vocabulary needs to give tiktoken's ids.
 """
 import collections
 import json

@@ -1,5 +1,5 @@
 """
-What every training script here shares (pretrain.py now; align.py, distill.py and merge.py's DPO later),
+What every training script here shares (pretrain.py, align.py, distill.py and merge.py's DPO),
 so each method's script keeps only its algorithm:
 
 - device / precision set-up: bf16 autocast on CUDA, fp32 on CPU, TF32 matmuls, seeded RNGs;
