@@ -216,9 +216,7 @@ if __name__ == "__main__":
         print("λ = 0: AR fine-tuning baseline, no teacher")
     layers = parse_layers(args.align_layers, student.config.num_hidden_layers + 1)
     student.model.gradient_checkpointing = args.grad_checkpoint
-    opt = training.configure_optimizer(student, args.lr, args.weight_decay, device_type=device.type)
-    if state:
-        opt.load_state_dict(state["optimizer"])
+    opt = training.optimizer(student, args, device, state)
     if args.compile:  # in place: parameter names, and so checkpoints, are unchanged
         student.model.compile()
         if teacher is not None:
@@ -235,9 +233,7 @@ if __name__ == "__main__":
     bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="align")
     t, step_times, last_eval, t_start = time.time(), [], {}, time.time()
     for step in bar:
-        lr = training.lr_at(step, args.lr, args.min_lr, args.warmup, args.max_iters)
-        for g in opt.param_groups:
-            g["lr"] = lr
+        lr = training.set_lr(opt, step, args)
         stats = {}
         for _ in range(args.grad_accum):
             x0 = data.get_batch(train_data, args.batch_size, args.seq_len, device, gen)

@@ -277,9 +277,7 @@ if __name__ == "__main__":
     if not pool:
         raise SystemExit("distill: no prompts (the documents are shorter than --seq_len?)")
     student.model.gradient_checkpointing = args.grad_checkpoint
-    opt = training.configure_optimizer(student, args.lr, args.weight_decay, device_type=device.type)
-    if state:
-        opt.load_state_dict(state["optimizer"])
+    opt = training.optimizer(student, args, device, state)
     if args.compile:  # dynamic shapes: one graph serves every length of the curriculum (module docstring)
         student.model.compile(dynamic=True)
         teacher.model.compile(dynamic=True)
@@ -292,9 +290,7 @@ if __name__ == "__main__":
     last_eval, t_start = {}, time.time()
     for step in bar:
         t0 = time.time()
-        lr = training.lr_at(step, args.lr, args.min_lr, args.warmup, args.max_iters)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
+        lr = training.set_lr(opt, step, args)
         L = curriculum(step, args.rollout_min, args.rollout_max, args.curriculum_steps, c.block_size)
         stats, t_roll, n_tok = {}, 0.0, 0
         for _ in range(args.grad_accum):

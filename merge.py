@@ -266,9 +266,7 @@ def cmd_dpo(args):
         add_lora(policy, args.lora_rank, args.lora_alpha)
         if state:
             policy.load_state_dict(state["extra"]["lora"], strict=False)
-    opt = training.configure_optimizer(policy, args.lr, args.weight_decay, device_type=device.type)
-    if state:
-        opt.load_state_dict(state["optimizer"])
+    opt = training.optimizer(policy, args, device, state)
     policy.model.gradient_checkpointing = args.grad_checkpoint
     if args.compile:
         policy.model.compile(dynamic=True)  # pairs differ in length from batch to batch
@@ -282,9 +280,7 @@ def cmd_dpo(args):
     last_eval, t_start = {}, time.time()
     for step in bar:
         t0 = time.time()
-        lr = training.lr_at(step, args.lr, args.min_lr, args.warmup, args.max_iters)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
+        lr = training.set_lr(opt, step, args)
         losses, rw, rl, n_tok = [], [], [], 0
         for _ in range(args.grad_accum):
             pick = torch.randint(len(train), (args.batch_size,), generator=gen).tolist()

@@ -82,9 +82,7 @@ if __name__ == "__main__":
     if model.config.attn != "causal":
         raise SystemExit(f"pretrain.py trains AR models; this checkpoint has attn={model.config.attn!r}")
     model.model.gradient_checkpointing = args.grad_checkpoint
-    opt = training.configure_optimizer(model, args.lr, args.weight_decay, device_type=device.type)
-    if state:
-        opt.load_state_dict(state["optimizer"])
+    opt = training.optimizer(model, args, device, state)
     fwd = torch.compile(model) if args.compile else model
     val_batches = list(data.eval_batches(val_data, args.batch_size, args.seq_len + 1, args.eval_batches, device))
     log = training.Log(out_dir, args.resume)
@@ -95,9 +93,7 @@ if __name__ == "__main__":
     bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="pretrain")
     t, last_val, t_start = time.time(), float("nan"), time.time()
     for step in bar:
-        lr = training.lr_at(step, args.lr, args.min_lr, args.warmup, args.max_iters)
-        for g in opt.param_groups:
-            g["lr"] = lr
+        lr = training.set_lr(opt, step, args)
         for _ in range(args.grad_accum):
             x = data.get_batch(train_data, args.batch_size, args.seq_len + 1, device, gen)
             with ctx:

@@ -82,6 +82,22 @@ def lr_at(step, lr, min_lr, warmup, max_iters):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
+def optimizer(model, args, device, state=None):
+    """AdamW for the run's --lr / --weight_decay (configure_optimizer), its state restored when resuming."""
+    opt = configure_optimizer(model, args.lr, args.weight_decay, device_type=device.type)
+    if state:
+        opt.load_state_dict(state["optimizer"])
+    return opt
+
+
+def set_lr(opt, step, args):
+    """Write this step's scheduled learning rate (lr_at with the run's flags) into every group; returns it."""
+    lr = lr_at(step, args.lr, args.min_lr, args.warmup, args.max_iters)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    return lr
+
+
 def check_finite(loss, step, out_dir):
     if not torch.isfinite(loss):
         raise SystemExit(f"loss is {loss.item()} at step {step}: stopping. The last good checkpoint is in {out_dir} "
