@@ -69,10 +69,7 @@ def load_teacher(path, student, device="cpu"):
     teacher's and then shared: the teacher holds the student's own Parameter object, not a copy."""
     if path is None:
         raise SystemExit("align: no --teacher given and the student's config has no converted_from")
-    try:
-        teacher = Qwen3.from_pretrained(path, device=device, dtype=torch.float32).requires_grad_(False).eval()
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"align: teacher: {e}")
+    teacher = training.load_model(path, device, "align: teacher").requires_grad_(False).eval()
     shapes = lambda m: {k: v.shape for k, v in m.state_dict().items()}
     if shapes(teacher) != shapes(student) or teacher.config.tie_word_embeddings != student.config.tie_word_embeddings:
         raise SystemExit(f"align: the teacher {path} and the student have different shapes")

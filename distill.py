@@ -46,7 +46,6 @@ from tqdm import tqdm
 
 import data
 import training
-from model import Qwen3
 from sample import attend, block_generate, prepare
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -242,13 +241,6 @@ def evaluate(student, teacher, items, args, tok, ctx, device):
     return dict(val_kl=kl, val_tokens_per_forward=tpf)
 
 
-def load(path, what):
-    try:
-        return Qwen3.from_pretrained(path, device=device, dtype=torch.float32)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"distill: {what}: {e}")
-
-
 if __name__ == "__main__":
     args = training.parse_loop_args(p)
     if not 0 < args.rollout_min <= args.rollout_max or args.curriculum_steps < 0 or args.num_prompts <= 0:
@@ -261,12 +253,12 @@ if __name__ == "__main__":
     out_dir = Path(args.out_dir)
     gen = torch.Generator(device).manual_seed(args.seed)  # prompts, rollouts, states: all randomness
     student, state, start = training.resume_or_start(out_dir, args.resume, device, gen,
-                                                     lambda: load(args.init, "student"))
+                                                     lambda: training.load_model(args.init, device, "distill: student"))
     c = student.config
     if c.attn != "block" or not c.block_size or c.mask_token_id is None or c.shift is None:
         raise SystemExit(f"distill: {args.init} is not a block DLM (attn={c.attn!r}, block_size={c.block_size}); make one "
                          f"with: python convert.py --ar AR_DIR --out_dir DLM_DIR --attn block --block_size 4")
-    teacher = load(args.teacher or c.converted_from, "teacher").requires_grad_(False).eval()
+    teacher = training.load_model(args.teacher or c.converted_from, device, "distill: teacher").requires_grad_(False).eval()
     if teacher.config.vocab_size != c.vocab_size:
         raise SystemExit("distill: the teacher and the student have different vocabularies")
     tok = training.load_tokenizer(args.init if not args.resume else out_dir, c)

@@ -41,7 +41,7 @@ from tqdm import tqdm
 import data
 import diffusion
 import training
-from model import Qwen3, atomic_write, weight_files
+from model import atomic_write, weight_files
 from sample import attend, block_generate, diffusion_generate
 from tokenizer import Tokenizer
 
@@ -240,29 +240,22 @@ def evaluate(model, items, ref_lp, args, ctx, device):
                 heldout_margin=(r_w - r_l).mean().item(), heldout_pref_acc=(lp[:, 0] > lp[:, 1]).float().mean().item())
 
 
-def load(path, what, device):
-    try:
-        return Qwen3.from_pretrained(path, device=device, dtype=torch.float32)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"merge: {what} {path}: {e}")
-
-
 def cmd_dpo(args):
     if args.beta <= 0 or args.lora_rank < 0:
         p.error("need --beta > 0 and --lora_rank >= 0")
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     gen = torch.Generator().manual_seed(args.seed)  # draws the batches
-    ref = load(args.ar, "--ar", device).requires_grad_(False).eval()  # π_ref: the initial AR model, frozen
+    ref = training.load_model(args.ar, device, "merge: --ar").requires_grad_(False).eval()  # π_ref: the initial AR model, frozen
     if ref.config.attn != "causal":
         raise SystemExit(f"merge dpo: --ar {args.ar} is not an AR checkpoint (attn={ref.config.attn!r})")
     tok = training.load_tokenizer(args.ar, ref.config)
     train, heldout = read_pairs(args.pairs, tok, args.seq_len), read_pairs(args.heldout, tok, args.seq_len)
     heldout = heldout[:args.eval_batches * args.batch_size]
-    policy, state, start = training.resume_or_start(out_dir, args.resume, device, gen, lambda: load(args.ar, "--ar", device))
+    policy, state, start = training.resume_or_start(out_dir, args.resume, device, gen, lambda: training.load_model(args.ar, device, "merge: --ar"))
     if args.lora_rank:
         if state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with the saved A, B
-            policy = load(args.ar, "--ar", device)
+            policy = training.load_model(args.ar, device, "merge: --ar")
         add_lora(policy, args.lora_rank, args.lora_alpha)
         if state:
             policy.load_state_dict(state["extra"]["lora"], strict=False)
@@ -490,7 +483,7 @@ def cmd_merge(args):
         p.error("need a γ, 0 < --density <= 1, 0 <= --drop < 1, --n_masks > 0, --samples >= 0")
     device, ctx = training.setup(args.device, args.seed)
     handles = open_weights([args.ar, args.ar_aligned, args.dlm])
-    model = load(args.dlm, "--dlm", device).requires_grad_(False).eval()
+    model = training.load_model(args.dlm, device, "merge: --dlm").requires_grad_(False).eval()
     c = model.config
     if c.attn == "causal" or c.mask_token_id is None or c.shift is None:
         raise SystemExit(f"merge: --dlm {args.dlm} is not a DLM (attn={c.attn!r}); make one with convert.py")

@@ -148,6 +148,14 @@ def resume_or_start(out_dir, resume, device, gen, fresh):
     return fresh(), None, 0
 
 
+def load_model(path, device, what):
+    """A Qwen3 checkpoint in fp32 (the training scripts' weights), or a one-line exit naming what it is for."""
+    try:
+        return Qwen3.from_pretrained(path, device=device, dtype=torch.float32)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"{what} {path}: {e}")
+
+
 def load_checkpoint(out_dir, device):
     """-> (model, train state) of a run in out_dir, for --resume."""
     from safetensors import safe_open
