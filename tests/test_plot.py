@@ -72,6 +72,9 @@ def test_per_layer_keys_under_other_names_land_in_the_same_panel():
     keys = {"loss", "cos_layer_0", "cos_layer_2", "cos_layer_10"}
     panels = dict(plot.choose_panels(keys))
     assert ["cos_layer_0", "cos_layer_2", "cos_layer_10"] in panels.values()
+    val = plot.series([dict(step=0, val_cos=[0.1, 0.2, 0.3]), dict(step=5, val_cos=[0.2, 0.3, 0.4])])
+    title = next(t for t, patterns in plot.DEFAULT_PANELS if "val_cos*" in patterns)
+    assert plot.choose_panels(set(val)) == [(title, ["val_cos[0]", "val_cos[1]", "val_cos[2]"])]
 
 
 def test_chosen_keys_one_panel_per_pattern_and_missing_ones_dropped():
