@@ -2,7 +2,7 @@
 Training curves from one or several runs' log.jsonl (training.Log: pretrain.py, align.py, distill.py,
 merge.py dpo), as one PNG with one panel per quantity and one line per run.
 
-    python plot.py out/align out/align0 --out fig.png                 # the runs' paths are the legend labels
+    python plot.py out/align out/align0 --out fig.png                 # legend labels: align, align0
     python plot.py out/distill --keys kl val_kl 'val_acc@*' --out kl.png   # one panel per key or pattern
 
 What is notable: a run is a directory holding log.jsonl (or the file itself); a list-valued key, such as
@@ -15,6 +15,7 @@ import argparse
 import fnmatch
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -71,6 +72,16 @@ def natural(key):
     return [(1, float(s), "") if i % 2 else (0, 0.0, s) for i, s in enumerate(parts)]
 
 
+def labels(runs):
+    """Legend labels: the run paths as given, less the folder they all share (out/align, out/align0 -> align,
+    align0); a log.jsonl path stands for its folder."""
+    paths = [Path(r).parent if Path(r).name == "log.jsonl" else Path(r) for r in runs]
+    common = Path(os.path.commonpath([p.absolute() for p in paths])) if len(paths) > 1 else None
+    if common is None or any(p.absolute() == common for p in paths):
+        return [str(p) for p in paths]
+    return [str(p.absolute().relative_to(common)) for p in paths]
+
+
 def choose_panels(keys, wanted=None):
     """keys: every key some run has -> [(title, [keys])], in panel order, without empty panels.
     wanted=None: DEFAULT_PANELS; else one panel per pattern (fnmatch: 'val_acc@*'), titled by it."""
@@ -91,7 +102,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("runs", nargs="+", help="run directories holding log.jsonl (or log.jsonl files); labels = paths")
+    p.add_argument("runs", nargs="+", help="run directories holding log.jsonl (or log.jsonl files)")
     p.add_argument("--out", default="curves.png", help="the PNG to write")
     p.add_argument("--keys", nargs="+", default=None,
                    help="one panel per key or fnmatch pattern (e.g. loss 'val_acc@*'); None: DEFAULT_PANELS")
@@ -105,7 +116,9 @@ def main(argv=None):
     except ImportError:
         raise SystemExit("plot: needs matplotlib; pip install matplotlib")
 
-    runs = {str(r): series(read_log(r)) for r in args.runs}
+    runs = {label: series(read_log(r)) for label, r in zip(labels(args.runs), args.runs)}
+    if len(runs) < len(args.runs):
+        raise SystemExit("plot: two runs have the same label; pass each run once")
     keys = set().union(*(s.keys() for s in runs.values()))
     panels = choose_panels(keys, args.keys)
     for w in args.keys or ():
@@ -146,6 +159,8 @@ def main(argv=None):
         ax.legend(fontsize=6, ncol=1 + len(panel_keys) // 8)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
+    if len(runs) == 1:
+        fig.suptitle(next(iter(runs)), fontsize=10)
     fig.tight_layout()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=120)

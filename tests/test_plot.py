@@ -84,6 +84,13 @@ def test_chosen_keys_one_panel_per_pattern_and_missing_ones_dropped():
     assert plot.choose_panels(set(), None) == []
 
 
+def test_labels_drop_the_folder_all_runs_share():
+    assert plot.labels(["out/align", "out/align0"]) == ["align", "align0"]
+    assert plot.labels(["out/a/log.jsonl", "runs/b"]) == ["out/a", "runs/b"]  # a log file stands for its folder
+    assert plot.labels(["out/align"]) == ["out/align"]
+    assert plot.labels(["out", "out/align"]) == ["out", "out/align"]  # nothing to drop without an empty label
+
+
 def test_bad_logs_fail_with_one_line(tmp_path):
     with pytest.raises(SystemExit, match="not found"):
         plot.read_log(tmp_path / "nowhere")
