@@ -3,7 +3,7 @@ Training curves from one or several runs' log.jsonl (training.Log: pretrain.py, 
 merge.py dpo), as one PNG with one panel per quantity and one line per run.
 
     python plot.py out/align out/align0 --out fig.png                 # legend labels: align, align0
-    python plot.py out/distill --keys kl val_kl 'val_acc@*' --out kl.png   # one panel per key or pattern
+    python plot.py out/align --keys loss grad_norm 'val_acc@*' --out acc.png    # a panel per key or pattern
 
 What is notable: a run is a directory holding log.jsonl (or the file itself); a list-valued key, such as
 align.py's per-layer alignment, becomes one series per index (`align_per_layer[3]`); a resumed run's log
