@@ -148,6 +148,8 @@ def main(argv=None):
                     color = colors[k % len(colors)]
                 style = styles[r % len(styles)] if len(panel_keys) > 1 else "-"
                 label = key if len(runs) == 1 else f"{run}: {key}"
+                if many and k not in (0, len(panel_keys) // 2, len(panel_keys) - 1):
+                    label = "_nolegend_"  # the colour scale speaks for the layers in between
                 marker = "o" if len(steps) <= 30 else None  # validation keys are logged every eval_interval
                 ax.plot(steps, vals, style, color=color, marker=marker, ms=3, lw=1.2, label=label)
         ax.set_title(title, fontsize=9)
@@ -156,7 +158,7 @@ def main(argv=None):
         ax.grid(alpha=0.3)
         if args.log_y:
             ax.set_yscale("log")
-        ax.legend(fontsize=6, ncol=1 + len(panel_keys) // 8)
+        ax.legend(fontsize=6)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     if len(runs) == 1:
