@@ -368,9 +368,10 @@ def sampler_args(p, max_new_tokens):
     p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
     p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N)")
     p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
-    p.add_argument("--threshold", type=float, default=None, help="diffusion: Fast-dLLM (off); block: default 0.9")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="in (0, 1], on the raw probability; diffusion: Fast-dLLM (off); block: default 0.9")
     p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
-    p.add_argument("--no_cache", action="store_true", help="block: recompute every round (reference)")
+    p.add_argument("--no_cache", action="store_true", help="AR, block: recompute every step (reference)")
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
     p.add_argument("--ignore_eos", action="store_true")
     p.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")
