@@ -24,8 +24,12 @@ with the static KV cache against recomputing the whole sequence for every token,
 generate(do_sample=False) on the same weights, batch 1 and --batch_size (ragged, left-padded prompts),
 --seq_len/2 new tokens, with whether the tokens agree; (3) block diffusion (block 4 unless the checkpoint
 has one; shift and mask token from the checkpoint, else shifted, the last embedding row) with and without
-its KV cache at several thresholds, --seq_len/2 tokens. Random weights give near-uniform predictions, so
-every threshold commits one token per round there: use --ckpt for meaningful tokens per forward.
+its KV cache at several thresholds, --seq_len/2 tokens; (4) the same sampler on a batch of --batch_size
+ragged prompts that stops at the checkpoint's eos: tokens per forward counted per row (each row's tokens up
+to its eos over the forwards it needed: what it would get decoded alone) against the batch's figure (N new
+tokens over the batched forwards, which wait for the slowest row and count tokens after eos), and tokens/s
+up to each row's eos against raw (every slot of the batch). Random weights give near-uniform predictions,
+so every threshold commits one token per round there: use --ckpt for meaningful tokens per forward.
 
 --what align: one align.py training step for λ = 0 (the "AR fine-tuning" baseline: no teacher), λ = 10, and
 λ = 10 with embed+mlp frozen (shared with the teacher), interleaved; step-time ratios against λ = 0 (the
@@ -159,7 +163,7 @@ def bench_model(args, device, dtype):
 # ---- --what sample -------------------------------------------------------------------------------
 
 def bench_sample(args, device, dtype):
-    from sample import ar_generate, block_generate
+    from sample import ar_generate, block_generate, throughput
     if args.ckpt:
         model = Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
     else:
@@ -195,7 +199,7 @@ def bench_sample(args, device, dtype):
     for n in (args.seq_len // 4, args.seq_len // 2, args.seq_len):
         r = race({c_: (lambda c_=c_: ar_generate(model, prompts[:1], n, use_cache=c_)) for c_ in (True, False)})
         (tc, gc), (tr, gr) = r[True], r[False]
-        print(f"| {n} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {n / gc.nfe:.2f} | "
+        print(f"| {n} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {gc.tokens_per_forward.mean():.2f} | "
               f"{'yes' if torch.equal(gc.tokens, gr.tokens) else 'NO'} |")
 
     if not args.no_hf:
@@ -233,8 +237,23 @@ def bench_sample(args, device, dtype):
         r = race({c_: (lambda c_=c_: block_generate(model, prompts[:1], n, use_cache=c_, **kw))
                   for c_ in (True, False)})
         (tc, gc), (tr, gr) = r[True], r[False]
-        print(f"| {thr} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {n / gc.nfe:.2f} | "
+        print(f"| {thr} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {gc.tokens_per_forward.mean():.2f} | "
               f"{'yes' if torch.equal(gc.tokens, gr.tokens) else 'NO'} |")
+
+    B = min(args.batch_size, len(prompts))
+    print(f"\nBlock diffusion, batch {B} (ragged prompts, left-padded), {n} tokens, block {bs}, stopping at eos "
+          f"{c.eos_token_id}, with the KV cache: tokens per forward per row (each row's tokens up to its eos / the "
+          "forwards it needed) and per batch (N / batched forwards); tokens/s up to each row's eos and raw\n")
+    print("| threshold | per-row tokens per forward: mean (min-max) | batch tokens per forward | forwards a row "
+          "| batched forwards | tokens/s up to eos | raw tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    for thr in (0.5, 0.7, 0.9):
+        kw = dict(block_size=bs, threshold=thr, mask_token_id=mask, shift=shift, eos_id=c.eos_token_id)
+        t, g = race({"batch": lambda: block_generate(model, prompts[:B], n, **kw)})["batch"]
+        s = throughput([g], t)
+        print(f"| {thr} | {s['tokens_per_forward']:.2f} ({s['tokens_per_forward_min']:.2f}-"
+              f"{s['tokens_per_forward_max']:.2f}) | {n / g.nfe:.2f} | {s['forwards_per_row']:.1f} | {g.nfe} | "
+              f"{s['tokens_per_s']:,.0f} | {s['raw_tokens_per_s']:,.0f} |")
 
 
 # ---- --what align --------------------------------------------------------------------------------

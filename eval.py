@@ -16,7 +16,9 @@ What is notable here:
   (a shifted DLM cannot mask position 0; an unshifted one scores 0..T-1). A block checkpoint is scored under
   its own attention rule over the whole corrupted window (an upper bound for that denoiser too).
 - generate: the checkpoint's own sampler (config.attn: AR, LLaDA/Fast-dLLM, block diffusion), every sampler
-  flag exposed; generative perplexity under --ref, unigram entropy, tokens per forward, tokens/s.
+  flag exposed; generative perplexity under --ref, unigram entropy, tokens per forward counted per row (each
+  row's tokens up to its eos over the forwards it needed, as if decoded alone; mean, std, min, max over
+  rows), tokens/s up to each row's eos and raw (every generated slot of the batch).
 - humaneval: generated code is untrusted. Each program runs in its own `python -I -B` process in a fresh
   temporary directory (its cwd) with a minimal environment, stdin closed, rlimits (CPU, address space, file
   size, core, processes), a wall-clock limit, and the whole process group killed afterwards. stdout+stderr
@@ -124,24 +126,16 @@ def load(path, device="auto", seed=1337, dtype=None):
 
 
 def draw(model, prompts, args, tok, generator):
-    """The checkpoint's sampler (as sample.py picks it) on a list of token lists -> (Generation, seconds)."""
+    """The checkpoint's sampler (sample.generate) on a list of token lists -> (Generation, seconds)."""
     import sample
     import torch
-    kind, N = model.config.attn, args.max_new_tokens
-    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, vocab_limit=tok.vocab_size,
-              eos_id=None if args.ignore_eos else tok.eos_id, generator=generator)
-    if kind != "causal":
-        kw["shift"] = None if args.shift is None else args.shift == "true"
     t0 = time.perf_counter()
     try:
-        if kind == "causal":
-            gen = sample.ar_generate(model, prompts, N, **kw)
-        elif kind == "bidirectional":
-            gen = sample.diffusion_generate(model, prompts, N, args.block_length or min(32, N), args.steps or N,
-                                            remasking=args.remasking, threshold=args.threshold, **kw)
-        else:
-            gen = sample.block_generate(model, prompts, N, args.block_size, 0.9 if args.threshold is None
-                                        else args.threshold, use_cache=not args.no_cache, **kw)
+        gen = sample.generate(model, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, eos_id=None if args.ignore_eos else tok.eos_id, generator=generator,
+                              vocab_limit=tok.vocab_size, shift=None if args.shift is None else args.shift == "true",
+                              block_length=args.block_length, steps=args.steps, remasking=args.remasking,
+                              threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache)
     except ValueError as e:
         raise SystemExit(f"eval: sampler: {e}")
     if torch.cuda.is_available():
@@ -155,11 +149,12 @@ def completion_ids(gen, b, eos_id):
 
 
 def unigram_entropy(ids):
-    """Entropy (bits) of the token frequencies in ids; low for degenerate, repetitive text."""
-    counts = {}
-    for i in ids:
-        counts[i] = counts.get(i, 0) + 1
-    return -sum(k / len(ids) * math.log2(k / len(ids)) for k in counts.values()) if ids else 0.0
+    """Entropy (bits) of the token frequencies in ids (a list or an integer array); low for degenerate,
+    repetitive text. H = -Σ_v q_v log2 q_v, q_v the frequency of token v."""
+    import numpy as np
+    counts = np.bincount(np.asarray(ids, dtype=np.int64).reshape(-1))
+    q = counts[counts > 0] / max(1, counts.sum())
+    return float(-(q * np.log2(q)).sum())
 
 
 def gen_perplexity(ref, pairs, ctx):
@@ -181,26 +176,26 @@ def gen_perplexity(ref, pairs, ctx):
 
 def generate(args):
     import data
+    import sample
     import torch
     model, tok, device, ctx = load(args.ckpt, args.device, args.seed)
     prompts = data.code_prompts(data.load_split(args.data, "val"), tok, args.num_prompts, args.prompt_len)
     g = torch.Generator(device).manual_seed(args.seed)
-    pairs, nfe, secs = [], 0, 0.0
+    pairs, gens, secs = [], [], 0.0
     for i in tqdm(range(0, len(prompts), args.batch_size), desc="generate", leave=False):
         gen, dt = draw(model, prompts[i:i + args.batch_size], args, tok, g)
-        nfe, secs = nfe + gen.nfe, secs + dt
+        gens, secs = gens + [gen], secs + dt
         pairs += [(p, completion_ids(gen, b, tok.eos_id)) for b, p in enumerate(prompts[i:i + args.batch_size])]
     ref, rtok, _, _ = load(args.ref, args.device, args.seed)
     probe = "def f(x):\n    return x  # ü\n"
     if ref.config.attn != "causal" or rtok.encode(probe) != tok.encode(probe):
         raise SystemExit(f"eval: --ref {args.ref} must be an AR checkpoint with the same tokenizer")
     ppl, n = gen_perplexity(ref, pairs, ctx)
-    n_batches = -(-len(prompts) // args.batch_size)
+    # tokens per forward: per row (its tokens up to eos / the forwards it needed), then the mean over rows
     res = dict(sampler=model.config.attn, gen_perplexity=ppl, completion_tokens=n,
                unigram_entropy_bits=sum(unigram_entropy(c) for _, c in pairs) / len(pairs),  # mean per sample
                pooled_entropy_bits=unigram_entropy([t for _, c in pairs for t in c]),
-               tokens_per_forward=args.max_new_tokens * n_batches / nfe, nfe=nfe,  # per row
-               tokens_per_s=len(prompts) * args.max_new_tokens / secs, seconds=secs)
+               **sample.throughput(gens, secs), seconds=secs)
     res["samples"] = [dict(prompt=tok.decode(p), completion=tok.decode(c)) for p, c in pairs[:args.show]]
     for s in res["samples"]:
         print(f"--- {s['prompt']!r}\n{s['completion']}")
@@ -314,18 +309,19 @@ def truncate(text):
 
 
 def model_completions(args, probs):
+    import sample
     import torch
     model, tok, device, _ = load(args.ckpt, args.device, args.seed)
     g = torch.Generator(device).manual_seed(args.seed)
     jobs = [tid for tid in probs for _ in range(args.n_samples)]
-    recs, nfe, secs = [], 0, 0.0
+    recs, gens, secs = [], [], 0.0
     for i in tqdm(range(0, len(jobs), args.batch_size), desc="humaneval generate"):
         chunk = jobs[i:i + args.batch_size]
         gen, dt = draw(model, [tok.encode(probs[t]["prompt"]) for t in chunk], args, tok, g)
-        nfe, secs = nfe + gen.nfe, secs + dt
+        gens, secs = gens + [gen], secs + dt
         recs += [dict(task_id=t, completion=truncate(tok.decode(completion_ids(gen, b, tok.eos_id))))
                  for b, t in enumerate(chunk)]
-    return recs, dict(nfe=nfe, gen_seconds=secs, tokens_per_s=len(jobs) * args.max_new_tokens / secs)
+    return recs, dict(gen_seconds=secs, **sample.throughput(gens, secs))
 
 
 def humaneval(args):
@@ -372,9 +368,10 @@ def sampler_args(p, max_new_tokens):
     p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
     p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N)")
     p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
-    p.add_argument("--threshold", type=float, default=None, help="diffusion: Fast-dLLM (off); block: default 0.9")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="in (0, 1], on the raw probability; diffusion: Fast-dLLM (off); block: default 0.9")
     p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
-    p.add_argument("--no_cache", action="store_true", help="block: recompute every round (reference)")
+    p.add_argument("--no_cache", action="store_true", help="AR, block: recompute every step (reference)")
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
     p.add_argument("--ignore_eos", action="store_true")
     p.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")

@@ -26,6 +26,7 @@ from tqdm import tqdm
 import data
 import sample
 import training
+from eval import unigram_entropy
 from model import PRESETS, Qwen3, preset
 from tokenizer import Tokenizer
 
@@ -54,13 +55,6 @@ def evaluate(model, batches, ctx):
             losses.append(ar_loss(model, x).item())
     model.train()
     return float(np.mean(losses))
-
-
-def unigram_entropy(tokens):
-    """Entropy (nats/token) of the token frequencies: the loss floor of a model without context."""
-    counts = np.bincount(tokens, minlength=1).astype(np.float64)
-    q = counts[counts > 0] / counts.sum()
-    return float(-(q * np.log(q)).sum())
 
 
 if __name__ == "__main__":
@@ -117,7 +111,7 @@ if __name__ == "__main__":
                         tok_s=f"{rec['tokens_per_s']:.0f}")
 
     val = evaluate(fwd, val_batches, ctx)
-    h = unigram_entropy(np.asarray(val_data))
+    h = unigram_entropy(val_data) * math.log(2)  # nats, like the loss
     print(f"\nvalidation loss {val:.3f} nats/token ({val / math.log(2):.3f} bits) vs unigram entropy "
           f"{h:.3f} nats ({h / math.log(2):.3f} bits) of the validation tokens")
     results = dict(val_loss=val, unigram_entropy=h, steps=args.max_iters, params=model.num_params(),

@@ -5,6 +5,7 @@ checkpoint's config (attn: causal -> AR, bidirectional -> masked diffusion, bloc
     python sample.py --ckpt out/ar-tiny --prompt "def fib(n):" --max_new_tokens 64
     python sample.py --ckpt out/dlm-tiny --prompt "def fib(n):" --max_new_tokens 64 --block_length 32 --steps 64
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --max_new_tokens 64 --threshold 0.9
+    python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --show_rounds   # which round committed what
 
 What is notable here:
 - ar_generate: a static KV cache allocated once for prompt + new tokens and written in place slot by slot
@@ -18,8 +19,16 @@ What is notable here:
   needed anyway: the cached sampler uses exactly as many forwards as the slow no-cache reference.
 - The shift convention (config.shift): a shifted DLM's prediction for slot i is read at slot i-1.
 - One helper, `sample`, applies temperature / top-k / top-p the same way in all three, bans the mask
-  token, returns each choice's confidence, and draws with an explicit torch.Generator (an exponential
-  race, which unlike torch.multinomial needs no host sync).
+  token and draws with an explicit torch.Generator (an exponential race, which unlike torch.multinomial
+  needs no host sync). The confidence it returns, which the threshold and low-confidence remasking
+  compare, is the chosen token's probability under the raw softmax (after the ban, before temperature,
+  top-k and top-p), as in LLaDA's and Fast-dLLM's samplers.
+- Parallelism is counted per row: Generation.row_nfe is the forwards each row needed (a row whose block
+  is done, or which has produced eos in an earlier block, is not charged for the batch's extra rounds)
+  and row_tokens the tokens it generated up to its first eos, so row_tokens / row_nfe is what that
+  sequence decoded alone would get. Generation.nfe is the batch's forwards (each block lasts as long as
+  its slowest row needs).
+- `generate` picks the sampler from config.attn for sample.py's CLI and eval.py alike.
 - No host sync inside the loops but the stopping checks: "block done" in the threshold modes (once per
   forward: that is what parallel decoding saves), "every row has produced eos" (once per block; AR: once
   every STOP_EVERY tokens).
@@ -28,9 +37,10 @@ Common arguments: `prompt`, a (B, T) LongTensor or a list of token lists (ragged
 default eos_id, else 0); temperature (0: greedy), top_k, top_p; eos_id; generator (a torch.Generator on the
 model's device; default: freshly seeded); mask_token_id and shift (default: the model's config);
 vocab_limit (ids >= it are never emitted; the CLI passes the tokenizer's size, so unused embedding rows
-never come out). Each sampler returns a Generation.
+never come out). Each sampler returns a Generation; `throughput` summarises one or more.
 """
 import argparse
+import sys
 import time
 from dataclasses import dataclass
 
@@ -47,7 +57,10 @@ class Generation:
     tokens: torch.Tensor  # (B, P + N): the left-padded prompts, then the generated tokens
     prompt_lens: torch.Tensor  # (B,) real prompt tokens per row: row b's prompt is tokens[b, P - len_b : P]
     start: int  # P, the slot of the first generated token
-    nfe: int  # number of model forwards used
+    nfe: int  # model forwards the batch used (a block ends when its slowest row is done)
+    row_nfe: torch.Tensor  # (B,) forwards row b needed: AR, one per token up to its eos; diffusion, its rounds
+    # (threshold) or steps (fixed) per block, up to and including the block that holds its first eos
+    row_tokens: torch.Tensor  # (B,) tokens row b generated up to and including its first eos (N if none)
     rounds: torch.Tensor | None = None  # (B, N) block_generate(record=True): the round (0 = the first forward
     # on its block) in which each position was committed; -1 where never generated (early stop at eos)
 
@@ -55,37 +68,56 @@ class Generation:
     def generated(self):  # (B, N)
         return self.tokens[:, self.start:]
 
+    @property
+    def tokens_per_forward(self):  # (B,) each row's parallelism, as if it had been decoded alone
+        return self.row_tokens / self.row_nfe.clamp(min=1)
+
     def sequence(self, b):  # row b without its left padding: (len_b + N,)
         return self.tokens[b, self.start - int(self.prompt_lens[b]):]
 
 
+def throughput(gens, seconds):
+    """One run's speed from its Generations (the batches) and the seconds they took in all -> dict:
+    tokens_per_forward, the mean over rows of row_tokens / row_nfe (the per-sequence figure papers report),
+    with its std, min and max over rows; forwards_per_row, the mean row_nfe; nfe, the batched forwards;
+    tokens_per_s, counting each row's tokens up to its first eos; raw_tokens_per_s, every generated slot."""
+    tpf = torch.cat([g.tokens_per_forward.double().cpu() for g in gens])  # (rows,)
+    return dict(tokens_per_forward=tpf.mean().item(), tokens_per_forward_std=tpf.std(correction=0).item(),
+                tokens_per_forward_min=tpf.min().item(), tokens_per_forward_max=tpf.max().item(),
+                forwards_per_row=torch.cat([g.row_nfe.double().cpu() for g in gens]).mean().item(),
+                nfe=sum(g.nfe for g in gens),
+                tokens_per_s=sum(int(g.row_tokens.sum()) for g in gens) / seconds,
+                raw_tokens_per_s=sum(g.generated.numel() for g in gens) / seconds)
+
+
 def sample(logits, temperature=0.0, top_k=None, top_p=None, generator=None, ban=None):
-    """logits (..., V) -> tokens (...), confidence (...): the probability of each chosen token under the
-    distribution it was drawn from (temperature-scaled, top-k/top-p filtered; the plain softmax when greedy).
-    `ban` (V,) is added first: -inf at ids never to emit (the mask token)."""
+    """logits (..., V) -> tokens (...), confidence (...). The token is drawn from the temperature-scaled,
+    top-k/top-p filtered distribution (argmax when greedy); its confidence is its probability under the raw
+    softmax, after `ban` but before temperature, top-k and top-p, as LLaDA and Fast-dLLM compute it: the
+    threshold and low-confidence remasking compare the model's own belief, not the distribution that was
+    sharpened or flattened to draw from. `ban` (V,) is added first: -inf at ids never to emit (the mask token)."""
     logits = logits.float() if ban is None else logits.float() + ban
     if temperature == 0:
-        probs = logits.softmax(-1)
-        tok = probs.argmax(-1)
+        tok = logits.argmax(-1)
     else:
-        logits = logits / temperature
+        z = logits / temperature
         if top_k is not None:
-            kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-            logits = logits.masked_fill(logits < kth, NEG_INF)
+            kth = z.topk(min(top_k, z.shape[-1]), dim=-1).values[..., -1:]
+            z = z.masked_fill(z < kth, NEG_INF)
         if top_p is not None:
-            srt, idx = logits.sort(-1, descending=True)
+            srt, idx = z.sort(-1, descending=True)
             p = srt.softmax(-1)
             drop = p.cumsum(-1) - p > top_p  # outside the smallest set with mass >= top_p (never the top token)
-            logits = logits.masked_fill(drop.scatter(-1, idx, drop), NEG_INF)
-        probs = logits.softmax(-1)
-        race = torch.empty_like(probs).exponential_(generator=generator)
-        tok = (probs / race).argmax(-1)  # distributed as multinomial(probs), without its host sync
-    return tok, probs.gather(-1, tok[..., None])[..., 0]
+            z = z.masked_fill(drop.scatter(-1, idx, drop), NEG_INF)
+        race = torch.empty_like(z).exponential_(generator=generator)
+        tok = (z.softmax(-1) / race).argmax(-1)  # distributed as multinomial(softmax(z)), without its host sync
+    return tok, logits.softmax(-1).gather(-1, tok[..., None])[..., 0]  # p_raw(tok) = softmax(logits)[tok]
 
 
 def choose(conf, masked, n=None, threshold=None):
     """Which masked positions to commit: the n most confident (n a 0-d tensor), or with a threshold every one
-    whose confidence is >= threshold and at least the most confident. conf, masked: (B, T) -> (B, T) bool."""
+    whose confidence is >= threshold plus the most confident (Fast-dLLM's rule: always at least one).
+    conf, masked: (B, T) -> (B, T) bool."""
     conf = conf.masked_fill(~masked, NEG_INF)
     rank = conf.argsort(dim=-1, descending=True, stable=True).argsort(-1)  # 0 = the most confident masked position
     return masked & ((rank < n) if threshold is None else (conf >= threshold) | (rank == 0))
@@ -102,14 +134,19 @@ def attend(rule, q, real, block_size=None):
 def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
     """prompt: a (B, T) LongTensor or a list of token lists / 1-D tensors (ragged: left-padded with pad_id to
     P, a multiple of `multiple`). -> x (B, P + n_new) with `fill` after the prompts, prompt_lens (B,), P,
-    real (B, P + n_new) bool (the slot holds a token, not a pad), pos (B, P + n_new) RoPE positions."""
+    real (B, P + n_new) bool (the slot holds a token, not a pad), pos (B, P + n_new) RoPE positions.
+    Refuses a prompt whose length + n_new exceeds the model's positions (config.max_position_embeddings)."""
     dev = model.model.embed_tokens.weight.device
     if torch.is_tensor(prompt) and prompt.dim() != 2:
         raise ValueError(f"a prompt tensor must be (B, T), got {tuple(prompt.shape)}")
     rows = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in prompt]
     if not rows or min(len(r) for r in rows) == 0:
         raise ValueError("every prompt needs at least one token")
-    P = -(-max(len(r) for r in rows) // multiple) * multiple
+    longest, limit = max(len(r) for r in rows), model.config.max_position_embeddings
+    if longest + n_new > limit:
+        raise ValueError(f"a prompt of {longest} tokens + {n_new} new tokens exceeds the model's {limit} positions "
+                         "(config.max_position_embeddings); shorten the prompt or generate fewer tokens")
+    P = -(-longest // multiple) * multiple
     x = torch.full((len(rows), P + n_new), fill, dtype=torch.long, device=dev)
     x[:, :P] = pad_id
     for b, r in enumerate(rows):
@@ -119,8 +156,13 @@ def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
     return x, lens, P, rel >= 0, rel.clamp(min=0)
 
 
-def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id):
-    """The shared arguments: ban (V,) (-inf at the mask token and ids >= vocab_limit), the generator, pad id."""
+def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, temperature, top_k, top_p):
+    """The shared arguments, checked: ban (V,) (-inf at the mask token and ids >= vocab_limit), the generator,
+    pad id."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    if (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(f"top_k must be >= 1 and top_p in (0, 1], got top_k={top_k}, top_p={top_p}")
     dev = model.model.embed_tokens.weight.device
     ban = torch.zeros(model.config.vocab_size, device=dev)
     if mask_token_id is not None:
@@ -130,7 +172,9 @@ def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id):
     if generator is None:
         generator = torch.Generator(dev)
         generator.seed()  # fresh randomness, never the global RNG; pass a seeded generator to reproduce
-    return ban, generator, pad_id if pad_id is not None else eos_id if eos_id is not None else 0
+    if pad_id is None:
+        pad_id = 0 if eos_id is None else eos_id
+    return ban, generator, pad_id
 
 
 def dlm_fields(model, mask_token_id, shift):
@@ -143,12 +187,16 @@ def dlm_fields(model, mask_token_id, shift):
     return mask_id, int(shift)
 
 
-def eos_fill(x, P, eos_id):
-    """In place: every generated position after a row's first eos becomes eos."""
+def finish(x, lens, P, nfe, row_nfe, eos_id, rounds=None):
+    """The Generation: every generated position after a row's first eos becomes eos (in place), and each row's
+    tokens up to and including that eos are counted (all N without one)."""
+    gen, N = x[:, P:], x.shape[1] - P
+    row_tokens = torch.full_like(row_nfe, N)
     if eos_id is not None:
-        gen = x[:, P:]
-        x[:, P:] = gen.masked_fill((gen == eos_id).cumsum(1) > 0, eos_id)
-    return x
+        hit = gen == eos_id  # (B, N)
+        x[:, P:] = gen.masked_fill(hit.cumsum(1) > 0, eos_id)
+        row_tokens = torch.where(hit.any(1), hit.int().argmax(1) + 1, N)  # argmax: the first eos
+    return Generation(x, lens, P, nfe, row_nfe, row_tokens, rounds)
 
 
 @torch.no_grad()
@@ -157,12 +205,14 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
     """Causal decoding (greedy when temperature == 0) with a static KV cache; rows that produced eos_id emit
     pad_id (default eos_id) from then on. use_cache=False recomputes the whole sequence per token (reference)."""
     mask_id = model.config.mask_token_id if mask_token_id is None else mask_token_id
-    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
+    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
+                                           top_k, top_p)
     x, lens, P, real, pos = prepare(model, prompt, max_new_tokens, pad_id, pad_id)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
     cache = model.new_cache(B, L) if use_cache else None  # (layers, B, kv_heads, L, head_dim), written by slot
     done = torch.zeros(B, dtype=torch.bool, device=x.device)
+    row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
     nfe = 0
     for t in range(P, L):  # t: the slot being generated
         a = t - 1 if use_cache and t > P else 0  # the cache holds slots < t-1: feed only the newest token
@@ -170,13 +220,14 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
         mask = attend("causal", slots[a:t], real[:, :L if use_cache else t])  # (B, 1, t-a, L or t)
         logits = model(x[:, a:t], attn=mask, pos=pos[:, a:t], **kw)  # (B, t-a, V)
         nfe += 1
+        row_nfe += ~done  # a forward counts for the rows still generating
         tok, _ = sample(logits[:, -1], temperature, top_k, top_p, generator, ban)  # (B,)
         x[:, t] = torch.where(done, pad_id, tok)
         if eos_id is not None:
             done |= tok == eos_id
             if (t - P) % STOP_EVERY == STOP_EVERY - 1 and done.all():  # a host sync, once per STOP_EVERY
                 break
-    return Generation(x, lens, P, nfe)
+    return finish(x, lens, P, nfe, row_nfe, eos_id)
 
 
 @torch.no_grad()
@@ -186,7 +237,9 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     """LLaDA: the response starts fully masked and is denoised block by block (block_length), `steps` spread
     evenly over the blocks; each step commits the most confident predictions of the current block
     ("low_confidence") or random ones ("random"). With `threshold` (Fast-dLLM), each step instead commits
-    every prediction with confidence >= threshold, at least one, until the block is done (`steps` unused)."""
+    every prediction with confidence >= threshold, plus the most confident, until the block is done (`steps`
+    unused; threshold <= 0 commits a whole block per forward, > 1 one token per forward). Confidence: the
+    raw softmax probability of the chosen token (see `sample`)."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     if remasking not in ("low_confidence", "random"):
         raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
@@ -197,13 +250,17 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
         raise ValueError(f"steps {steps} must be a positive multiple of the number of blocks {n_blocks}")
     if threshold is not None and remasking != "low_confidence":
         raise ValueError("threshold decoding needs remasking='low_confidence'")
-    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
+    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
+                                           top_k, top_p)
     x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id)
+    B = x.shape[0]
     slots = torch.arange(x.shape[1], device=x.device)
     attn = "bidirectional" if real.all() else attend("bidirectional", slots, real)  # (B, 1, L, L) with pads
     # LLaDA's schedule: a block's block_length tokens over its steps, evenly, the remainder first. (spb,)
     spb = block_length if threshold is not None else steps // n_blocks
     n_commit = block_length // spb + (torch.arange(spb, device=x.device) < block_length % spb).long()
+    finished = torch.zeros(B, dtype=torch.bool, device=x.device)  # the row's eos is in an earlier block
+    row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
     nfe = 0
     for b in range(n_blocks):
         s, e = P + b * block_length, P + (b + 1) * block_length  # the block's slots
@@ -211,6 +268,9 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
             masked = x[:, s:e] == mask_id  # (B, block_length)
             logits = model(x, attn=attn, pos=pos)  # (B, L, V)
             nfe += 1
+            # fixed steps: every step of the block counts (the row alone would take them all); threshold: only
+            # the rounds in which the row still had masked positions
+            row_nfe += ~finished if threshold is None else masked.any(1) & ~finished
             tok, conf = sample(logits[:, s - shift:e - shift], temperature, top_k, top_p, generator, ban)
             if remasking == "random":
                 conf = torch.rand(conf.shape, generator=generator, device=x.device)
@@ -218,9 +278,20 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
             x[:, s:e] = torch.where(commit, tok, x[:, s:e])
             if threshold is not None and not (masked & ~commit).any():  # block done: a host sync per forward
                 break
-        if eos_id is not None and (x[:, P:e] == eos_id).any(1).all():  # every row is finished
-            break
-    return Generation(eos_fill(x, P, eos_id), lens, P, nfe)
+        if eos_id is not None:
+            finished |= (x[:, s:e] == eos_id).any(1)
+            if finished.all():  # every row has produced eos: a host sync per block
+                break
+    return finish(x, lens, P, nfe, row_nfe, eos_id)
+
+
+def first_fed(b, r, s, bs, use_cache):
+    """block_generate: the first slot fed in round r on block b (whose slots are s..s+bs-1)."""
+    if not use_cache or (b == 0 and r == 0):
+        return 0  # the whole sequence: no cache to read from, or the prompt enters the cache now
+    if r == 0:
+        return s - bs  # the previous block, final since its last round, enters the cache with the masked block
+    return s  # later rounds: the block alone, reading everything before it from the cache
 
 
 @torch.no_grad()
@@ -228,16 +299,19 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
                    top_p=None, use_cache=True, record=False, eos_id=None, pad_id=None, generator=None,
                    mask_token_id=None, shift=None, vocab_limit=None):
     """Block diffusion for block-attention DLMs: blocks of block_size are denoised one after the other, each
-    round committing every prediction with confidence >= threshold (at least one). Finished blocks are
-    written into the KV cache once (exact: later blocks cannot change them); use_cache=False recomputes the
-    whole sequence every round (the slow reference, same results). record=True fills Generation.rounds."""
+    round committing every prediction with confidence >= threshold plus the most confident (the raw softmax
+    probability of the chosen token, see `sample`; threshold <= 0 commits a block per forward, > 1 one token
+    per forward). Finished blocks are written into the KV cache once (exact: later blocks cannot change
+    them); use_cache=False recomputes the whole sequence every round (the slow reference, same results).
+    record=True fills Generation.rounds."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     bs = block_size or model.config.block_size
     if not bs:
         raise ValueError("block_generate needs a block size (argument or the checkpoint's config.block_size)")
     if gen_length % bs or threshold is None:
         raise ValueError(f"gen_length {gen_length} must be a multiple of the block size {bs}, and a threshold set")
-    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
+    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
+                                           top_k, top_p)
     # Alignment: the prompt is left-padded to P, a multiple of bs, so generated block b occupies the slots
     # [P + b*bs, P + (b+1)*bs) and the model's block rule (slot // bs) applies in slot coordinates, prompt
     # blocks included (pads hidden). distill.py trains with the same convention.
@@ -246,6 +320,8 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
     slots = torch.arange(L, device=x.device)
     cache = model.new_cache(B, L) if use_cache else None
     rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
+    finished = torch.zeros(B, dtype=torch.bool, device=x.device)  # the row's eos is in an earlier block
+    row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
     nfe = 0
     for b in range(gen_length // bs):
         s, e = P + b * bs, P + (b + 1) * bs  # the block's slots
@@ -253,18 +329,19 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
             # With the cache, round 0 feeds the previous block (the prompt, for b = 0) with its final tokens
             # along with the masked block: their keys/values enter the cache once, here. Later rounds feed
             # the block alone. Without the cache every round feeds slots 0..e-1.
-            a = 0 if not use_cache or (r == 0 and b == 0) else s - bs if r == 0 else s  # first slot fed
+            a = first_fed(b, r, s, bs, use_cache)
             kw = dict(cache=cache, slots=slots[a:e]) if use_cache else {}
             mask = attend("block", slots[a:e], real[:, :L if use_cache else e], bs)  # (B, 1, e-a, L or e)
             logits = model(x[:, a:e], attn=mask, pos=pos[:, a:e], **kw)  # (B, e-a, V)
             nfe += 1
+            masked = x[:, s:e] == mask_id  # (B, bs)
+            row_nfe += masked.any(1) & ~finished  # a row whose block is done waits for the others uncharged
             if shift and a == s:  # slot s-1 (the previous block's last token) is not in this forward: its
                 # logits are round 0's, unchanged since then because slot s-1 cannot see block b
                 logits = torch.cat([edge, logits[:, :-1]], 1)
             else:
                 edge = logits[:, s - a - 1:s - a]  # (B, 1, V): slot s-1's logits, kept for the later rounds
                 logits = logits[:, s - a - shift:e - a - shift]  # (B, bs, V): the predictions for slots s..e-1
-            masked = x[:, s:e] == mask_id  # (B, bs)
             tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
             commit = choose(conf, masked, threshold=threshold)
             x[:, s:e] = torch.where(commit, tok, x[:, s:e])
@@ -272,9 +349,105 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
                 rounds[:, s - P:e - P] = torch.where(commit, r, rounds[:, s - P:e - P])
             if not (masked & ~commit).any():  # block done: a host sync per forward
                 break
-        if eos_id is not None and (x[:, P:e] == eos_id).any(1).all():  # every row is finished
-            break
-    return Generation(eos_fill(x, P, eos_id), lens, P, nfe, rounds)
+        if eos_id is not None:
+            finished |= (x[:, s:e] == eos_id).any(1)
+            if finished.all():  # every row has produced eos: a host sync per block
+                break
+    return finish(x, lens, P, nfe, row_nfe, eos_id, rounds)
+
+
+SAMPLERS = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block diffusion"}
+
+
+def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, eos_id=None, generator=None,
+             vocab_limit=None, shift=None, block_length=None, steps=None, remasking="low_confidence", threshold=None,
+             block_size=None, use_cache=True, record=False):
+    """The checkpoint's own sampler, picked by model.config.attn (sample.py's CLI and eval.py both use this):
+    "causal" -> ar_generate (max_new_tokens at most); "bidirectional" -> diffusion_generate (block_length
+    default min(32, N), steps default N: one token a step; threshold: Fast-dLLM); "block" -> block_generate
+    (threshold default 0.9, record: Generation.rounds). Raises ValueError for an argument that sampler would
+    ignore (a threshold for an AR model, ...) and for a threshold outside (0, 1]."""
+    kind, N = model.config.attn, max_new_tokens
+    if kind not in SAMPLERS:
+        raise ValueError(f"config.attn {kind!r} has no sampler (one of {', '.join(SAMPLERS)})")
+    given = dict(threshold=threshold is not None, block_length=block_length is not None, steps=steps is not None,
+                 remasking=remasking != "low_confidence", block_size=block_size is not None, shift=shift is not None,
+                 no_cache=not use_cache, record=record)
+    uses = {"causal": {"no_cache"}, "bidirectional": {"threshold", "block_length", "steps", "remasking", "shift"},
+            "block": {"threshold", "block_size", "shift", "no_cache", "record"}}[kind]
+    if unused := [k for k, v in given.items() if v and k not in uses]:
+        raise ValueError(f"{', '.join(unused)}: not used by the {SAMPLERS[kind]} sampler (config.attn {kind!r}); "
+                         "drop it")
+    if threshold is not None and not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    common = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
+                  vocab_limit=vocab_limit)
+    if kind == "causal":
+        return ar_generate(model, prompt, N, use_cache=use_cache, **common)
+    if kind == "bidirectional":
+        return diffusion_generate(model, prompt, N, block_length or min(32, N), steps or N, remasking=remasking,
+                                  threshold=threshold, shift=shift, **common)
+    return block_generate(model, prompt, N, block_size, 0.9 if threshold is None else threshold, use_cache=use_cache,
+                          record=record, shift=shift, **common)
+
+
+# ---- showing the rounds ---------------------------------------------------------------------------
+
+MARKS = "0123456789abcdefghijklmnopqrstuvwxyz"
+COLOURS = (32, 33, 34, 35, 36, 31)  # ANSI foreground by round: green, yellow, blue, magenta, cyan, red, again
+
+
+def token_pieces(tok, ids):
+    """The text each token adds to tok.decode(ids): a character whose UTF-8 bytes span several tokens goes to
+    the token that completes it. -> a list of strings, one per id, joining to tok.decode(ids)."""
+    pieces, done = [], ""
+    for i in range(len(ids)):
+        text = tok.decode(ids[:i + 1])
+        if i < len(ids) - 1:
+            text = text.rstrip("\ufffd")  # perhaps a character cut short: the token that completes it gets it
+        pieces.append(text[len(done):])
+        done = text
+    return pieces
+
+
+def mark(r):
+    """The character under a token committed in round r: 0-9, a-z, then +; blank for r < 0 (the prompt)."""
+    if r < 0:
+        return " "
+    if r < len(MARKS):
+        return MARKS[r]
+    return "+"
+
+
+def show_rounds(pieces, rounds, *, width=100, colour=False):
+    """Text with, under each line, the round that committed each character's token (`mark`); pieces and
+    rounds: one string and one round per token, round -1 for prompt tokens. Lines longer than width wrap,
+    tabs become four spaces, other control characters a middle dot; a line of prompt alone gets no mark line.
+    colour: each generated character also gets its round's ANSI colour (for a terminal)."""
+    out, text, marks = [], [], []
+
+    def flush():
+        out.append("".join(text).rstrip())
+        if any(m != " " for m in marks):
+            out.append("".join(marks).rstrip())
+        text.clear()
+        marks.clear()
+    for piece, r in zip(pieces, rounds):
+        for ch in piece.replace("\t", "    "):
+            if ch == "\n":
+                flush()
+                continue
+            if len(text) == width:
+                flush()
+            ch = ch if ch.isprintable() else "·"
+            m = mark(r)
+            if colour and r >= 0:
+                paint = f"\x1b[{COLOURS[r % len(COLOURS)]}m"
+                ch, m = f"{paint}{ch}\x1b[0m", f"{paint}{m}\x1b[0m"
+            text.append(ch)
+            marks.append(m)
+    flush()
+    return "\n".join(out)
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
@@ -291,11 +464,13 @@ def main():
     p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
     p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N, one token a step)")
     p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"], help="diffusion")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="diffusion: Fast-dLLM parallel decoding (default off); block: default 0.9")
+    p.add_argument("--threshold", type=float, default=None, help="in (0, 1]: commit every token whose raw "
+                   "probability reaches it; diffusion: Fast-dLLM parallel decoding (default off); block: default 0.9")
     p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
-    p.add_argument("--no_cache", action="store_true", help="block: recompute everything each round (reference)")
+    p.add_argument("--no_cache", action="store_true", help="AR, block: recompute everything each step (reference)")
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
+    p.add_argument("--show_rounds", action="store_true",
+                   help="block: mark each generated token with the round that committed it (colours on a terminal)")
     p.add_argument("--ignore_eos", action="store_true", help="do not stop at <|endoftext|>")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
@@ -314,38 +489,42 @@ def main():
     ids = tok.encode(args.prompt)
     if not ids:
         raise SystemExit("sample: --prompt encodes to no tokens")
+    if args.show_rounds and model.config.attn != "block":
+        raise SystemExit(f"sample: --show_rounds needs a block-diffusion checkpoint (config.attn 'block'), "
+                         f"{args.ckpt} has {model.config.attn!r}")
     prompt = torch.tensor([ids] * args.num_samples, device=device)
-    kind, N = model.config.attn, args.max_new_tokens
-    common = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, vocab_limit=tok.vocab_size,
-                  eos_id=None if args.ignore_eos else tok.eos_id,
-                  generator=torch.Generator(device).manual_seed(args.seed))
-    if kind != "causal":
-        common["shift"] = None if args.shift is None else args.shift == "true"
+    eos_id = None if args.ignore_eos else tok.eos_id
     fwd = torch.compile(model) if args.compile else model  # OptimizedModule forwards .config, .new_cache
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     try:
-        if kind == "causal":
-            gen = ar_generate(fwd, prompt, N, **common)
-        elif kind == "bidirectional":
-            bl = args.block_length or min(32, N)
-            gen = diffusion_generate(fwd, prompt, N, bl, args.steps or N, remasking=args.remasking,
-                                     threshold=args.threshold, **common)
-        else:
-            gen = block_generate(fwd, prompt, N, args.block_size, 0.9 if args.threshold is None else args.threshold,
-                                 use_cache=not args.no_cache, **common)
+        gen = generate(fwd, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, eos_id=eos_id, generator=torch.Generator(device).manual_seed(args.seed),
+                       vocab_limit=tok.vocab_size, shift=None if args.shift is None else args.shift == "true",
+                       block_length=args.block_length, steps=args.steps, remasking=args.remasking,
+                       threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
+                       record=args.show_rounds)
     except ValueError as e:
         raise SystemExit(f"sample: {e}")
     sync()
     dt = time.perf_counter() - t0
     for b in range(args.num_samples):
-        seq = gen.sequence(b).tolist()
-        if common["eos_id"] in seq[len(ids):]:  # show the sample up to its first eos
-            seq = seq[:seq.index(common["eos_id"], len(ids)) + 1]
-        print(f"--- sample {b}\n{tok.decode(seq)}")
-    sampler = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block diffusion"}[kind]
-    print(f"{sampler}: {args.num_samples} x {N} tokens in {dt:.2f} s, {args.num_samples * N / dt:.1f} tokens/s, "
-          f"{N / gen.nfe:.2f} tokens per forward ({gen.nfe} forwards)")
+        n = int(gen.row_tokens[b])  # the sample up to its first eos
+        seq = gen.sequence(b)[:len(ids) + n].tolist()
+        print(f"--- sample {b}")
+        if args.show_rounds:
+            rounds = [-1] * len(ids) + gen.rounds[b, :n].tolist()
+            print(show_rounds(token_pieces(tok, seq), rounds, colour=sys.stdout.isatty()))
+        else:
+            print(tok.decode(seq))
+    if args.show_rounds:
+        print("(under each generated character: the round of its block that committed it, 0 = the block's first "
+              "forward)")
+    s = throughput([gen], dt)
+    print(f"{SAMPLERS[model.config.attn]}: {args.num_samples} x {args.max_new_tokens} tokens in {dt:.2f} s; per row "
+          f"{s['tokens_per_forward']:.2f} tokens per forward (min {s['tokens_per_forward_min']:.2f}, max "
+          f"{s['tokens_per_forward_max']:.2f}; {s['forwards_per_row']:.1f} forwards a row); "
+          f"{s['tokens_per_s']:.1f} tokens/s up to eos, {s['raw_tokens_per_s']:.1f} raw ({gen.nfe} batched forwards)")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ def test_sample_tables():
     assert "| new tokens | cached tokens/s | recompute tokens/s | cached speed-up |" in r.stdout
     assert "| 2 |" in r.stdout and "2/2 rows" in r.stdout  # ours and transformers' greedy tokens agree
     assert "| threshold |" in r.stdout and "| 1.01 |" in r.stdout and "| NO |" not in r.stdout
+    assert "| threshold | per-row tokens per forward: mean (min-max) | batch tokens per forward |" in r.stdout
 
 
 def test_align_table():

@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -57,7 +58,11 @@ def test_truncate_and_entropy():
     assert E.truncate("    x = 1\nprint(x)\nclass A: pass") == "    x = 1"
     assert E.truncate("    return 2\n") == "    return 2\n"
     assert E.unigram_entropy([7] * 10) == 0.0 and E.unigram_entropy([1, 2, 1, 2]) == pytest.approx(1.0)
-    assert E.unigram_entropy(list(range(8))) == pytest.approx(3.0)
+    assert E.unigram_entropy(list(range(8))) == pytest.approx(3.0) and E.unigram_entropy([]) == 0.0
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]  # against the formula, term by term
+    want = -sum(ids.count(v) / 11 * math.log2(ids.count(v) / 11) for v in set(ids))
+    assert E.unigram_entropy(ids) == pytest.approx(want)
+    assert E.unigram_entropy(np.array(ids, np.uint16)) == pytest.approx(want)  # a token file's dtype
 
 
 # ---- likelihood ----------------------------------------------------------------------------------
@@ -165,14 +170,26 @@ def test_generate(world, tmp_path, ckpt, extra):
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "g.json").read_text())["results"]
     assert res["completion_tokens"] == 3 * 8 and res["gen_perplexity"] > 1
-    assert 0 <= res["unigram_entropy_bits"] <= 3 and res["tokens_per_s"] > 0
+    assert 0 <= res["unigram_entropy_bits"] <= 3
+    # --ignore_eos: every row counts all 8 tokens, so both throughputs count the same tokens
+    assert res["tokens_per_s"] == pytest.approx(res["raw_tokens_per_s"]) == 3 * 8 / res["seconds"]
+    lo, mean, hi = res["tokens_per_forward_min"], res["tokens_per_forward"], res["tokens_per_forward_max"]
+    assert 1 <= lo <= mean <= hi <= 8 and res["tokens_per_forward_std"] <= hi - lo
+    assert 8 / hi - 1e-9 <= res["forwards_per_row"] <= 8 / lo + 1e-9  # each row: 8 tokens / its tokens per forward
     if ckpt == "ar":
-        assert res["tokens_per_forward"] == 1.0
+        assert mean == 1.0 and res["nfe"] == 2 * 8
     if ckpt == "dlm":
-        assert res["tokens_per_forward"] == 1.0 and res["nfe"] == 2 * 8
+        assert mean == 1.0 and res["nfe"] == 2 * 8
     r = run_script("eval.py", "generate", "--ckpt", world / ckpt, "--ref", world / "dlm", "--data", world / "data",
                    "--num_prompts", "1", "--max_new_tokens", "8", *extra)
     assert r.returncode != 0 and "must be an AR checkpoint" in r.stderr
+
+
+def test_generate_refuses_flags_the_sampler_ignores(world):
+    r = run_script("eval.py", "generate", "--ckpt", world / "ar", "--ref", world / "ar", "--data", world / "data",
+                   "--num_prompts", "1", "--max_new_tokens", "8", "--threshold", "0.9")
+    last = r.stderr.strip().splitlines()[-1]  # the lines before it: tqdm's progress bar
+    assert r.returncode == 1 and last.startswith("eval: sampler: threshold: not used by the AR sampler")
 
 
 @pytest.mark.parametrize("ckpt", ["ar", "dlm"])

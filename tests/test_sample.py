@@ -51,6 +51,14 @@ def greedy(logits):
 
 # ---- the shared sampling helper ---------------------------------------------------------------
 
+def raw_probability(logits, tok):
+    """By hand: exp(l_tok - max) / Σ_v exp(l_v - max) over the ids that are not banned (the mask token)."""
+    logits = logits.clone()
+    logits[..., MASK] = float("-inf")
+    e = (logits - logits.max(-1, keepdim=True).values).exp()
+    return e.gather(-1, tok[..., None])[..., 0] / e.sum(-1)
+
+
 def test_sample_helper_filters():
     logits = torch.randn(64, V, generator=torch.Generator().manual_seed(0)) * 3
     ban = torch.zeros(V)
@@ -61,15 +69,37 @@ def test_sample_helper_filters():
     g = lambda s: torch.Generator().manual_seed(s)  # noqa: E731
     for kw in (dict(top_k=1), dict(top_p=1e-6)):  # both leave only the top token
         tok, conf = S.sample(logits, 1.0, generator=g(0), ban=ban, **kw)
-        assert torch.equal(tok, want_tok) and torch.allclose(conf, torch.ones(64))
+        # the confidence is the raw softmax probability, not the filtered distribution's (which would be 1)
+        assert torch.equal(tok, want_tok) and torch.allclose(conf, want_conf) and (conf < 0.999).any()
     tok, conf = S.sample(logits.expand(50, 64, V), 2.0, top_k=3, generator=g(1), ban=ban)
     top3 = (logits + ban).topk(3, -1).indices
     assert (tok[..., None] == top3).any(-1).all() and (tok != top3[:, 0]).any()  # only the top 3, not only the top 1
-    p3 = ((logits + ban) / 2).topk(3, -1).values.softmax(-1).expand(50, 64, 3)  # renormalised top-3 probabilities
+    assert torch.allclose(conf, raw_probability(logits.expand(50, 64, V), tok))  # untempered, unfiltered
+    tempered = ((logits + ban) / 2).topk(3, -1).values.softmax(-1).expand(50, 64, 3)  # what it was drawn from
     which = (tok[..., None] == top3).float().argmax(-1, keepdim=True)  # (50, 64, 1): the chosen one's rank
-    assert torch.allclose(conf, p3.gather(-1, which)[..., 0])  # confidence: its probability after filtering
+    assert not torch.allclose(conf, tempered.gather(-1, which)[..., 0])
     a, b = S.sample(logits, 1.0, generator=g(5))[0], S.sample(logits, 1.0, generator=g(5))[0]
     assert torch.equal(a, b) and not torch.equal(a, S.sample(logits, 1.0, generator=g(6))[0])
+
+
+def test_confidence_is_raw_at_temperature_2():
+    logits = torch.randn(8, 6, V, generator=torch.Generator().manual_seed(1)) * 2
+    ban = torch.zeros(V)
+    ban[MASK] = float("-inf")
+    tok, conf = S.sample(logits, 2.0, generator=torch.Generator().manual_seed(0), ban=ban)
+    assert torch.allclose(conf, raw_probability(logits, tok), rtol=1e-5, atol=0)
+    assert (tok != logits.argmax(-1)).any()  # sampled, not greedy: the check covers non-top tokens too
+
+
+def test_choose_matches_fast_dllm():
+    """Threshold rule: every masked position at or above the threshold, plus the most confident one."""
+    conf = torch.tensor([[0.95, 0.2, 0.91, 0.5], [0.3, 0.4, 0.1, 0.2], [0.99, 0.98, 0.1, 0.97]])
+    masked = torch.tensor([[True, True, True, True], [True, True, True, False], [False, True, True, False]])
+    got = S.choose(conf, masked, threshold=0.9)
+    want = torch.tensor([[True, False, True, False], [False, True, False, False], [False, True, False, False]])
+    assert torch.equal(got, want)
+    want = torch.tensor([[True, False, True, False], [True, True, False, False], [False, True, True, False]])
+    assert torch.equal(S.choose(conf, masked, n=torch.tensor(2)), want)  # fixed count: the 2 most confident masked
 
 
 # ---- AR ---------------------------------------------------------------------------------------
@@ -301,3 +331,23 @@ def test_cli_errors(ckpts, tmp_path):
     assert r.returncode == 1 and "config.json not found" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = run_script("sample.py", "--ckpt", ckpts / "block", "--max_new_tokens", 6, "--device", "cpu")
     assert r.returncode == 1 and "multiple of the block size 4" in r.stderr
+    for attn, flags, msg in [("causal", ["--threshold", 0.9], "threshold: not used by the AR sampler"),
+                             ("causal", ["--temperature", -1], "temperature must be >= 0"),
+                             ("block", ["--threshold", 0], "threshold must be in (0, 1]"),
+                             ("bidirectional", ["--threshold", 1.1], "threshold must be in (0, 1]"),
+                             ("causal", ["--prompt", "x" * 4090, "--max_new_tokens", 8], "exceeds the model's 4096"),
+                             ("causal", ["--show_rounds"], "--show_rounds needs a block-diffusion checkpoint")]:
+        r = run_script("sample.py", "--ckpt", ckpts / attn, *flags, "--device", "cpu")
+        assert r.returncode == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (flags, r.stderr)
+
+
+def test_cli_show_rounds(ckpts):
+    r = run_script("sample.py", "--ckpt", ckpts / "block", "--prompt", "def f", "--max_new_tokens", 8, "--num_samples",
+                   2, "--threshold", 0.5, "--ignore_eos", "--show_rounds", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    blocks = r.stdout.split("--- sample ")[1:]
+    assert len(blocks) == 2 and "the round of its block that committed it" in r.stdout
+    for blk in blocks:
+        lines = blk.splitlines()[1:]
+        marks = "".join(line for line in lines if set(line) <= set("0123 "))  # the mark rows: rounds 0..3
+        assert marks.replace(" ", "") and "\x1b[" not in blk  # not a terminal: no colours
