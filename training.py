@@ -157,6 +157,15 @@ def same_tokenizer(fp, where, want, want_where, fix):
         raise SystemExit(f"tokenizer mismatch: {where} (sha256 {fp[:12]}) vs {want_where} (sha256 {want[:12]}); {fix}")
 
 
+def described(config):
+    """-> ("the model DIR", DIR) for messages; DIR is a placeholder for a model not read from a directory."""
+    return (f"the model {config.path}", config.path) if config.path else ("the model", "MODEL_DIR")
+
+
+def prepare_with(model_dir):
+    return f"prepare the data with the model's tokenizer: python data.py --tokenizer {model_dir} --out_dir DIR"
+
+
 def load_splits(data_dir, who, *, like=None):
     """(train, val) token arrays of a prepared dataset, or a one-line exit naming the script and the problem: a
     missing or inconsistent dataset, a split not longer than the run's --seq_len, or data tokenized with another
@@ -171,9 +180,9 @@ def load_splits(data_dir, who, *, like=None):
             raise SystemExit(f"{who}: the {name} split of {data_dir} has {len(split):,} tokens, not more than "
                              f"--seq_len {seq_len}; use a smaller --seq_len (or more data)")
     if like is not None:
-        model = like.config.path or "the model"
+        model, model_dir = described(like.config)
         same_tokenizer(fingerprint_of(data_dir), f"{who}: the data {data_dir}", like.config.tokenizer_sha256, model,
-                       f"prepare the data with the model's tokenizer: python data.py --tokenizer {model} --out_dir DIR")
+                       prepare_with(model_dir))
     return splits
 
 
@@ -184,12 +193,11 @@ def load_tokenizer(path, config):
         tok = Tokenizer.from_pretrained(path)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"tokenizer: {e}")
-    model = config.path or "the model"
     if config.path is not None and Path(path).resolve() == Path(config.path).resolve():  # the checkpoint's own
         same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", config.tokenizer_sha256,
                        "its config.json", "they were replaced after the checkpoint was saved; restore them")
-    same_tokenizer(tok.fingerprint, str(path), config.tokenizer_sha256, model,
-                   f"prepare the data with the model's tokenizer: python data.py --tokenizer {model} --out_dir DIR")
+    model, model_dir = described(config)
+    same_tokenizer(tok.fingerprint, str(path), config.tokenizer_sha256, model, prepare_with(model_dir))
     if tok.vocab_size > config.vocab_size:
         raise SystemExit(f"tokenizer in {path} uses {tok.vocab_size} ids but the model has only "
                          f"{config.vocab_size} embedding rows: they do not belong together")
@@ -279,7 +287,7 @@ def load_model(path, device, what, *, attn=None, like=None):
                          f"pass {'the AR checkpoint' if attn == 'causal' else f'a {attn} one'}")
     if like is not None:
         same_tokenizer(config.tokenizer_sha256, f"{what} {path}", like.config.tokenizer_sha256,
-                       like.config.path or "the model", "pass a checkpoint with the same tokenizer")
+                       described(like.config)[0], "pass a checkpoint with the same tokenizer")
     try:
         return Qwen3.from_pretrained(path, device=device, dtype=torch.float32)
     except (FileNotFoundError, ValueError) as e:
