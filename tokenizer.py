@@ -18,6 +18,8 @@ What is notable here:
   data.py on the standard library); `Tokenizer.byte_level()` is the 259-id byte tokenizer (the tests' micro
   models). `save_pretrained` writes Hugging Face files (atomically) that `transformers` loads unchanged,
   with the merges a learnt vocabulary needs to give tiktoken's ids.
+- `fingerprint` is a sha256 of what decides the ids (not of a file); datasets and checkpoints record it, so that
+  training refuses a model and data tokenized differently.
 """
 import collections
 import functools
