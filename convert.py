@@ -13,13 +13,17 @@ config.json, which every other script honours:
 
     python convert.py --ar out/ar-tiny --out_dir out/dlm-tiny --attn bidirectional
     python convert.py --ar out/ar-tiny --out_dir out/dlm-block --attn block --block_size 4
+
+Before anything is written it refuses an --out_dir that is, or is inside, the AR checkpoint (or holds it), and
+weights whose safetensors header does not match the file (a truncated copy; every shard of a sharded checkpoint).
+config.json keeps the AR model's tokenizer fingerprint (tokenizer_sha256), which training checks data against.
 """
 import argparse
 import json
 import shutil
 from pathlib import Path
 
-from model import load_config, save_config, weight_files
+from model import atomic_write, load_config, save_config, weight_files
 from tokenizer import Tokenizer
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,9 +39,13 @@ p.add_argument("--overwrite", action="store_true", help="replace the contents of
 
 def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, overwrite=False):
     ar, out_dir = Path(ar), Path(out_dir)
+    a, o = ar.resolve(), out_dir.resolve()
+    if a == o or a in o.parents or o in a.parents:  # --overwrite would delete the AR checkpoint itself
+        raise SystemExit(f"convert: --out_dir {out_dir} and --ar {ar} overlap (one is, or is inside, the other); "
+                         f"choose an --out_dir outside the AR checkpoint")
     try:
         config = load_config(ar)
-        files = weight_files(ar)
+        files = weight_files(ar)  # every file's header checked against its size: no truncated copy is made
         tok = Tokenizer.from_pretrained(ar)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"convert: {e}")
@@ -61,8 +69,7 @@ def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, 
 
     for f in files + [ar / "model.safetensors.index.json"]:  # the weights, byte for byte
         if f.exists():
-            shutil.copyfile(f, out_dir / f"{f.name}.tmp")
-            (out_dir / f"{f.name}.tmp").replace(out_dir / f.name)
+            atomic_write(out_dir / f.name, lambda tmp: shutil.copyfile(f, tmp))
     tok.save_pretrained(out_dir)
     config.attn, config.block_size, config.mask_token_id = attn, block_size, mask
     config.shift = (attn == "bidirectional") if shift is None else shift

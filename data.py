@@ -14,6 +14,9 @@ What is notable here:
 - Preparing streams: a batch of documents at a time is encoded and appended to the .bin files,
   each document followed by eos. Files are written as *.tmp and renamed at the end, meta.json
   last, so a directory with a meta.json always holds a complete dataset.
+- meta.json records the tokenizer's fingerprint (tokenizer_sha256, Tokenizer.fingerprint), as checkpoints do:
+  training refuses data tokenized otherwise than its model, and preparing into a directory that holds a dataset
+  of another tokenizer is refused unless --overwrite. A failed run removes the directories it created.
 - get_batch returns windows of tokens only (no shifted targets): each loss picks its own targets.
   eval_batches uses fixed offsets, no RNG, so every checkpoint is scored on identical tokens.
 """
@@ -24,12 +27,13 @@ import platform
 import sys
 import sysconfig
 import zlib
+from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from tokenizer import Tokenizer
+from tokenizer import Tokenizer, atomic_write, fingerprint_of
 
 STDLIB_SKIP = {"site-packages", "test", "tests", "idlelib", "__pycache__"}  # dirs left out of the default corpus
 
@@ -114,10 +118,13 @@ def bpe_texts(source, val_fraction, max_mb):
             yield text
 
 
-def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=None, batch_docs=256, vocab_size=1024):
+def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=None, batch_docs=256, vocab_size=1024,
+            *, overwrite=False):
     """Tokenize a source into out_dir/{train,val}.bin + tokenizer + meta.json; returns meta.
     tokenizer: "bpe" (learn a byte-level BPE of vocab_size ids on the training documents, a first pass
-    over the source), "byte" (259 ids), or a path to a tokenizer (a dir with tokenizer.json, a .tiktoken)."""
+    over the source), "byte" (259 ids), or a path to a tokenizer (a dir with tokenizer.json, a .tiktoken).
+    A dataset already in out_dir made with another tokenizer is replaced only with overwrite=True (checkpoints
+    trained on it would no longer match it). A failed run leaves out_dir as it found it (not created)."""
     if source is not None and not os.path.exists(source):
         raise FileNotFoundError(f"source not found: {source}")
     if source is not None and os.path.isfile(source) and not source.endswith(".jsonl"):
@@ -128,7 +135,13 @@ def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=Non
         tok = Tokenizer.train(bpe_texts(source, val_fraction, max_mb), vocab_size)
     else:
         tok = Tokenizer.byte_level() if tokenizer == "byte" else Tokenizer.from_pretrained(tokenizer)
+    old = fingerprint_of(out_dir)  # the tokenizer of a dataset already there, or None
+    if old not in (None, tok.fingerprint) and not overwrite:
+        raise ValueError(f"{out_dir} holds a dataset made with another tokenizer (sha256 {old[:12]}; this one "
+                         f"{tok.fingerprint[:12]}), which checkpoints trained on it expect: pass --overwrite to "
+                         f"replace it, or choose another --out_dir")
     dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
+    created = [d for d in (Path(out_dir), *Path(out_dir).parents) if not d.exists()]  # removed again on failure
     os.makedirs(out_dir, exist_ok=True)
     paths = {s: os.path.join(out_dir, f"{s}.bin") for s in ("train", "val")}
     counts = {s: {"tokens": 0, "documents": 0} for s in ("train", "val")}
@@ -151,8 +164,9 @@ def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=Non
             else:
                 write(split, ids)
 
-    files = {s: open(p + ".tmp", "wb") for s, p in paths.items()}
+    files, done = {}, False
     try:
+        files = {s: open(p + ".tmp", "wb") for s, p in paths.items()}
         batch, n_bytes = {}, 0
         with tqdm(unit="B", unit_scale=True, desc="tokenizing") as bar:
             for name, text, size in iter_documents(source, stats):
@@ -183,19 +197,22 @@ def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=Non
         for split, p in paths.items():
             os.replace(p + ".tmp", p)
         tok.save_pretrained(out_dir)
-        meta = dict(tokenizer=tok.name, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
-                    dtype=np.dtype(dtype).name, splits=counts, source=source or "stdlib",
+        meta = dict(tokenizer=tok.name, tokenizer_sha256=tok.fingerprint, vocab_size=tok.vocab_size,
+                    eos_id=tok.eos_id, dtype=np.dtype(dtype).name, splits=counts, source=source or "stdlib",
                     source_mb=round(n_bytes / 1e6, 3), **stats, max_mb=max_mb, val_fraction=val_fraction,
                     python=platform.python_version())
-        with open(meta_path + ".tmp", "w") as f:
-            json.dump(meta, f, indent=2)
-        os.replace(meta_path + ".tmp", meta_path)
+        atomic_write(meta_path, lambda f: Path(f).write_text(json.dumps(meta, indent=2)))
+        done = True
         return meta
-    finally:  # on any failure: no half-written files left behind
+    finally:  # on any failure: no half-written files left behind, and no directory this call created
         for split, f in files.items():
             f.close()
             if os.path.exists(paths[split] + ".tmp"):
                 os.remove(paths[split] + ".tmp")
+        if not done:
+            for d in created:  # nearest first
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
 
 
 # -----------------------------------------------------------------------------
@@ -297,6 +314,8 @@ if __name__ == "__main__":
     p.add_argument("--vocab_size", type=int, default=vocab_size, help="with --tokenizer bpe: the number of ids")
     p.add_argument("--val_fraction", type=float, default=val_fraction)
     p.add_argument("--max_mb", type=float, default=max_mb)
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset in --out_dir that was made with another tokenizer")
     args = p.parse_args()
     if args.source is not None and not os.path.exists(args.source):
         p.error(f"--source {args.source} does not exist")
@@ -304,7 +323,7 @@ if __name__ == "__main__":
         p.error("--vocab_size must be in 259..65536 (the 256 bytes and 3 special tokens at least)")
     try:
         meta = prepare(args.out_dir, args.source, args.tokenizer, args.val_fraction, args.max_mb,
-                       vocab_size=args.vocab_size)
+                       vocab_size=args.vocab_size, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"data.py: error: {e}")
     s = meta["splits"]

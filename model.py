@@ -14,7 +14,9 @@ What is notable here:
   blocks the mask allows are computed, and no (T, T) mask exists.
 """
 import json
+import math
 import os
+import struct
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -23,6 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from torch.utils.checkpoint import checkpoint
+
+import tokenizer
+from tokenizer import atomic_write  # noqa: F401  (model.atomic_write: the one atomic writer, for the scripts)
 
 ATTN_MODES = ("causal", "bidirectional", "block")
 
@@ -51,6 +56,10 @@ class Qwen3Config:
     mask_token_id: int | None = None  # an unused embedding row; never sampled as an output
     shift: bool | None = None  # True: the logits at i-1 denoise position i (the AR head's meaning)
     converted_from: str | None = None
+    # Tokenizer.fingerprint of the tokenizer it was trained with (training.save_checkpoint, convert.py); when
+    # config.json has none (older checkpoints, downloaded ones), load_config computes it from the tokenizer files
+    tokenizer_sha256: str | None = None
+    path: str | None = field(default=None, repr=False, compare=False)  # the directory it was read from; not saved
     extra: dict = field(default_factory=dict, repr=False)  # other config.json keys, kept on save
 
     @classmethod
@@ -71,7 +80,7 @@ class Qwen3Config:
             raise ValueError(f"{source}: hidden_act={d['hidden_act']!r}, Qwen3 uses 'silu'")
         if "dtype" in d:  # transformers 5.x name
             d["torch_dtype"] = d.pop("dtype")
-        names = {f.name for f in fields(cls)} - {"extra"}
+        names = {f.name for f in fields(cls)} - {"extra", "path"}
         cfg = cls(**{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names})
         cfg.validate(source)
         return cfg
@@ -87,7 +96,7 @@ class Qwen3Config:
             raise ValueError(f"{source}: mask_token_id {self.mask_token_id} outside the {self.vocab_size} embedding rows")
 
     def to_dict(self):
-        d = {k: v for k, v in asdict(self).items() if k != "extra"}
+        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "path")}
         d["dtype"] = d["torch_dtype"]  # transformers 5.x reads "dtype", 4.x "torch_dtype"
         d["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}  # 5.x; 4.x reads rope_theta
         hf = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu",
@@ -403,30 +412,27 @@ class Qwen3(nn.Module):
             model.lm_head.weight = model.model.embed_tokens.weight
         return model
 
-    def save_pretrained(self, path, metadata=None):
+    def save_pretrained(self, path, metadata=None, *, dtype=None):
         """Write config.json + model.safetensors in Hugging Face's layout, each file atomically.
-        `metadata` (str -> str) goes into the safetensors header (training scripts store the step there)."""
+        `metadata` (str -> str) goes into the safetensors header (training scripts store the step there).
+        dtype: the dtype the weights are stored in (default: the parameters'); config.json's torch_dtype names it."""
         from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        dtype = dtype or next(self.parameters()).dtype
+        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
         if self.config.tie_word_embeddings:
             del state["lm_head.weight"]
-        self.config.torch_dtype = str(next(self.parameters()).dtype).removeprefix("torch.")
+        self.config.torch_dtype = str(dtype).removeprefix("torch.")
         atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata={"format": "pt", **(metadata or {})}))
         if (path / "model.safetensors.index.json").exists():
             os.remove(path / "model.safetensors.index.json")  # a stale shard index would shadow the new file
         save_config(self.config, path)
 
 
-def atomic_write(path, write):
-    """write(tmp_name) then rename: a crash never leaves a half-written file under the real name."""
-    tmp = f"{path}.tmp"
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def load_config(path):
+    """config.json of a checkpoint directory, with `path` set and `tokenizer_sha256` computed from the directory's
+    tokenizer files when config.json does not record it."""
     f = Path(path) / "config.json"
     if not f.is_file():
         raise FileNotFoundError(f"{f} not found: expected a Hugging Face Qwen3 checkpoint directory")
@@ -434,7 +440,11 @@ def load_config(path):
         d = json.loads(f.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{f}: not valid JSON ({e})") from None
-    return Qwen3Config.from_dict(d, source=str(f))
+    config = Qwen3Config.from_dict(d, source=str(f))
+    config.path = str(path)
+    if config.tokenizer_sha256 is None:  # a checkpoint written before fingerprints were recorded, or downloaded
+        config.tokenizer_sha256 = tokenizer.fingerprint_of(path)  # None when the directory holds no tokenizer
+    return config
 
 
 def save_config(config, path):
@@ -442,14 +452,63 @@ def save_config(config, path):
     atomic_write(Path(path) / "config.json", lambda f: Path(f).write_text(text))
 
 
+# bytes per element of the safetensors dtypes
+SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                      "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def safetensors_names(f):
+    """The tensor names in a safetensors file, after checking its header against the file without reading the
+    tensors: 8 bytes of header length, a JSON header, each tensor's byte range as long as its dtype and shape
+    need, and the ranges ending exactly at the end of the file (a truncated copy fails here)."""
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else size
+        if 8 + n > size:
+            raise ValueError(f"{f}: truncated or not a safetensors file ({size:,} bytes, shorter than its header)")
+        try:
+            header = json.loads(fh.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{f}: not a safetensors file (its header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{f}: not a safetensors file (its header is not a JSON object)")
+    header.pop("__metadata__", None)
+    end = 0
+    for name, t in header.items():
+        try:
+            begin, stop = t["data_offsets"]
+            need = math.prod(t["shape"]) * SAFETENSORS_DTYPES.get(t["dtype"], 0)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{f}: malformed safetensors header entry for {name!r}") from None
+        if stop < begin or (need and stop - begin != need):
+            raise ValueError(f"{f}: {name} takes bytes {begin}..{stop} but its {t['dtype']} {t['shape']} needs {need}")
+        end = max(end, stop)
+    if 8 + n + end != size:
+        raise ValueError(f"{f}: the header describes {8 + n + end:,} bytes but the file has {size:,}: "
+                         f"truncated or corrupt; copy it again")
+    return set(header)
+
+
 def weight_files(path):
+    """The safetensors files of a checkpoint (one, or the shards its model.safetensors.index.json names), each
+    checked by safetensors_names, and the index checked against the shards: ValueError naming the bad file."""
+    path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [path / s for s in shards]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            shards = {s: {k for k, v in weight_map.items() if v == s} for s in set(weight_map.values())}
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{index}: not a valid shard index (JSON with a weight_map)") from None
     else:
-        files = [path / "model.safetensors"]
-    for f in files:
+        shards = {"model.safetensors": set()}
+    files = []
+    for s, names in sorted(shards.items()):
+        f = path / s
         if not f.is_file():
             raise FileNotFoundError(f"{f} not found: no weights in {path}")
+        if missing := names - safetensors_names(f):
+            raise ValueError(f"{index} places {sorted(missing)[:3]} in {f}, which does not hold them")
+        files.append(f)
     return files

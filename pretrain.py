@@ -70,7 +70,7 @@ if __name__ == "__main__":
     vocab = dict(vocab_size=-(-(tok.mask_id + 1) // 64) * 64, bos_token_id=tok.eos_id, eos_token_id=tok.eos_id)
     model, state, start = training.resume_or_start(
         out_dir, args.resume, device, gen,
-        lambda: (Qwen3.from_pretrained(args.init, device=device, dtype=torch.float32) if args.init
+        lambda: (training.load_model(args.init, device, "pretrain: --init", attn="causal") if args.init
                  else Qwen3(preset(args.preset, **vocab)).init_weights(args.seed).to(device)))
     tok = training.load_tokenizer(args.data, model.config)
     if model.config.attn != "causal":

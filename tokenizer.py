@@ -18,8 +18,12 @@ What is notable here:
   data.py on the standard library); `Tokenizer.byte_level()` is the 259-id byte tokenizer (the tests' micro
   models). `save_pretrained` writes Hugging Face files (atomically) that `transformers` loads unchanged,
   with the merges a learnt vocabulary needs to give tiktoken's ids.
+- `fingerprint` is a sha256 of what decides the ids (not of a file); datasets and checkpoints record it, so that
+  training refuses a model and data tokenized differently.
 """
 import collections
+import functools
+import hashlib
 import json
 import operator
 import re
@@ -65,10 +69,26 @@ def bytes_to_unicode():
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def _atomic_write(path, data):
+def atomic_write(path, write):
+    """write(tmp_name), then rename over path: a crash or an error never leaves a half-written file under the real
+    name (nor the temporary one: it is removed on failure). The project's one atomic writer (weights, configs,
+    tokenizers, train state, logs); it lives here because this module does not import torch."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def fingerprint_of(directory):
+    """The fingerprint (Tokenizer.fingerprint) of the tokenizer saved in a directory, or None when it holds none
+    that can be read; for checkpoints and datasets written before fingerprints were recorded."""
+    try:
+        return Tokenizer.from_pretrained(directory).fingerprint
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 class Tokenizer:
@@ -248,11 +268,11 @@ class Tokenizer:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         fname, data = self._source or ("tokenizer.json", json.dumps(self._hf_json(), indent=2).encode())
-        _atomic_write(d / fname, data)
+        atomic_write(d / fname, lambda f: Path(f).write_bytes(data))
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
         if EOS in self._special:
             config["eos_token"] = EOS
-        _atomic_write(d / "tokenizer_config.json", json.dumps(config, indent=2).encode())
+        atomic_write(d / "tokenizer_config.json", lambda f: Path(f).write_text(json.dumps(config, indent=2)))
 
     def _hf_json(self):
         """A tokenizer.json for a vocabulary made here (byte-level or trained by `train`). The merges are
@@ -340,6 +360,18 @@ class Tokenizer:
         if EOS not in self._special:
             raise ValueError(f"{self.name} has no {EOS} token")
         return self._special[EOS]
+
+    @functools.cached_property
+    def fingerprint(self):
+        """sha256 (hex) of everything that decides the ids: the pre-tokenisation regex, NFC, every (id, token bytes)
+        and every added token (id, text, special?). The same tokenizer read from tokenizer.json or a .tiktoken, or
+        saved with other formatting, has the same fingerprint. Datasets (meta.json) and checkpoints (config.json)
+        record it, and training refuses a model and data tokenized differently."""
+        added = sorted((i, text, special) for text, (i, special) in self._added.items())
+        h = hashlib.sha256(json.dumps([self._pattern, self.nfc, added]).encode())
+        for token, i in sorted(self._ranks.items(), key=operator.itemgetter(1)):
+            h.update(i.to_bytes(4, "little") + len(token).to_bytes(2, "little") + token)  # length-prefixed: unambiguous
+        return h.hexdigest()
 
     @property
     def special_tokens(self):

@@ -4,15 +4,25 @@ so each method's script keeps only its algorithm:
 
 - device / precision set-up: bf16 autocast on CUDA, fp32 on CPU, TF32 matmuls, seeded RNGs;
 - AdamW with decoupled weight decay on matrices only, and a warmup + cosine learning-rate schedule;
-- checkpoints that are a Hugging Face directory (config.json, model.safetensors, tokenizer) plus
-  train_state.pt (optimizer, step, RNG states), every file written atomically, so `--resume`
-  continues a killed run and reaches the same losses as an uninterrupted one;
+- checkpoints that are a Hugging Face directory (config.json, model.safetensors in --save_dtype, tokenizer) plus
+  train_state.pt (optimizer, step, RNG states, and the fp32 weights when --save_dtype rounds them), every file
+  written atomically, so `--resume` continues a killed run and reaches the same losses as an uninterrupted one;
 - a JSONL log, a NaN/inf guard that names the step, and MFU against the GPU's bf16 peak.
+
+Bad input ends a run with one line, not a traceback, and loses nothing:
+- a model and data (or a teacher and its student) tokenized differently are refused, by the tokenizer fingerprints
+  datasets and checkpoints record (Tokenizer.fingerprint), and no checkpoint's tokenizer is ever overwritten;
+- `load_model(..., attn="causal")` refuses a checkpoint of another kind (a DLM passed as the AR teacher);
+- `--resume` refuses settings that differ from the checkpoint's (RESUMABLE ones aside) and cuts log.jsonl back to
+  the checkpoint's step; Ctrl-C prints where the run stopped and the checkpoint `--resume` continues from.
+The scripts need not pass anything for this: the run's settings, its last logged step and its last checkpoint are
+kept in RUN by parse_loop_args, resume_or_start, Log and save_checkpoint.
 """
 import contextlib
 import json
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -20,8 +30,16 @@ import numpy as np
 import torch
 
 import data
-from model import Qwen3, atomic_write
-from tokenizer import Tokenizer
+from model import Qwen3, atomic_write, load_config
+from tokenizer import Tokenizer, fingerprint_of
+
+# This process's training run so far: its settings (parse_loop_args), output directory, the next step to run (Log,
+# resume_or_start) and the step of the last checkpoint written or resumed from (save_checkpoint, resume_or_start).
+RUN = dict(args=None, out_dir=None, step=None, checkpoint=None)
+# Settings a resumed run may change: how long, where and how fast it runs, what it prints; not what a step computes.
+RESUMABLE = {"max_iters", "resume", "allow_changed_settings", "device", "compile", "grad_checkpoint", "seed",
+             "eval_interval", "eval_batches", "samples", "sample_len", "save_dtype", "out_dir", "init"}
+SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def add_loop_args(p, **defaults):
@@ -37,23 +55,39 @@ def add_loop_args(p, **defaults):
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
+    p.add_argument("--allow_changed_settings", action="store_true",
+                   help="--resume even where settings differ from the checkpoint's (the new values are used)")
+    p.add_argument("--save_dtype", default="auto", choices=SAVE_DTYPES,
+                   help="dtype of the saved weights; auto: the dtype the model was stored in (bfloat16 for Qwen3, "
+                        "float32 for the tiny presets); train_state.pt keeps fp32 weights for an exact --resume")
 
 
 def parse_loop_args(p):
+    """The parsed flags, checked; also kept in RUN as the run's settings (for --resume and save_checkpoint)."""
     args = p.parse_args()
     for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "lr", "eval_interval", "eval_batches"):
         if getattr(args, name) <= 0:
             p.error(f"--{name} must be positive")
+    RUN.update(args=args, out_dir=None, step=None, checkpoint=None)
     return args
 
 
 def setup(device="auto", seed=1337):
-    """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there)."""
+    """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there).
+    Also installs the Ctrl-C message (interrupted) in place of a KeyboardInterrupt traceback."""
+    sys.excepthook = interrupted
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise SystemExit(f"--device {device}: not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise SystemExit(f"--device {device}: not supported; use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda requested but no CUDA device is available")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise SystemExit(f"--device {device}: there are only {torch.cuda.device_count()} CUDA devices")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -100,21 +134,70 @@ def set_lr(opt, step, args):
 
 def check_finite(loss, step, out_dir):
     if not torch.isfinite(loss):
-        raise SystemExit(f"loss is {loss.item()} at step {step}: stopping. The last good checkpoint is in {out_dir} "
-                         f"(try a lower --lr, or --grad_clip).")
+        last = RUN["checkpoint"]
+        where = "no checkpoint was written" if last is None else f"the last good checkpoint is step {last} in {out_dir}"
+        raise SystemExit(f"loss is {loss.item()} at step {step}: stopping; {where} (try a lower --lr, or --grad_clip).")
 
 
-def load_splits(data_dir, who):
-    """(train, val) token arrays of a prepared dataset, or a one-line exit naming the script and the problem."""
+def interrupted(kind, value, tb):
+    """sys.excepthook (setup): Ctrl-C ends a run with one line saying where it stopped and how to continue."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return sys.__excepthook__(kind, value, tb)
+    at = "" if RUN["step"] is None else f" at step {RUN['step']}"
+    if RUN["checkpoint"] is None:
+        rest = ", before the first checkpoint: nothing to resume" if RUN["step"] is not None else ""
+    else:
+        rest = f"; the last checkpoint is step {RUN['checkpoint']} in {RUN['out_dir']}: rerun with --resume"
+    print(f"{Path(sys.argv[0]).name}: interrupted{at}{rest}", file=sys.stderr)
+
+
+def same_tokenizer(fp, where, want, want_where, fix):
+    """Exit with one line naming both sides when two tokenizer fingerprints differ (None: unknown, not refused)."""
+    if None not in (fp, want) and fp != want:
+        raise SystemExit(f"tokenizer mismatch: {where} (sha256 {fp[:12]}) vs {want_where} (sha256 {want[:12]}); {fix}")
+
+
+def described(config):
+    """-> ("the model DIR", DIR) for messages; DIR is a placeholder for a model not read from a directory."""
+    return (f"the model {config.path}", config.path) if config.path else ("the model", "MODEL_DIR")
+
+
+def prepare_with(model_dir):
+    return f"prepare the data with the model's tokenizer: python data.py --tokenizer {model_dir} --out_dir DIR"
+
+
+def load_splits(data_dir, who, *, like=None):
+    """(train, val) token arrays of a prepared dataset, or a one-line exit naming the script and the problem: a
+    missing or inconsistent dataset, a split not longer than the run's --seq_len, or data tokenized with another
+    tokenizer than the model `like` was trained with."""
     try:
-        return data.load_split(data_dir, "train"), data.load_split(data_dir, "val")
+        splits = data.load_split(data_dir, "train"), data.load_split(data_dir, "val")
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"{who}: {e}")
+    seq_len = getattr(RUN["args"], "seq_len", None)
+    for name, split in zip(("train", "val"), splits):
+        if seq_len is not None and len(split) <= seq_len:
+            raise SystemExit(f"{who}: the {name} split of {data_dir} has {len(split):,} tokens, not more than "
+                             f"--seq_len {seq_len}; use a smaller --seq_len (or more data)")
+    if like is not None:
+        model, model_dir = described(like.config)
+        same_tokenizer(fingerprint_of(data_dir), f"{who}: the data {data_dir}", like.config.tokenizer_sha256, model,
+                       prepare_with(model_dir))
+    return splits
 
 
 def load_tokenizer(path, config):
-    """The tokenizer saved with a checkpoint (or a dataset), checked against the model's embedding rows."""
-    tok = Tokenizer.from_pretrained(path)
+    """The tokenizer saved with a checkpoint (or a dataset), checked against the model: its embedding rows, its mask
+    token, and the tokenizer the model was trained with (config.tokenizer_sha256); a one-line exit otherwise."""
+    try:
+        tok = Tokenizer.from_pretrained(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"tokenizer: {e}")
+    if config.path is not None and Path(path).resolve() == Path(config.path).resolve():  # the checkpoint's own
+        same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", config.tokenizer_sha256,
+                       "its config.json", "they were replaced after the checkpoint was saved; restore them")
+    model, model_dir = described(config)
+    same_tokenizer(tok.fingerprint, str(path), config.tokenizer_sha256, model, prepare_with(model_dir))
     if tok.vocab_size > config.vocab_size:
         raise SystemExit(f"tokenizer in {path} uses {tok.vocab_size} ids but the model has only "
                          f"{config.vocab_size} embedding rows: they do not belong together")
@@ -125,31 +208,86 @@ def load_tokenizer(path, config):
 
 # ---- checkpoints ---------------------------------------------------------------------------------
 
+def save_dtype(config, args):
+    """The dtype checkpoints are stored in: --save_dtype, or (auto) the model's stored dtype (config.torch_dtype:
+    bfloat16 for Qwen3, float32 for the tiny presets; float32 when it names no floating dtype)."""
+    name = getattr(args, "save_dtype", "auto")
+    name = config.torch_dtype if name == "auto" else name
+    dtype = getattr(torch, str(name), None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
 def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None):
-    """Weights first, then the train state naming the same step: a crash between the two is detected."""
+    """Weights first, then the train state naming the same step: a crash between the two is detected.
+    Nothing at step 0 of a run longer than one step (those are the weights it started from). The weights are stored
+    in save_dtype(); when that rounds them, train_state.pt also holds them in fp32, so --resume is exact. The
+    tokenizer must be the model's own (config.tokenizer_sha256, recorded here for a new model) and that of any
+    checkpoint already in out_dir: a checkpoint's tokenizer is never replaced."""
+    args = RUN["args"]
+    if step == 0 and args is not None and args.max_iters > 1:
+        return
     out_dir = Path(out_dir)
-    model.save_pretrained(out_dir, metadata={"step": str(step)})
+    fix = "a checkpoint keeps the tokenizer it was trained with; use data prepared with it, or another --out_dir"
+    same_tokenizer(tokenizer.fingerprint, "the tokenizer being saved", model.config.tokenizer_sha256, "the model", fix)
+    same_tokenizer(tokenizer.fingerprint, "the tokenizer being saved", fingerprint_of(out_dir), str(out_dir), fix)
+    model.config.tokenizer_sha256 = tokenizer.fingerprint
+    dtype = save_dtype(model.config, args)
+    model.save_pretrained(out_dir, metadata={"step": str(step)}, dtype=dtype)
     tokenizer.save_pretrained(out_dir)
+    weights = None
+    if dtype != torch.float32:  # the stored weights are rounded: keep the exact ones for --resume
+        weights = {k: v for k, v in model.state_dict().items()
+                   if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
     state = dict(step=step, optimizer=optimizer.state_dict(), gen=gen.get_state(), torch_rng=torch.get_rng_state(),
                  cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                 extra=extra or {})
+                 extra=extra or {}, weights=weights)
     atomic_write(out_dir / "train_state.pt", lambda f: torch.save(state, f))
+    RUN.update(out_dir=out_dir, checkpoint=step)
+
+
+def changed_settings(saved, args):
+    """{name: (saved, now)} of the settings in which this run differs from the checkpoint's extra=vars(args) (or
+    extra=dict(args=vars(args), ...)), RESUMABLE ones and settings only one side has aside."""
+    saved = saved.get("args", saved) if isinstance(saved.get("args"), dict) else saved
+    now = vars(args)
+    return {k: (saved[k], now[k]) for k in sorted(saved.keys() & now.keys() - RESUMABLE) if saved[k] != now[k]}
 
 
 def resume_or_start(out_dir, resume, device, gen, fresh):
     """-> (model, train state or None, first step). --resume: the run in out_dir, its batch/mask generator
-    restored; otherwise fresh() (the new model), refusing an out_dir that already holds a checkpoint."""
+    restored, refused when the run's settings (RUN) differ from the checkpoint's (unless --allow_changed_settings);
+    otherwise fresh() (the new model), refusing an out_dir that already holds a checkpoint."""
+    RUN.update(out_dir=out_dir, step=0)
     if resume:
         model, state = load_checkpoint(out_dir, device)
+        args = RUN["args"]
+        if args is not None and not args.allow_changed_settings and (diff := changed_settings(state["extra"], args)):
+            changes = ", ".join(f"--{k} {a} (now {b})" for k, (a, b) in diff.items())
+            raise SystemExit(f"--resume: the run in {out_dir} was made with {changes}; rerun with its settings, or "
+                             f"pass --allow_changed_settings to continue with the new ones")
         gen.set_state(state["gen"])
+        RUN.update(step=state["step"] + 1, checkpoint=state["step"])
         return model, state, state["step"] + 1
     if (Path(out_dir) / "model.safetensors").exists():
         raise SystemExit(f"{out_dir} already holds a checkpoint: pass --resume to continue it, or another --out_dir")
     return fresh(), None, 0
 
 
-def load_model(path, device, what):
-    """A Qwen3 checkpoint in fp32 (the training scripts' weights), or a one-line exit naming what it is for."""
+def load_model(path, device, what, *, attn=None, like=None):
+    """A Qwen3 checkpoint in fp32 (the training scripts' weights), or a one-line exit naming what it is for.
+    attn: the attention mode it must have ("causal": an AR model, e.g. a teacher); like: a model whose tokenizer it
+    must share (a teacher's student). Both are checked before the weights are read."""
+    try:
+        config = load_config(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"{what} {path}: {e}")
+    if attn is not None and config.attn != attn:
+        source = f" (it was converted from {config.converted_from})" if config.converted_from else ""
+        raise SystemExit(f"{what} {path} has attn={config.attn!r}, but an attn={attn!r} checkpoint is needed{source}; "
+                         f"pass {'the AR checkpoint' if attn == 'causal' else f'a {attn} one'}")
+    if like is not None:
+        same_tokenizer(config.tokenizer_sha256, f"{what} {path}", like.config.tokenizer_sha256,
+                       described(like.config)[0], "pass a checkpoint with the same tokenizer")
     try:
         return Qwen3.from_pretrained(path, device=device, dtype=torch.float32)
     except (FileNotFoundError, ValueError) as e:
@@ -171,23 +309,42 @@ def load_checkpoint(out_dir, device):
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return Qwen3.from_pretrained(out_dir, device=device, dtype=torch.float32), state
+    model = Qwen3.from_pretrained(out_dir, device=device, dtype=torch.float32)
+    if state.get("weights") is not None:  # the exact fp32 weights behind rounded stored ones (save_checkpoint)
+        model.load_state_dict(state["weights"], strict=not model.config.tie_word_embeddings)
+    return model, state
 
 
 class Log:
-    """One JSON object per line in out_dir/log.jsonl (appended, so a resumed run continues the file)."""
+    """One JSON object per line in out_dir/log.jsonl. A resumed run continues the file, first cut back (atomically) to
+    the records up to the checkpoint's step, so the steps after it are not logged twice. Each record's step is
+    also RUN's, for the Ctrl-C message."""
 
     def __init__(self, out_dir, resume):
         self.path = Path(out_dir) / "log.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
             self.path.write_text("")
+        elif self.path.exists() and RUN["checkpoint"] is not None:
+            keep = [line for line in self.path.read_text().splitlines(keepends=True)
+                    if logged_step(line) <= RUN["checkpoint"]]
+            atomic_write(self.path, lambda f: Path(f).write_text("".join(keep)))
         self.t0 = time.time()
 
     def __call__(self, **rec):
         rec["time"] = round(time.time() - self.t0, 3)
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
+        if "step" in rec:
+            RUN["step"] = rec["step"] + 1
+
+
+def logged_step(line):
+    """The step of a log.jsonl line: -1 for a record without one, inf for a line cut off by a kill."""
+    try:
+        return json.loads(line).get("step", -1)
+    except json.JSONDecodeError:
+        return math.inf
 
 
 def peak_flops(device):

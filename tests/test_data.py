@@ -112,10 +112,10 @@ def test_tiny_corpus_gets_both_splits(tmp_path, monkeypatch):
     # the document that is moved does not depend on listing order
     src = make_corpus(tmp_path / "src5", {f"{c}.txt": f"doc {c}\n" for c in "abcde"})
     for frac in (0.0001, 0.9999):
-        data.prepare(str(tmp_path / "f"), str(src), val_fraction=frac)
+        data.prepare(str(tmp_path / "f"), str(src), val_fraction=frac, overwrite=True)  # another split: another BPE
         with monkeypatch.context() as m:
             m.setattr(data.os, "walk", reversed_walk)
-            data.prepare(str(tmp_path / "r"), str(src), val_fraction=frac)
+            data.prepare(str(tmp_path / "r"), str(src), val_fraction=frac, overwrite=True)
         f, r = split_texts(tmp_path / "f"), split_texts(tmp_path / "r")
         assert {s: set(t) for s, t in f.items()} == {s: set(t) for s, t in r.items()}
 
@@ -161,7 +161,7 @@ def test_interrupted_finish_leaves_no_meta(tmp_path, monkeypatch):
         raise RuntimeError("disk full")
     monkeypatch.setattr(data.Tokenizer, "save_pretrained", boom)
     with pytest.raises(RuntimeError):
-        data.prepare(str(out), src, val_fraction=0.5)
+        data.prepare(str(out), src, val_fraction=0.5, overwrite=True)
     assert not (out / "meta.json").exists() and not list(out.glob("*.tmp"))
     with pytest.raises(FileNotFoundError, match="missing meta.json"):
         data.load_split(str(out), "train")
