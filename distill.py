@@ -166,6 +166,8 @@ def distill_loss(student, teacher, x, lens, P, masked, *, eos_id, vocab_size, di
     sel = masked & valid_positions(x[:, P:], eos_id, train_eos)  # (B, N)
     t = teacher_logits(teacher, x, real, pos, P, sel)[:, :vocab_size]
     xt = x[:, P:].masked_fill(masked, student.config.mask_token_id)
+    # The student's denoiser: by definition one forward per block over [prompt, x0_<b, xt_b] (per_block_logits);
+    # the same in one forward over [prompt, x0, xt] (block_logits, FlexAttention on CUDA) is what trains.
     if vectorised:
         s = block_logits(student, x, xt, sel, P=P, real=real, pos=pos, flex=x.is_cuda)
     else:
