@@ -42,7 +42,7 @@ Example: python bench.py --what sample --ckpt out/ar-tiny
 the teacher a second copy), batch --batch_size, 16-token prompts, a --seq_len-token rollout at threshold 0.9,
 temperature 1.0, no end-of-sequence token: the time of the rollout, the teacher's forward and the student's
 update (forward, backward, AdamW). Then, on one rollout batch, the vectorised student forward over
-[prompt, x0, xt] against the one-forward-per-block reference (distill.per_block_logits), interleaved, with
+[prompt, x0, xt] against the one-forward-per-block reference (diffusion.per_block_logits), interleaved, with
 their losses (equal up to rounding). Random weights commit one token per round, so the rollout is the slowest
 case (seq_len forwards). On a GPU: `python bench.py --what distill --preset qwen3-0.6b --seq_len 512
 --batch_size 1` (issue 6's Qwen3-0.6B shape, rollout 512).
@@ -316,6 +316,7 @@ def bench_align(args, device, dtype):
 def bench_distill(args, device, dtype):
     """One distill.py iteration (rollout, teacher forward, student forward + backward + AdamW) with its time
     split, then the vectorised student forward against the per-block reference on one batch, interleaved."""
+    import diffusion
     import distill
     from training import configure_optimizer
     B, N, bs = args.batch_size, args.seq_len, 4
@@ -327,7 +328,7 @@ def bench_distill(args, device, dtype):
     opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
     g = torch.Generator(device).manual_seed(0)
     items = [(torch.randint(0, tok.vocab_size, (16,), generator=g, device=device).tolist(), []) for _ in range(B)]
-    got, t_teach, teacher_logits, train_mask = {}, [0.0], distill.teacher_logits, distill.train_mask
+    got, t_teach, teacher_logits, train_mask = {}, [0.0], distill.teacher_logits, diffusion.train_mask
 
     def timed_teacher(*a, out=[]):  # distill_loss calls it by its module-level name
         t_teach[0] += timeit(lambda: out.append(teacher_logits(*a)), 0, 1)
@@ -336,12 +337,14 @@ def bench_distill(args, device, dtype):
 
     def rollout():
         student.eval()
-        got["batch"] = distill.make_batch(student, items, N, hp, g, tok, "on")[:4]  # x, lens, P, masked
+        got["batch"] = distill.make_batch(student, items, N, "on", g, eos_id=tok.eos_id, vocab_limit=tok.vocab_size,
+                                          threshold=hp.threshold, temperature=hp.temperature)[:4]  # x, lens, P, masked
         student.train()
 
     def loss_of(batch, v=True):  # v: True (vectorised), False (per block), "dense" (vectorised, dense mask on CUDA)
-        distill.train_mask = (lambda real, N, bs, flex: train_mask(real, N, bs)) if v == "dense" else train_mask
-        return distill.distill_loss(student, teacher, *batch, hp, tok, vectorised=bool(v))[0]
+        diffusion.train_mask = (lambda real, N, bs, flex: train_mask(real, N, bs)) if v == "dense" else train_mask
+        return distill.distill_loss(student, teacher, *batch, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
+                                    vectorised=bool(v))[0]
 
     def update(batch, v=True):
         loss = loss_of(batch, v)
@@ -369,7 +372,7 @@ def bench_distill(args, device, dtype):
             t = timeit(lambda: update(batch, v), 0, 1)
             if i >= args.warmup:
                 t_vec[v].append(t - t_teach[0])  # the student's part: the teacher's forward is the same in both
-    distill.teacher_logits, distill.train_mask = teacher_logits, train_mask
+    distill.teacher_logits, diffusion.train_mask = teacher_logits, train_mask
     med = {k: statistics.median(v) for k, v in split.items()}
     total = sum(med.values())
     print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}; preset {args.preset}, random weights")

@@ -1,8 +1,10 @@
 """
-The masked-diffusion objective (methods.md §1), shared by align.py, eval.py and merge.py.
+The masked-diffusion objective (methods.md §1), shared by align.py, distill.py, eval.py and merge.py, and the
+block-diffusion (BD3-LM) forward that scores and trains block DLMs.
 
     xt, masked, t = corrupt(x0, mask_id, shift, generator)        # t ~ U(eps, 1-eps) per sequence
     loss = diffusion_loss(model, x0, xt, masked, t, norm="mean")   # or "elbo"
+    nats = nelbo(model, x0, generator)                             # one draw of -ELBO/token (BD3-LM's for blocks)
 
 What is notable here:
 - The shift convention lives in one place, `denoiser_rows`: a shifted DLM's prediction for a masked
@@ -10,6 +12,18 @@ What is notable here:
   no prediction (there are no logits at -1), so it is never masked: it is context, like a prompt token.
 - `masked_logits` applies lm_head only to the rows that denoise a masked token: with Qwen3's 152k-row
   head, the full (B, T, V) logits would dwarf everything else in memory.
+- A block DLM (config.attn == "block") denoises block b given the CLEAN blocks before it: the state its
+  sampler and distill.py's training visit. So it is scored that way, not on the corrupted window at once.
+  By definition that is one forward per block over [x0_<b, xt_b] under the plain block rule
+  (`per_block_logits`); `block_logits` is the same in one forward over [x0, xt] (BD3-LM's vectorised
+  training): the clean stream is block-causal, the noisy copy of block b sees the clean blocks < b and
+  itself (`train_rule`, one FlexAttention mask_mod, also evaluated densely). distill.py trains with it over
+  [prompt, x0, xt]; diffusion_loss, nelbo and fixed_mask_eval use it with no prompt (P = 0).
+- The BD3-LM bound: -log p(x0) <= Σ_b E_{t_b, M_b}[Σ_{i∈M_b} CE_i / t_b], each block's term the
+  masked-diffusion ELBO of that block given the clean earlier ones. t is drawn per (sequence, block)
+  (corrupt(block_size=...)), as BD3-LM does. One t per sequence shared by its blocks is an equally valid
+  bound (each term keeps its expectation), but the blocks' terms then move together (a larger t raises the
+  masked CE of every block) and the sum has the larger variance; independent t_b keep them uncorrelated.
 - Every random draw comes from the generator passed in, so a reseeded generator gives identical masks
   (evaluation scores every checkpoint on the same corruptions).
 """
@@ -17,6 +31,9 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask
+
+from sample import attend
 
 NORMS = ("mean", "elbo")
 
@@ -31,17 +48,27 @@ def maskable(B, T, shift, prompt_lens=None, device=None):
     return ok
 
 
-def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=None):
-    """-> xt (B, T), masked (B, T) bool, t (B,). Per sequence t ~ U(eps, 1-eps) (or the given t: a float or
-    (B,)); each maskable token is replaced by mask_id independently with probability t."""
+def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=None, *, block_size=None):
+    """-> xt (B, T), masked (B, T) bool, t. Per sequence t ~ U(eps, 1-eps) (or the given t: a float or (B,)),
+    returned as (B,); with block_size, per (sequence, block) (BD3-LM; block g holds positions g·bs..g·bs+bs-1;
+    a given t: a float or (B, n_blocks)), returned per position, (B, T). Each maskable token is replaced by
+    mask_id independently with probability t (its block's)."""
     B, T = x0.shape
     gdev = generator.device if generator is not None else torch.device("cpu")
+    shape = (B, -(-T // block_size)) if block_size else (B,)
     if t is None:
-        t = eps + (1 - 2 * eps) * torch.rand(B, generator=generator, device=gdev)  # t ~ U(eps, 1 - eps)
-    t = torch.as_tensor(t, dtype=torch.float32, device=gdev).expand(B)
+        t = eps + (1 - 2 * eps) * torch.rand(shape, generator=generator, device=gdev)  # t ~ U(eps, 1 - eps)
+    t = torch.as_tensor(t, dtype=torch.float32, device=gdev).expand(shape)
+    if block_size:
+        t = t.repeat_interleave(block_size, 1)[:, :T]  # (B, T): each position its block's t
     u = torch.rand(B, T, generator=generator, device=gdev)
-    masked = (u < t[:, None]).to(x0.device) & maskable(B, T, shift, prompt_lens, x0.device)  # P(masked) = t
+    masked = (u < per_position(t)).to(x0.device) & maskable(B, T, shift, prompt_lens, x0.device)  # P(masked) = t
     return torch.where(masked, torch.full_like(x0, mask_id), x0), masked, t.to(x0.device)
+
+
+def per_position(t):
+    """t (B,) per sequence -> (B, 1); t (B, T) per position stays: broadcastable to (B, T)."""
+    return t[:, None] if t.dim() == 1 else t
 
 
 def denoiser_rows(masked, shift):
@@ -54,15 +81,100 @@ def denoiser_rows(masked, shift):
     return F.pad(masked[:, 1:], (0, 1), value=False)
 
 
-def masked_logits(model, xt, masked, attn=None, shift=None, output_hidden_states=False):
+# ---- block diffusion: block b given the clean blocks before it -----------------------------------------------
+
+def layout(lens, P, L):
+    """-> real (B, L) (slot holds a token, not a left pad) and RoPE positions (B, L), as sample.prepare:
+    prompts of lens (B,) tokens left-padded to P."""
+    rel = torch.arange(L, device=lens.device) - (P - lens)[:, None]
+    return rel >= 0, rel.clamp(min=0)
+
+
+def per_block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None):
+    """The definition, one forward per block (the reference of tests and bench): x (B, P + N) the clean
+    [prompt, x0] (P a multiple of the block size), xt (B, N) a noisy copy of x0, sel (B, N) the positions to
+    read -> logits (n_sel, V) in row-major order: block b's from a forward over [prompt, x0_<b, xt_b] under the
+    plain block rule. real, pos: left pads and RoPE positions (layout; default none, the slot index)."""
+    B, L = x.shape
+    bs, shift = model.config.block_size, int(model.config.shift if shift is None else shift)
+    real = torch.ones_like(x, dtype=torch.bool) if real is None else real
+    pos = torch.arange(L, device=x.device).expand(B, L) if pos is None else pos
+    out = torch.zeros(sel.shape + (model.config.vocab_size,), device=x.device)
+    for s in range(P, L, bs):
+        e = min(s + bs, L)  # the block's slots
+        idx = torch.cat([x[:, :s], xt[:, s - P:e - P]], 1)  # [prompt, x0_<b, xt_b]
+        logits = model(idx, attn=attend("block", torch.arange(e, device=x.device), real[:, :e], bs), pos=pos[:, :e])
+        rows = (torch.arange(s, e, device=x.device) - shift).clamp(min=0)  # slot i - shift predicts slot i
+        out[:, s - P:e - P] = logits[:, rows].float()  # (under shift slot 0 has no prediction: never selected)
+    return out[sel]
+
+
+def train_rule(real, N, bs):
+    """The attention rule over [x, xt] (x = [prompt, x0]: L = P + N slots, P a multiple of bs; then the N noisy
+    slots) as a FlexAttention mask_mod: rule(b, h, q, k) says whether query slot q of row b may attend to key
+    slot k. Clean slot (< L): block-causal over the clean stream. Noisy slot of block g: the clean blocks < g
+    and the noisy slots of block g. Pads (real False) are hidden from every query, in both copies; a slot
+    always sees itself (so a pad query has a key)."""
+    L = real.shape[1]
+    key_real = torch.cat([real, real[:, L - N:]], 1)  # (B, L + N): a noisy slot is real where its clean one is
+
+    def rule(b, h, q, k):
+        q_noisy, k_noisy = q >= L, k >= L
+        q_blk = torch.where(q_noisy, q - N, q) // bs  # the noisy copy lives in the same blocks as the clean one
+        k_blk = torch.where(k_noisy, k - N, k) // bs
+        m = torch.where(q_noisy, torch.where(k_noisy, k_blk == q_blk, k_blk < q_blk), ~k_noisy & (k_blk <= q_blk))
+        return (m & key_real[b, k]) | (q == k)
+    return rule
+
+
+def train_mask(real, N, bs, *, flex=False):
+    """The rule of `train_rule` as a FlexAttention BlockMask (flex: only the 128 x 128 tiles the rule allows are
+    computed, no (T, T) tensor is kept) or as a dense (B, 1, T, T) bool tensor: the rule on the index grid."""
+    B, T, dev = real.shape[0], real.shape[1] + N, real.device
+    if flex:
+        return create_block_mask(train_rule(real, N, bs), B, None, T, T, device=dev)
+    i = torch.arange(T, device=dev)
+    return train_rule(real, N, bs)(torch.arange(B, device=dev)[:, None, None, None], None, i[:, None], i)
+
+
+def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, flex=False):
+    """The same as per_block_logits in one forward over [x, xt] (P + 2N slots) under `train_rule`, the noisy
+    copy at the RoPE positions of the clean one: -> logits (n_sel, V), row-major; lm_head on those rows only.
+    Under shift a block's first position is read at the clean slot before it (P + i - 1, which sees the clean
+    blocks < b, exactly what the sampler and the per-block forward read there), the others at noisy slot i - 1.
+    flex: attend through a FlexAttention BlockMask (CUDA training) instead of the dense mask."""
+    B, L = x.shape
+    N, bs, shift = L - P, model.config.block_size, int(model.config.shift if shift is None else shift)
+    if P % bs:
+        raise ValueError(f"the prompt length P={P} must be a multiple of the block size {bs}")
+    if shift and P == 0 and sel[:, 0].any():
+        raise ValueError("under shift, position 0 cannot be denoised (no logits at -1): it must not be masked")
+    real = torch.ones_like(x, dtype=torch.bool) if real is None else real
+    pos = torch.arange(L, device=x.device).expand(B, L) if pos is None else pos
+    mask = train_mask(real, N, bs, flex=flex)
+    h, _ = model.model(torch.cat([x, xt], 1), mask, None, False, torch.cat([pos, pos[:, P:]], 1))  # (B, L + N, C)
+    b, i = sel.nonzero(as_tuple=True)
+    first = (i % bs == 0) & bool(shift)
+    rows = torch.where(first, P + i - 1, L + i - shift)
+    return model.lm_head(h[b, rows])
+
+
+# ---- the losses ----------------------------------------------------------------------------------------------
+
+def masked_logits(model, xt, masked, attn=None, shift=None, output_hidden_states=False, *, x0=None):
     """-> logits (n_masked, V) for the masked positions in row-major order (row k predicts x0[masked][k]),
     and Hugging Face's hidden_states list when asked (else None). One forward; lm_head on n_masked rows only.
-    attn, shift: default the checkpoint's config."""
+    attn, shift: default the checkpoint's config. attn "block": BD3-LM, block b given the clean blocks before
+    it (block_logits over [x0, xt]: pass x0; no hidden states)."""
     c = model.config
     attn = c.attn if attn is None else attn
     shift = c.shift if shift is None else shift
     if shift is None:
         raise ValueError("the model's config has no `shift`: is it a DLM converted by convert.py?")
+    if isinstance(attn, str) and attn == "block":
+        if x0 is None or output_hidden_states:
+            raise ValueError("a block DLM is read over [x0, xt] (BD3-LM): pass x0; hidden states are not offered")
+        return block_logits(model, x0, xt, masked, shift=shift), None
     h, hidden = model.model(xt, attn, c.block_size, output_hidden_states)  # (B, T, C)
     return model.lm_head(h[denoiser_rows(masked, shift)]), hidden
 
@@ -70,15 +182,16 @@ def masked_logits(model, xt, masked, attn=None, shift=None, output_hidden_states
 def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None, prompt_lens=None,
                    extra_ce=False, output_hidden_states=False):
     """The masked-diffusion loss: -> scalar, or (scalar, hidden_states) with output_hidden_states.
+    t: (B,) per sequence or (B, T) per position (corrupt's). A block DLM is scored as BD3-LM (masked_logits).
     norm="mean": the mean cross-entropy over masked tokens (the REPR-ALIGN code).
     norm="elbo": sum over masked tokens of CE / t, divided by the number of tokens that can be masked
-        (T, or T-1 under shift, less the prompt), averaged over sequences (LLaDA/MDLM): the negative ELBO
-        in nats per token, an upper bound on -log p(x0) per token.
+        (T, or T-1 under shift, less the prompt), averaged over sequences (LLaDA/MDLM; BD3-LM for a block DLM):
+        the negative ELBO in nats per token, an upper bound on -log p(x0) per token.
     extra_ce: add the public REPR-ALIGN code's exp(-CE)·CE per masked token, exp(-CE) detached (the
         probability of the true token): its gradient is p·grad CE, i.e. confident tokens weigh up to twice."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-    logits, hidden = masked_logits(model, xt, masked, attn, shift, output_hidden_states)
+    logits, hidden = masked_logits(model, xt, masked, attn, shift, output_hidden_states, x0=x0)
     ce = F.cross_entropy(logits.float(), x0[masked], reduction="none")  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
     if extra_ce:
         ce = ce + torch.exp(-ce.detach()) * ce  # CE_i + sg(exp(-CE_i)) · CE_i
@@ -88,41 +201,52 @@ def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None,
         B, T = x0.shape
         shift = model.config.shift if shift is None else shift
         n_tok = maskable(B, T, shift, prompt_lens, x0.device).sum(1).clamp(min=1)  # (B,) tokens modelled
-        w = (1.0 / (t.float() * n_tok))[:, None].expand(B, T)[masked]  # 1 / (t_b · L_b) per masked token
-        loss = (ce * w).sum() / B  # L = (1/B) Σ_b (1/L_b) Σ_{i∈M_b} CE_{b,i} / t_b
+        w = (1.0 / (per_position(t.float()) * n_tok[:, None])).expand(B, T)[masked]  # 1 / (t_{b,i} · L_b) per token
+        loss = (ce * w).sum() / B  # L = (1/B) Σ_b (1/L_b) Σ_{i∈M_b} CE_{b,i} / t_{b,i}
     return (loss, hidden) if output_hidden_states else loss
+
+
+def nelbo(model, x0, generator, eps=1e-3):
+    """One Monte Carlo draw of the negative ELBO in nats per token (a scalar): t ~ U(eps, 1-eps) per sequence,
+    or per (sequence, block) for a block DLM (BD3-LM), masks from the generator; diffusion_loss(norm="elbo")."""
+    c = model.config
+    bs = c.block_size if c.attn == "block" else None
+    xt, masked, t = corrupt(x0, c.mask_token_id, c.shift, generator, eps, block_size=bs)
+    return diffusion_loss(model, x0, xt, masked, t, "elbo")
 
 
 def sequence_elbo(model, x0, masked, t, attn=None):
     """(B,) one draw of each sequence's ELBO term: -Σ_{i∈M_b} CE_{b,i} / t_b, for the given masks and rates (no
-    normalisation). With M drawn at rate t ~ U(0, 1) over a response alone, its mean over draws is the bound
-    log p(response | prompt) >= -E_{t,M}[Σ_{i∈M} CE_i / t] (LLaDA); merge.py's implicit rewards use it."""
+    normalisation; t (B,) or (B, T)). With M drawn at rate t ~ U(0, 1) over a response alone, its mean over draws
+    is the bound log p(response | prompt) >= -E_{t,M}[Σ_{i∈M} CE_i / t] (LLaDA); merge.py's implicit rewards use
+    it. A block DLM under attn "block" is read as BD3-LM (masked_logits)."""
     xt = torch.where(masked, torch.full_like(x0, model.config.mask_token_id), x0)
-    logits, _ = masked_logits(model, xt, masked, attn)
+    logits, _ = masked_logits(model, xt, masked, attn, x0=x0)
     ce = F.cross_entropy(logits.float(), x0[masked], reduction="none")  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
     rows = masked.nonzero()[:, 0]  # the sequence of each masked token, in masked_logits' row-major order
-    return -torch.zeros(x0.shape[0], device=x0.device).index_add(0, rows, ce / t.float()[rows])  # -Σ_{i∈M_b} CE_{b,i} / t_b
+    tm = per_position(t.float()).expand(x0.shape)[masked]  # each masked token's rate
+    return -torch.zeros(x0.shape[0], device=x0.device).index_add(0, rows, ce / tm)  # -Σ_{i∈M_b} CE_{b,i} / t_b
 
 
 @torch.no_grad()
 def fixed_mask_eval(model, batches, ctx=None, ratios=(0.15, 0.5, 0.9), seed=1234, elbo_eps=1e-3):
     """On fixed batches with fixed masks (one generator, seeded here, so every call and every checkpoint sees
     the same corruptions): masked-token accuracy and mean CE at each mask ratio, and a one-draw negative ELBO
-    (nats/token, t ~ U(elbo_eps, 1-elbo_eps)). Shared by align.py's evaluation and eval.py's likelihood."""
+    (nats/token, `nelbo`). A block DLM reads block b's masked positions given the clean blocks before it (the
+    same masks; BD3-LM's setting). Shared by align.py's evaluation and eval.py's likelihood."""
     c, g = model.config, torch.Generator().manual_seed(seed)
     ctx = ctx or contextlib.nullcontext()
-    ce, acc, n, nelbo = [0.0] * len(ratios), [0] * len(ratios), [0] * len(ratios), 0.0
+    ce, acc, n, nats = [0.0] * len(ratios), [0] * len(ratios), [0] * len(ratios), 0.0
     for x0 in batches:
         with ctx:
             for k, r in enumerate(ratios):
                 xt, masked, _ = corrupt(x0, c.mask_token_id, c.shift, g, t=r)
-                logits, _ = masked_logits(model, xt, masked)
+                logits, _ = masked_logits(model, xt, masked, x0=x0)
                 target = x0[masked]
                 ce[k] += F.cross_entropy(logits.float(), target, reduction="sum").item()
                 acc[k] += (logits.argmax(-1) == target).sum().item()
                 n[k] += target.numel()
-            xt, masked, t = corrupt(x0, c.mask_token_id, c.shift, g, elbo_eps)
-            nelbo += diffusion_loss(model, x0, xt, masked, t, "elbo").item() / len(batches)
+            nats += nelbo(model, x0, g, elbo_eps).item() / len(batches)
     n = [max(v, 1) for v in n]
     return {**{f"val_loss@{r}": ce[k] / n[k] for k, r in enumerate(ratios)},
-            **{f"val_acc@{r}": acc[k] / n[k] for k, r in enumerate(ratios)}, "val_nelbo": nelbo}
+            **{f"val_acc@{r}": acc[k] / n[k] for k, r in enumerate(ratios)}, "val_nelbo": nats}

@@ -2,77 +2,85 @@
 OPDLM: on-policy distillation of a block-diffusion student from the frozen AR teacher (methods.md §3).
 
     python distill.py --init out/dlm-block --teacher out/ar-tiny --data data/stdlib --out_dir out/distill
-    python distill.py ... --policy off        # the ablation: random masks of data instead of the student's rollouts
+    python distill.py ... --policy off     # ablation: the student's own rollouts, masked at random (other states)
+    python distill.py ... --policy data    # ablation: data windows, masked at random (other content and states)
 
-Per iteration, for a batch of prompts (left-padded to P, a multiple of the block size, as block_generate does):
+Per optimizer step, for a batch of prompts (left-padded to P, a multiple of the block size, as block_generate does):
     x0, rounds = block_generate(student, prompts, L(step), record=True)   threshold 0.9, temperature 1.0
     per block b: r_b ~ U{rounds in which block b committed};  xt = x0 with positions of rounds >= r_b masked
     target_i  = p_AR(. | prompt, x0_<i)            one causal teacher forward over [prompt, x0]: logits at i-1
-    loss      = mean over masked, valid i of KL(target_i || p_θ(. | prompt, x0_<block(i), xt_block(i)))
+    d_i       = KL(target_i || p_θ(. | prompt, x0_<block(i), xt_block(i)))          (--divergence, --teacher_top_k)
+    loss      = mean over sequences of the mean of d_i over its masked, valid i    (--kl_reduction seq; token: the
+                mean over all masked, valid i of the batch)
 valid: generated positions before the first end-of-sequence token (--train_eos: up to and including it).
-L(step) ramps from --rollout_min to --rollout_max over --curriculum_steps (cosine), a multiple of the block size.
+L(step) = L_min + (L_max - L_min)(1 - cos(π/2 · min(1, step / --curriculum_steps))), rounded to a multiple of the
+block size: a quarter-cosine ramp over optimizer steps, each on one rollout batch of --batch_size prompts (the
+published code counts rollout steps of 128 prompts, each followed by about 16 optimizer updates).
 
 What is notable here:
-- Vectorised training (BD3-LM): one student forward over [prompt, x0, xt] of length P + 2N under the rule
-  of `train_rule`: the clean stream [prompt, x0] is block-causal, the noisy copy of block b sees the clean
-  blocks < b and itself; its RoPE positions are those of the clean copy. `per_block_logits` is the
-  one-forward-per-block reference it is tested equal to.
-- The rule is stated once, as a FlexAttention mask_mod. On CUDA `train_mask` turns it into a BlockMask
-  (create_block_mask) and the model runs flex_attention: no (B, 1, T, T) mask lives through the forward and
-  backward, and 128 x 128 tiles the rule hides are skipped. On CPU (flex_attention has no backward there) the
-  same mask_mod, evaluated on the index grid, is the dense bool mask handed to SDPA.
-- --compile marks the shapes dynamic (torch.compile(dynamic=True)): the curriculum changes the length every
-  step (a rollout ending early at eos keeps its length, eos-filled), and with symbolic lengths one graph per
-  kind of call (rollout forward, training forward with and without grad, teacher forward) serves them all.
-  torch's default compiles the first length statically and then recompiles, several graphs on the one code
-  object (Qwen3Model.forward, shared by student and teacher) whose recompile limit is 8; padding to length
-  buckets would also bound the graphs, at the cost of padded compute.
+- The student's logits at the masked positions are, by definition, one forward per block b over
+  [prompt, x0_<b, xt_b] under the plain block rule (diffusion.per_block_logits); training uses the same in one
+  forward over [prompt, x0, xt] (diffusion.block_logits, BD3-LM's vectorised training, on CUDA through a
+  FlexAttention BlockMask): the attention rule eval.py's block likelihood uses too.
+- --policy: on, the published method; off, the published ablation (the same kind of rollouts, but random states:
+  per block k ~ U{1..block} of its positions masked, a uniformly random k-subset), which isolates the claim
+  "states from the sampler's trajectory beat random states"; data, random states of data windows.
+- The sparse teacher (--teacher_top_k, published 16): Σ_{v∈top-k} p_T(v) (log p_T(v) - log p_θ(v)), both
+  full-vocabulary log-softmaxes read at the teacher's top-k ids, NOT renormalised (as the published code).
 - The shift convention (config.shift): unshifted, position i is read at the noisy slot i; shifted, at i-1,
-  which for the first position of a block is the clean copy's last slot of the previous block (exactly
-  what the sampler and the per-block reference read there).
+  which for the first position of a block is the clean copy's last slot of the previous block.
 - lm_head runs only on the rows that carry the loss; divergences are taken over the tokenizer's ids only
   (the ids the sampler can emit). --seq_len is the prompt length in tokens; --eval_interval the
-  checkpoint (and fixed-prompt evaluation) interval.
+  checkpoint (and fixed-prompt evaluation) interval. The evaluation measures the on-policy KL (forward, full
+  vocabulary, seq reduction) on rollouts of the final length --rollout_max from fixed prompts and seed, and
+  each row's tokens per forward there (its generated positions / Σ over its blocks of (its last round + 1)).
 """
 import argparse
+import contextlib
 import json
 import math
 import time
 from pathlib import Path
 
 import torch
-from torch.nn.attention.flex_attention import create_block_mask
 from tqdm import tqdm
 
 import data
 import training
+from diffusion import block_logits, layout, per_block_logits
 from sample import attend, block_generate, prepare
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--init", default="out/dlm-block", help="the student: a block DLM checkpoint (convert.py --attn block)")
 p.add_argument("--teacher", default=None, help="the AR checkpoint (default: the student's config.converted_from)")
 p.add_argument("--data", default="data/stdlib", help="prompts are cut from its validation split")
-p.add_argument("--prompts", default=None, help="a JSONL of {\"prompt\"} records instead (on-policy only)")
+p.add_argument("--prompts", default=None, help="a JSONL of {\"prompt\"} records instead (not with --policy data)")
 p.add_argument("--num_prompts", type=int, default=1024, help="size of the prompt pool cut from the data")
 p.add_argument("--out_dir", default="out/distill")
-p.add_argument("--policy", default="on", choices=["on", "off"], help="off: random masks of data windows (ablation)")
+p.add_argument("--policy", default="on", choices=["on", "off", "data"],
+               help="on: states of the student's rollouts; off: random masks of its rollouts; data: of data windows")
 p.add_argument("--divergence", default="fkl", choices=["fkl", "rkl", "jsd"])
-p.add_argument("--teacher_top_k", type=int, default=None, help="sparse fkl over the teacher's top-k ids (paper: 16)")
+p.add_argument("--kl_reduction", default="seq", choices=["seq", "token"],
+               help="seq (published): mean per sequence over its positions, then over sequences; token: over all")
+p.add_argument("--teacher_top_k", type=int, default=None,
+               help="sparse fkl over the teacher's top-k ids, not renormalised (published: 16)")
 p.add_argument("--train_eos", action="store_true", help="also train the position of the first eos")
 p.add_argument("--threshold", type=float, default=0.9, help="rollout confidence threshold")
 p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
-p.add_argument("--rollout_min", type=int, default=16, help="curriculum start (published: 100)")
-p.add_argument("--rollout_max", type=int, default=64, help="curriculum end (published: 4000)")
-p.add_argument("--curriculum_steps", type=int, default=100, help="cosine ramp length (published: 100)")
+p.add_argument("--rollout_min", type=int, default=16, help="curriculum start, tokens (published: 100)")
+p.add_argument("--rollout_max", type=int, default=64, help="curriculum end, tokens; the evaluation's length "
+               "(published: 4000)")
+p.add_argument("--curriculum_steps", type=int, default=100, help="quarter-cosine ramp length in optimizer steps, one "
+               "rollout batch each (published: 100 rollout steps of 128 prompts, ~16 optimizer updates each)")
 training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=32, lr=1e-3, min_lr=1e-4, warmup=5,
                        eval_interval=50, eval_batches=2)
 EVAL_SEED = 1234
 
 
 def curriculum(step, lo, hi, steps, bs):
-    """Max rollout length at `step`: L = lo + (hi - lo)(1 - cos(π min(1, step/steps)))/2, rounded to a multiple of bs."""
+    """Max rollout length at `step`: L = lo + (hi - lo)(1 - cos(π/2 · min(1, step/steps))), to a multiple of bs."""
     frac = 1.0 if steps <= 0 else min(1.0, step / steps)
-    L = lo + (hi - lo) * (1 - math.cos(math.pi * frac)) / 2
+    L = lo + (hi - lo) * (1 - math.cos(math.pi / 2 * frac))
     return max(bs, round(L / bs) * bs)
 
 
@@ -88,75 +96,25 @@ def rollout_states(rounds, bs, gen):
 
 
 def random_states(B, N, bs, gen, device):
-    """Off-policy: per block k ~ U{1..bs} positions, a uniformly random k-subset, are masked."""
+    """Random states (--policy off, data): per block k ~ U{1..bs} positions, a uniformly random k-subset, masked."""
     k = torch.randint(1, bs + 1, (B, N // bs, 1), generator=gen, device=gen.device)
     rank = torch.rand(B, N // bs, bs, generator=gen, device=gen.device).argsort(-1).argsort(-1)
     return (rank < k).view(B, N).to(device)
+
+
+def row_tokens_per_forward(rounds, bs):
+    """(B,) each row's tokens per forward in a recorded rollout: its generated positions over its forwards,
+    Σ over the blocks it generated of (its last round there + 1). Rounds in which a row had finished its block
+    and waited for the batch's other rows are not its forwards."""
+    B, N = rounds.shape
+    fwd = (rounds.view(B, N // bs, bs).max(-1).values + 1).sum(1)  # a block never generated: -1 + 1 = 0
+    return (rounds >= 0).sum(1) / fwd.clamp(min=1)
 
 
 def valid_positions(gen_tokens, eos_id, train_eos=False):
     """(B, N) bool: generated positions before the first eos (or up to it, train_eos); pads never get here."""
     seen = (gen_tokens == eos_id).long().cumsum(1)
     return seen - (gen_tokens == eos_id).long() * int(train_eos) == 0
-
-
-def layout(lens, P, L):
-    """-> real (B, L) (slot holds a token, not a left pad) and RoPE positions (B, L), as sample.prepare."""
-    rel = torch.arange(L, device=lens.device) - (P - lens)[:, None]
-    return rel >= 0, rel.clamp(min=0)
-
-
-def train_rule(real, N, bs):
-    """The attention rule over [prompt, x0, xt] (T = L + N slots, L = P + N, P a multiple of bs) as a FlexAttention
-    mask_mod: rule(b, h, q, k) says whether query slot q of row b may attend to key slot k. Clean slot (< L):
-    block-causal over the clean stream. Noisy slot of block g: the clean blocks < g and the noisy slots of block g.
-    Left pads are hidden from every query; a slot always sees itself (so a pad query has a key)."""
-    L = real.shape[1]
-    key_real = torch.cat([real, real.new_ones(real.shape[0], N)], 1)  # (B, T): the noisy copy has no pads
-
-    def rule(b, h, q, k):
-        q_noisy, k_noisy = q >= L, k >= L
-        q_blk = torch.where(q_noisy, q - N, q) // bs  # the noisy copy lives in the same blocks as the clean one
-        k_blk = torch.where(k_noisy, k - N, k) // bs
-        m = torch.where(q_noisy, torch.where(k_noisy, k_blk == q_blk, k_blk < q_blk), ~k_noisy & (k_blk <= q_blk))
-        return (m & key_real[b, k]) | (q == k)
-    return rule
-
-
-def train_mask(real, N, bs, flex=False):
-    """The rule of `train_rule` as a FlexAttention BlockMask (flex: only the allowed blocks are computed, no
-    (T, T) tensor is kept) or as a dense (B, 1, T, T) bool tensor: the rule evaluated on the index grid."""
-    B, T, dev = real.shape[0], real.shape[1] + N, real.device
-    if flex:
-        return create_block_mask(train_rule(real, N, bs), B, None, T, T, device=dev)
-    i = torch.arange(T, device=dev)
-    return train_rule(real, N, bs)(torch.arange(B, device=dev)[:, None, None, None], None, i[:, None], i)
-
-
-def student_logits(student, x, xt, real, pos, P, sel, flex=None):
-    """Vectorised: logits (M, V) for the positions sel (B, N) (row-major), one forward over [prompt, x0, xt].
-    flex (default: on CUDA): attend through a FlexAttention BlockMask instead of the dense mask."""
-    B, L = x.shape
-    N, bs, shift = L - P, student.config.block_size, int(student.config.shift)
-    mask = train_mask(real, N, bs, flex=x.is_cuda if flex is None else flex)
-    h = student.model(torch.cat([x, xt], 1), mask, None, False, torch.cat([pos, pos[:, P:]], 1))[0]
-    b, i = sel.nonzero(as_tuple=True)
-    first = (i % bs == 0) & bool(shift)  # shifted, a block's first position is read at the clean slot P + i - 1
-    rows = torch.where(first, P + i - 1, L + i - shift)
-    return student.lm_head(h[b, rows])
-
-
-def per_block_logits(student, x, xt, real, pos, P, sel):
-    """Reference (tests, bench): one forward per block b on [prompt, x0_<b, xt_b] under the plain block rule."""
-    B, L = x.shape
-    bs, shift = student.config.block_size, int(student.config.shift)
-    out = torch.zeros(sel.shape + (student.config.vocab_size,), device=x.device)
-    for g in range((L - P) // bs):
-        s, e = P + g * bs, P + (g + 1) * bs
-        idx = torch.cat([x[:, :s], xt[:, s - P:e - P]], 1)
-        logits = student(idx, attn=attend("block", torch.arange(e, device=x.device), real[:, :e], bs), pos=pos[:, :e])
-        out[:, s - P:e - P] = logits[:, s - shift:e - shift].float()  # slot i - shift predicts slot i
-    return out[sel]
 
 
 @torch.no_grad()
@@ -168,12 +126,15 @@ def teacher_logits(teacher, x, real, pos, P, sel):
     return teacher.lm_head(h[b, P + i - 1])
 
 
-def divergence(t, s, kind="fkl", top_k=None):
-    """Per row (M,): the divergence between teacher logits t and student logits s (M, V)."""
+def token_divergence(t, s, kind="fkl", top_k=None):
+    """Per row (M,): the divergence between teacher logits t and student logits s (M, V). top_k (fkl only): the
+    sum over the teacher's top-k ids of the full-vocabulary terms, not renormalised (the published sparse KL)."""
     lt, ls = t.float().log_softmax(-1), s.float().log_softmax(-1)
-    if top_k:  # sparse: teacher renormalised over its top-k ids, student's full log-probs at those ids
-        idx = t.topk(min(top_k, t.shape[-1]), -1).indices
-        lt, ls = t.float().gather(-1, idx).log_softmax(-1), ls.gather(-1, idx)
+    if top_k:
+        if kind != "fkl":
+            raise ValueError("a sparse teacher (top_k) goes with the forward KL")
+        idx = lt.topk(min(top_k, lt.shape[-1]), -1).indices  # the teacher's k most likely ids
+        lt, ls = lt.gather(-1, idx), ls.gather(-1, idx)  # log p_T, log p_θ there: no renormalisation
     pt, ps = lt.exp(), ls.exp()
     if kind == "fkl":
         return (pt * (lt - ls)).sum(-1)  # KL(p_T || p_θ) = Σ_v p_T(v) (log p_T(v) - log p_θ(v))
@@ -183,34 +144,61 @@ def divergence(t, s, kind="fkl", top_k=None):
     return 0.5 * (pt * (lt - lm)).sum(-1) + 0.5 * (ps * (ls - lm)).sum(-1)  # JSD = ½ KL(p_T||m) + ½ KL(p_θ||m)
 
 
-def make_batch(student, items, L, args, gen, tok, policy):
-    """-> x (B, P + L) [left-padded prompt, x0], prompt lens (B,), P, masked (B, L), rollout stats."""
-    bs, prompts = student.config.block_size, [ids for ids, _ in items]
-    if policy == "on":
-        g = block_generate(student, prompts, L, bs, args.threshold, args.temperature, record=True, eos_id=tok.eos_id,
-                           generator=gen, vocab_limit=tok.vocab_size)
-        r = g.rounds.view(len(items), -1, bs)
-        nfe = (r.max(-1).values + 1).sum()  # forwards each row needed: its rounds per block
-        stats = dict(tokens_per_forward=((r >= 0).sum() / nfe.clamp(min=1)).item(), nfe=g.nfe)
-        return g.tokens, g.prompt_lens, g.start, rollout_states(g.rounds, bs, gen), stats
-    x, lens, P, _, _ = prepare(student, prompts, L, tok.eos_id, tok.eos_id, multiple=bs)
-    for b, (_, tail) in enumerate(items):
-        x[b, P:P + min(L, len(tail))] = torch.as_tensor(tail[:L], device=x.device)
-    return x, lens, P, random_states(len(items), L, bs, gen, x.device), {}
+def reduce_kl(d, rows, B, reduction="seq"):
+    """d (M,) per position, rows (M,) the sequence of each -> scalar. token: the mean over the M positions; seq
+    (published): each sequence's mean over its positions, then the mean over the sequences that have one."""
+    if reduction == "token":
+        return d.sum() / max(1, d.numel())  # (1/M) Σ_i d_i
+    n = torch.zeros(B, device=d.device).index_add(0, rows, torch.ones_like(d))  # (B,) positions per sequence
+    per_seq = torch.zeros(B, device=d.device).index_add(0, rows, d) / n.clamp(min=1)  # (1/n_b) Σ_{i∈b} d_i
+    return per_seq.sum() / (n > 0).sum().clamp(min=1)  # mean over the sequences with n_b > 0
 
 
-def distill_loss(student, teacher, x, lens, P, masked, args, tok, vectorised=True):
-    """-> (loss, stats): the divergence averaged over the masked, valid positions."""
-    real, pos = layout(lens, P, x.shape[1])
-    sel = masked & valid_positions(x[:, P:], tok.eos_id, args.train_eos)
-    t = teacher_logits(teacher, x, real, pos, P, sel)[:, :tok.vocab_size]
+def distill_loss(student, teacher, x, lens, P, masked, *, eos_id, vocab_size, divergence="fkl", top_k=None,
+                 reduction="seq", train_eos=False, vectorised=True):
+    """-> (loss, stats). x (B, P + N): left-padded prompts (lens (B,) real tokens, P a multiple of the block size)
+    then x0; masked (B, N): the state, xt = x0 with these positions masked. loss: the divergence between the
+    teacher's next-token distribution and the student's denoiser at every masked, valid position, reduced per
+    `reduction`. Divergences over ids < vocab_size (the tokenizer's). stats: kl (the full forward KL, the same
+    reduction), masked (positions trained), rollout_len (generated tokens up to and with eos, mean per row).
+    vectorised=False: the per-block reference forward (tests, bench)."""
+    B, real, pos = x.shape[0], *layout(lens, P, x.shape[1])
+    sel = masked & valid_positions(x[:, P:], eos_id, train_eos)  # (B, N)
+    t = teacher_logits(teacher, x, real, pos, P, sel)[:, :vocab_size]
     xt = x[:, P:].masked_fill(masked, student.config.mask_token_id)
-    s = (student_logits if vectorised else per_block_logits)(student, x, xt, real, pos, P, sel)[:, :tok.vocab_size]
-    d = divergence(t, s, args.divergence, args.teacher_top_k)
-    n = max(1, d.numel())
-    kl = d if args.divergence == "fkl" and not args.teacher_top_k else divergence(t, s.detach())
-    resp = valid_positions(x[:, P:], tok.eos_id, True).sum(1).float().mean()
-    return d.sum() / n, dict(kl=kl.detach().sum() / n, masked=torch.tensor(float(d.numel())), rollout_len=resp)
+    # The student's denoiser: by definition one forward per block over [prompt, x0_<b, xt_b] (per_block_logits);
+    # the same in one forward over [prompt, x0, xt] (block_logits, FlexAttention on CUDA) is what trains.
+    if vectorised:
+        s = block_logits(student, x, xt, sel, P=P, real=real, pos=pos, flex=x.is_cuda)
+    else:
+        s = per_block_logits(student, x, xt, sel, P=P, real=real, pos=pos)
+    s, rows = s[:, :vocab_size], sel.nonzero()[:, 0]
+    d = token_divergence(t, s, divergence, top_k)
+    kl = d.detach() if divergence == "fkl" and not top_k else token_divergence(t, s.detach())
+    resp = valid_positions(x[:, P:], eos_id, True).sum(1).float().mean()
+    return reduce_kl(d, rows, B, reduction), dict(kl=reduce_kl(kl, rows, B, reduction),
+                                                  masked=torch.tensor(float(d.numel())), rollout_len=resp)
+
+
+def make_batch(student, items, L, policy, gen, *, eos_id, vocab_limit, threshold=0.9, temperature=1.0):
+    """items: [(prompt ids, data continuation ids)] -> x (B, P + L) [left-padded prompt, x0], prompt lens (B,),
+    P, masked (B, L), stats. on: x0 the student's rollout (threshold, temperature), masked a state of its own
+    trajectory; off: the same kind of rollout, masked at random; data: x0 the data continuation (eos-padded),
+    masked at random. stats (rollouts): tokens per forward (the mean over rows of each row's), nfe."""
+    bs, prompts = student.config.block_size, [ids for ids, _ in items]
+    if policy == "data":
+        x, lens, P, _, _ = prepare(student, prompts, L, eos_id, eos_id, multiple=bs)
+        for b, (_, tail) in enumerate(items):
+            x[b, P:P + min(L, len(tail))] = torch.as_tensor(tail[:L], device=x.device)
+        return x, lens, P, random_states(len(items), L, bs, gen, x.device), {}
+    g = block_generate(student, prompts, L, bs, threshold=threshold, temperature=temperature, record=True,
+                       eos_id=eos_id, generator=gen, vocab_limit=vocab_limit)
+    if policy == "on":
+        masked = rollout_states(g.rounds, bs, gen)
+    else:
+        masked = random_states(len(items), L, bs, gen, g.tokens.device)
+    stats = dict(tokens_per_forward=row_tokens_per_forward(g.rounds, bs).mean().item(), nfe=g.nfe)
+    return g.tokens, g.prompt_lens, g.start, masked, stats
 
 
 def prompt_pool(args, tok, span):
@@ -226,19 +214,24 @@ def prompt_pool(args, tok, span):
 
 
 @torch.no_grad()
-def evaluate(student, teacher, items, args, tok, ctx, device):
-    """On-policy KL and tokens per forward on fixed prompts, fixed seed, length --rollout_min (any --policy)."""
-    gen, kl, tpf = torch.Generator(device).manual_seed(EVAL_SEED), 0.0, 0.0
-    L = curriculum(0, args.rollout_min, args.rollout_max, args.curriculum_steps, student.config.block_size)
-    batches = [items[k:k + args.batch_size] for k in range(0, len(items), args.batch_size)]
+def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, threshold=0.9, temperature=1.0,
+             ctx=None, seed=EVAL_SEED):
+    """The on-policy KL (forward, full vocabulary, seq reduction; batches weighted by their rows) on the student's
+    rollouts of length L from the fixed prompts `items` with a fixed seed, and the mean over rows of each row's
+    tokens per forward there."""
+    gen = torch.Generator(student.lm_head.weight.device).manual_seed(seed)
+    kl, tpf, was_training = 0.0, 0.0, student.training
     student.eval()
-    for batch in batches:
-        with ctx:
-            x, lens, P, masked, st = make_batch(student, batch, L, args, gen, tok, "on")
-            kl += distill_loss(student, teacher, x, lens, P, masked, args, tok)[1]["kl"].item() / len(batches)
-        tpf += st["tokens_per_forward"] / len(batches)
-    student.train()
-    return dict(val_kl=kl, val_tokens_per_forward=tpf)
+    for k in range(0, len(items), batch_size):
+        batch = items[k:k + batch_size]
+        with ctx or contextlib.nullcontext():
+            x, lens, P, masked, st = make_batch(student, batch, L, "on", gen, eos_id=eos_id, vocab_limit=vocab_size,
+                                                threshold=threshold, temperature=temperature)
+            kl += distill_loss(student, teacher, x, lens, P, masked, eos_id=eos_id,
+                               vocab_size=vocab_size)[1]["kl"].item() * len(batch)
+        tpf += st["tokens_per_forward"] * len(batch)
+    student.train(was_training)
+    return dict(val_kl=kl / len(items), val_tokens_per_forward=tpf / len(items))
 
 
 if __name__ == "__main__":
@@ -247,8 +240,8 @@ if __name__ == "__main__":
         p.error("need 0 < --rollout_min <= --rollout_max, --curriculum_steps >= 0, --num_prompts > 0")
     if args.teacher_top_k is not None and (args.teacher_top_k <= 0 or args.divergence != "fkl"):
         p.error("--teacher_top_k must be positive and goes with --divergence fkl")
-    if args.policy == "off" and args.prompts:
-        p.error("--policy off takes x0 from the data: it cannot use --prompts")
+    if args.policy == "data" and args.prompts:
+        p.error("--policy data takes x0 from the data: it cannot use --prompts")
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     gen = torch.Generator(device).manual_seed(args.seed)  # prompts, rollouts, states: all randomness
@@ -256,9 +249,13 @@ if __name__ == "__main__":
                                                      lambda: training.load_model(args.init, device, "distill: student"))
     c = student.config
     if c.attn != "block" or not c.block_size or c.mask_token_id is None or c.shift is None:
-        raise SystemExit(f"distill: {args.init} is not a block DLM (attn={c.attn!r}, block_size={c.block_size}); make one "
-                         f"with: python convert.py --ar AR_DIR --out_dir DLM_DIR --attn block --block_size 4")
-    teacher = training.load_model(args.teacher or c.converted_from, device, "distill: teacher").requires_grad_(False).eval()
+        raise SystemExit(f"distill: {args.init} is not a block DLM (attn={c.attn!r}, block_size={c.block_size}); make "
+                         f"one with: python convert.py --ar AR_DIR --out_dir DLM_DIR --attn block --block_size 4")
+    teacher_dir = args.teacher or c.converted_from
+    teacher = training.load_model(teacher_dir, device, "distill: teacher").requires_grad_(False).eval()
+    if teacher.config.attn != "causal":
+        raise SystemExit(f"distill: the teacher {teacher_dir} is a DLM (attn={teacher.config.attn!r}), not an AR "
+                         f"model; pass the AR checkpoint it was converted from: --teacher AR_DIR")
     if teacher.config.vocab_size != c.vocab_size:
         raise SystemExit("distill: the teacher and the student have different vocabularies")
     tok = training.load_tokenizer(args.init if not args.resume else out_dir, c)
@@ -270,13 +267,27 @@ if __name__ == "__main__":
         raise SystemExit("distill: no prompts (the documents are shorter than --seq_len?)")
     student.model.gradient_checkpointing = args.grad_checkpoint
     opt = training.optimizer(student, args, device, state)
-    if args.compile:  # dynamic shapes: one graph serves every length of the curriculum (module docstring)
+    if args.compile:
+        # Dynamic shapes: the curriculum changes the length every step (a rollout that ends early at eos keeps its
+        # length, eos-filled), and with symbolic lengths one graph per kind of call (rollout forward, training
+        # forward with and without grad, teacher forward) serves them all. torch's default compiles the first
+        # length statically and then recompiles: several graphs on the one code object (Qwen3Model.forward, shared
+        # by student and teacher) whose recompile limit is 8. Padding to length buckets would also bound the
+        # graphs, at the cost of padded compute.
         student.model.compile(dynamic=True)
         teacher.model.compile(dynamic=True)
     eval_items = pool[:args.eval_batches * args.batch_size]
+    sampling = dict(eos_id=tok.eos_id, threshold=args.threshold, temperature=args.temperature)
+    loss_kw = dict(eos_id=tok.eos_id, vocab_size=tok.vocab_size, divergence=args.divergence, top_k=args.teacher_top_k,
+                   reduction=args.kl_reduction, train_eos=args.train_eos)
+
+    def run_eval():  # at the final length --rollout_max: the states the trained student is sampled in
+        return evaluate(student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,
+                        vocab_size=tok.vocab_size, ctx=ctx, **sampling)
     log = training.Log(out_dir, args.resume)
     print(f"student: {student.num_params() / 1e6:.2f}M parameters, block {c.block_size}, shift={c.shift}; teacher "
-          f"{args.teacher or c.converted_from}; {len(pool)} prompts; policy {args.policy}, {args.divergence}; device {device}")
+          f"{teacher_dir}; {len(pool)} prompts; policy {args.policy}, {args.divergence}, {args.kl_reduction}; "
+          f"device {device}")
 
     bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="distill")
     last_eval, t_start = {}, time.time()
@@ -290,11 +301,12 @@ if __name__ == "__main__":
             t1 = time.time()
             student.eval()
             with ctx:
-                x, lens, P, masked, st = make_batch(student, [pool[k] for k in pick], L, args, gen, tok, args.policy)
+                x, lens, P, masked, st = make_batch(student, [pool[k] for k in pick], L, args.policy, gen,
+                                                    vocab_limit=tok.vocab_size, **sampling)
             student.train()
             t_roll += time.time() - t1
             with ctx:
-                loss, s = distill_loss(student, teacher, x, lens, P, masked, args, tok)
+                loss, s = distill_loss(student, teacher, x, lens, P, masked, **loss_kw)
             (loss / args.grad_accum).backward()
             n_tok += x.shape[0] * (x.shape[1] - P)
             for k, v in {**s, **st}.items():
@@ -307,15 +319,17 @@ if __name__ == "__main__":
         rec = dict(step=step, loss=loss.item(), **stats, max_len=L, lr=lr, grad_norm=norm.item(),
                    tokens_per_s=n_tok / dt, rollout_share=t_roll / dt)
         if step % args.eval_interval == 0 or step == args.max_iters - 1:
-            last_eval = dict(step=step, **evaluate(student, teacher, eval_items, args, tok, ctx, device))
+            last_eval = dict(step=step, **run_eval())
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
             training.save_checkpoint(out_dir, student, tok, opt, step, gen, extra=vars(args))
         log(**rec)
         bar.set_postfix(kl=f"{rec['kl']:.3f}", L=L, tpf=f"{rec.get('tokens_per_forward', 0):.2f}",
                         val_kl=f"{last_eval.get('val_kl', float('nan')):.3f}")
 
-    final = last_eval if last_eval.get("step") == args.max_iters - 1 else evaluate(student, teacher, eval_items, args, tok, ctx, device)
+    final = last_eval if last_eval.get("step") == args.max_iters - 1 else run_eval()
     final = {k: v for k, v in final.items() if k != "step"}
     print("\nfinal eval: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-    (out_dir / "results.json").write_text(json.dumps(dict(**final, steps=args.max_iters, policy=args.policy,
-                                                          divergence=args.divergence, seconds=time.time() - t_start), indent=2) + "\n")
+    (out_dir / "results.json").write_text(json.dumps(dict(**final, eval_len=args.rollout_max, steps=args.max_iters,
+                                                          policy=args.policy, divergence=args.divergence,
+                                                          kl_reduction=args.kl_reduction,
+                                                          seconds=time.time() - t_start), indent=2) + "\n")

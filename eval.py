@@ -13,8 +13,10 @@ What is notable here:
   those passes, so it is the Monte Carlo error alone, the data being fixed) plus masked-token accuracy at
   fixed ratios (diffusion.fixed_mask_eval, shared with align.py). The batches are data.eval_batches: fixed
   offsets, the same tokens for every checkpoint. Bits/token of both kinds cover the same positions 1..T-1
-  (a shifted DLM cannot mask position 0; an unshifted one scores 0..T-1). A block checkpoint is scored under
-  its own attention rule over the whole corrupted window (an upper bound for that denoiser too).
+  (a shifted DLM cannot mask position 0; an unshifted one scores 0..T-1). A block checkpoint gets the BD3-LM
+  bound: the sum over blocks of the masked-diffusion ELBO of block b given the clean blocks before it (t drawn
+  per sequence and block), all blocks in one forward over [x0, xt] under the rule distill.py trains with; its
+  masked-token accuracy likewise reads block b's masked positions given the clean earlier blocks (diffusion.py).
 - generate: the checkpoint's own sampler (config.attn: AR, LLaDA/Fast-dLLM, block diffusion), every sampler
   flag exposed; generative perplexity under --ref, unigram entropy, tokens per forward counted per row (each
   row's tokens up to its eos over the forwards it needed, as if decoded alone; mean, std, min, max over
@@ -72,20 +74,20 @@ def ar_likelihood(model, batches, ctx):
 
 
 def dlm_nelbo(model, batches, ctx, n_draws, seed, eps=1e-3):
-    """Monte Carlo negative ELBO: n_draws passes over the batches, each drawing t ~ U(eps, 1-eps) per sequence
-    and the masks from one seeded generator. -> bits/token (mean of the passes), its standard error (std of
-    the passes / sqrt(n_draws)), and the sample counts. A pass's estimate is diffusion_loss(norm="elbo")."""
+    """Monte Carlo negative ELBO: n_draws passes over the batches, each drawing t ~ U(eps, 1-eps) per sequence (per
+    sequence and block for a block DLM: BD3-LM) and the masks from one seeded generator. -> bits/token (mean of
+    the passes), its standard error (std of the passes / sqrt(n_draws)), and the sample counts. A pass's
+    estimate is diffusion.nelbo, one draw per batch."""
     import torch
     import diffusion
-    c, g = model.config, torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
     draws = []
     with torch.no_grad():
         for _ in tqdm(range(n_draws), desc="ELBO draws", leave=False):
             tot = 0.0
             for x0 in batches:
-                xt, masked, t = diffusion.corrupt(x0, c.mask_token_id, c.shift, g, eps)
                 with ctx:
-                    tot += diffusion.diffusion_loss(model, x0, xt, masked, t, "elbo").item()
+                    tot += diffusion.nelbo(model, x0, g, eps).item()
             draws.append(tot / len(batches) / LN2)
     mean = sum(draws) / len(draws)
     sd = math.sqrt(sum((d - mean) ** 2 for d in draws) / (len(draws) - 1)) if len(draws) > 1 else float("nan")
@@ -103,7 +105,9 @@ def likelihood(args):
     c = model.config
     if c.attn == "causal":
         return dict(kind="AR", **ar_likelihood(model, batches, ctx))
-    res = dict(kind="DLM", attn=c.attn, shift=c.shift, **dlm_nelbo(model, batches, ctx, args.n_draws, args.seed, args.eps))
+    bound = "BD3-LM" if c.attn == "block" else "masked diffusion"
+    res = dict(kind="DLM", attn=c.attn, shift=c.shift, bound=bound,
+               **dlm_nelbo(model, batches, ctx, args.n_draws, args.seed, args.eps))
     fixed = diffusion.fixed_mask_eval(model, batches, ctx, RATIOS, ACC_SEED)
     res.update({k.replace("val_loss", "ce_nats").replace("val_", ""): v for k, v in fixed.items() if k != "val_nelbo"})
     return res

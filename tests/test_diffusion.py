@@ -1,11 +1,15 @@
 """diffusion.py: what may be masked, how often, reproducibly; both loss normalisations against a slow,
 obvious re-implementation (loops over batch and positions, logits from a plain full forward), under both
-shift conventions (the off-by-one)."""
+shift conventions (the off-by-one). Block DLMs: per-block rates, and the BD3-LM bound and masked-token accuracy
+against a loop of one plain block-attention forward per row and block over [x0_<b, xt_b]; bidirectional DLMs
+keep the numbers of the code before block models were scored that way (kept here as the reference)."""
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import diffusion
 from diffusion import corrupt, denoiser_rows, diffusion_loss, maskable, masked_logits
 from model import Qwen3, preset
 
@@ -131,3 +135,158 @@ def test_no_masked_token_gives_zero_not_nan():
     for norm in ("mean", "elbo"):
         assert diffusion_loss(model, x0, x0, masked, torch.full((2,), 0.5), norm).item() == 0.0
     assert math.isfinite(diffusion_loss(model, x0, x0, masked, torch.full((2,), 0.5)).item())
+
+
+# ---- block DLMs: the BD3-LM bound ------------------------------------------------------------------------------
+
+def block_dlm(shift, seed=0, bs=4):
+    return Qwen3(preset("micro", attn="block", block_size=bs, mask_token_id=MASK, shift=shift)).init_weights(seed)
+
+
+def test_corrupt_per_block_rates():
+    x0 = torch.zeros(300, 22, dtype=torch.long)  # 6 blocks of 4, the last one partial
+    xt, masked, t = corrupt(x0, MASK, True, torch.Generator().manual_seed(0), eps=0.1, block_size=4)
+    assert t.shape == (300, 22) and not masked[:, 0].any()
+    blocks = torch.nn.functional.pad(t, (0, 2), value=-1).view(300, 6, 4)
+    assert (blocks[:, :5] == blocks[:, :5, :1]).all() and (t[:, 20:] == t[:, 20:21]).all()  # one t per block
+    assert t.min() >= 0.1 and t.max() <= 0.9 and blocks[:, :, 0].std(1).mean() > 0.1  # blocks draw their own t
+    assert abs(masked[:, 1:].float().mean().item() - t[:, 1:].mean().item()) < 0.01  # P(masked) = its block's t
+    ts = torch.tensor([[0.0, 1.0, 0.0, 1.0, 0.0, 1.0]]).expand(2, 6)  # a given t (B, n_blocks)
+    _, m, t2 = corrupt(torch.zeros(2, 22, dtype=torch.long), MASK, False, t=ts, block_size=4)
+    assert torch.equal(m, (torch.arange(22) // 4 % 2 == 1).expand(2, 22)) and t2.shape == (2, 22)
+
+
+def slow_block_logp(model, x0, xt):
+    """(B, T, V) log-probs, entry [b, i] the denoiser's distribution for position i: for each row and block one
+    forward of the model's plain block rule over [x0_<blk, xt_blk], read at i - shift (under shift, a block's first
+    position at the clean token before it). Row 0 under shift is never read (nothing predicts position 0)."""
+    bs, shift = model.config.block_size, int(model.config.shift)
+    B, T = x0.shape
+    out = torch.zeros(B, T, model.config.vocab_size, dtype=torch.float64)
+    for b in range(B):
+        for s in range(0, T, bs):
+            e = min(s + bs, T)
+            logp = F.log_softmax(model(torch.cat([x0[b, :s], xt[b, s:e]])[None], attn="block")[0].double(), -1)
+            for i in range(max(s, shift), e):
+                out[b, i] = logp[i - shift]
+    return out
+
+
+def slow_block_eval(model, batches, ratios, seed, eps):
+    """fixed_mask_eval by loops: the same generator, draws in the same order, the slow per-block log-probs."""
+    c, g = model.config, torch.Generator().manual_seed(seed)
+    ce, acc, n, nelbo = [0.0] * len(ratios), [0] * len(ratios), [0] * len(ratios), 0.0
+    for x0 in batches:
+        B, T = x0.shape
+        for k, r in enumerate(ratios):
+            xt, masked, _ = corrupt(x0, c.mask_token_id, c.shift, g, t=r)
+            logp = slow_block_logp(model, x0, xt)
+            for b, i in masked.nonzero().tolist():
+                ce[k] -= logp[b, i, x0[b, i]].item()
+                acc[k] += int(logp[b, i].argmax() == x0[b, i])
+                n[k] += 1
+        xt, masked, t = corrupt(x0, c.mask_token_id, c.shift, g, eps, block_size=c.block_size)
+        logp = slow_block_logp(model, x0, xt)
+        per_seq = [sum(-logp[b, i, x0[b, i]].item() / t[b, i].item() for i in range(T) if masked[b, i])
+                   / (T - int(c.shift)) for b in range(B)]  # Σ_blocks Σ_{i∈M_blk} CE_i / t_blk, per modelled token
+        nelbo += sum(per_seq) / B / len(batches)
+    return ce, acc, n, nelbo
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_block_bound_and_accuracy_equal_the_per_block_loop(shift):
+    model = block_dlm(shift)
+    g = torch.Generator().manual_seed(11)
+    batches = [torch.randint(0, 256, (3, 18), generator=g) for _ in range(2)]  # 4 blocks of 4 and a partial one
+    ratios = (0.3, 0.8)
+    got = diffusion.fixed_mask_eval(model, batches, ratios=ratios, seed=5, elbo_eps=0.05)
+    ce, acc, n, nelbo = slow_block_eval(model, batches, ratios, 5, 0.05)
+    for k, r in enumerate(ratios):
+        assert got[f"val_loss@{r}"] == pytest.approx(ce[k] / n[k], rel=1e-5)
+        assert got[f"val_acc@{r}"] == acc[k] / n[k]
+    assert got["val_nelbo"] == pytest.approx(nelbo, rel=1e-5)
+    # and not the old scoring: the whole corrupted window under the block rule gives other numbers
+    old = old_fixed_mask_eval(model, batches, ratios, 5, 0.05)
+    assert abs(old["val_loss@0.8"] - got["val_loss@0.8"]) > 1e-3
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_block_logits_equal_per_block_logits_with_a_prompt_and_pads(shift):
+    """distill.py's layout: prompts left-padded to P, the clean [prompt, x0] then the noisy copy."""
+    model, bs, P, N = block_dlm(shift), 4, 8, 12
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(0, 256, (3, P + N), generator=g)
+    real, pos = diffusion.layout(torch.tensor([8, 5, 1]), P, P + N)
+    masked = torch.rand(3, N, generator=g) < 0.5
+    masked[:, ::bs] = True  # every block's first position: under shift, read at the clean slot before the block
+    xt = x[:, P:].masked_fill(masked, MASK)
+    kw = dict(P=P, real=real, pos=pos)
+    fast = diffusion.block_logits(model, x, xt, masked, **kw)
+    slow = diffusion.per_block_logits(model, x, xt, masked, **kw)
+    assert fast.shape == slow.shape == (int(masked.sum()), 320) and torch.allclose(fast, slow, atol=1e-5)
+    for blk in range(N // bs):  # row 0 (no pads) against the model's own "block" mode, block by block
+        s = P + bs * blk
+        want = model(torch.cat([x[0, :s], xt[0, s - P:s - P + bs]])[None], attn="block")[0, s - int(shift)]
+        k = int(masked[0, :s - P].sum())  # row-major index of this block's first position (always masked)
+        assert torch.allclose(fast[k], want, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        diffusion.block_logits(model, x[:, 2:], xt, masked, P=P - 2)
+
+
+def test_block_scoring_refuses_position_zero_under_shift_and_missing_x0():
+    model = block_dlm(True)
+    x0 = torch.randint(0, 256, (2, 8))
+    masked = torch.zeros(2, 8, dtype=torch.bool)
+    masked[0, 0] = True
+    with pytest.raises(ValueError, match="position 0"):
+        diffusion.block_logits(model, x0, x0, masked)
+    with pytest.raises(ValueError, match="pass x0"):
+        masked_logits(model, x0, masked.roll(1, 1))
+
+
+# ---- bidirectional DLMs keep their numbers ---------------------------------------------------------------------
+
+def old_fixed_mask_eval(model, batches, ratios, seed, elbo_eps):
+    """The code before block DLMs were scored as BD3-LM, inlined: per-sequence t, one forward over the corrupted
+    window under the model's own rule, the ELBO weight 1 / (t_b L_b)."""
+    c, g = model.config, torch.Generator().manual_seed(seed)
+
+    def old_corrupt(x0, t=None):
+        B, T = x0.shape
+        if t is None:
+            t = elbo_eps + (1 - 2 * elbo_eps) * torch.rand(B, generator=g)
+        t = torch.as_tensor(t, dtype=torch.float32).expand(B)
+        u = torch.rand(B, T, generator=g)
+        masked = (u < t[:, None]) & (torch.arange(T) >= int(bool(c.shift))).expand(B, T)
+        return torch.where(masked, torch.full_like(x0, c.mask_token_id), x0), masked, t
+
+    def old_logits(xt, masked):
+        h, _ = model.model(xt, c.attn, c.block_size, False)
+        return model.lm_head(h[F.pad(masked[:, 1:], (0, 1), value=False) if c.shift else masked])
+
+    ce, acc, n, nelbo = [0.0] * len(ratios), [0] * len(ratios), [0] * len(ratios), 0.0
+    with torch.no_grad():
+        for x0 in batches:
+            for k, r in enumerate(ratios):
+                xt, masked, _ = old_corrupt(x0, r)
+                logits = old_logits(xt, masked)
+                ce[k] += F.cross_entropy(logits.float(), x0[masked], reduction="sum").item()
+                acc[k] += (logits.argmax(-1) == x0[masked]).sum().item()
+                n[k] += int(masked.sum())
+            xt, masked, t = old_corrupt(x0)
+            B, T = x0.shape
+            cel = F.cross_entropy(old_logits(xt, masked).float(), x0[masked], reduction="none")
+            n_tok = torch.full((B,), T - int(bool(c.shift)))
+            w = (1.0 / (t.float() * n_tok))[:, None].expand(B, T)[masked]
+            nelbo += ((cel * w).sum() / B).item() / len(batches)
+    return {**{f"val_loss@{r}": ce[k] / n[k] for k, r in enumerate(ratios)},
+            **{f"val_acc@{r}": acc[k] / n[k] for k, r in enumerate(ratios)}, "val_nelbo": nelbo}
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_bidirectional_numbers_unchanged(shift):
+    model = dlm(shift)
+    g = torch.Generator().manual_seed(12)
+    batches = [torch.randint(0, 256, (4, 20), generator=g) for _ in range(2)]
+    got = diffusion.fixed_mask_eval(model, batches, ratios=(0.15, 0.5, 0.9), seed=1234)
+    assert got == old_fixed_mask_eval(model, batches, (0.15, 0.5, 0.9), 1234, 1e-3)  # bit for bit

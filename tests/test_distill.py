@@ -1,9 +1,11 @@
 """distill.py: the vectorised [prompt, x0, xt] mask against a slow construction, the vectorised loss against
-one forward per block (shift false and true, ragged prompts), the state construction from recorded rounds,
-the teacher's targets off by one, the divergences against slow loops, eos/padding exclusion, the curriculum,
-the FlexAttention BlockMask against the dense mask (flex_attention runs eagerly on CPU, forward only), the
-number of graphs --compile makes over a curriculum (a counting backend, no real compile), and the script:
-learning, resume == no interruption, the off-policy ablation, flags and refusals."""
+one forward per block (shift false and true, ragged prompts), the state construction from recorded rounds, the
+off policy's random states of the rollout itself, per-row tokens per forward by hand, the teacher's targets off
+by one, the divergences against slow loops (the sparse top-k one unrenormalised, by hand), the seq and token
+reductions against loops over rows, eos/padding exclusion, the quarter-cosine curriculum, the FlexAttention
+BlockMask against the dense mask (flex_attention runs eagerly on CPU, forward only), the number of graphs
+--compile makes over a curriculum (a counting backend, no real compile), and the script: learning, the final
+evaluation at --rollout_max, resume == no interruption, both ablations, flags and refusals."""
 import json
 import math
 
@@ -15,6 +17,7 @@ from torch._dynamo.testing import CompileCounter
 from torch.nn.attention.flex_attention import create_mask
 
 import convert
+import diffusion
 import distill
 from conftest import run_script, tiny_world, killed_after_checkpoint
 from model import Qwen3
@@ -32,10 +35,6 @@ def world(tmp_path_factory):
     convert.convert(root / "ar", root / "block", "block", block_size=4)
     convert.convert(root / "ar", root / "block_shift", "block", block_size=4, shift=True)
     return root
-
-
-def args_for(*extra):
-    return distill.p.parse_args(list(extra))
 
 
 def student_of(world, name):
@@ -61,7 +60,7 @@ def test_train_mask_matches_slow_construction():
     bs, P, N = 4, 8, 12
     lens = torch.tensor([8, 3, 1])
     real, _ = distill.layout(lens, P, P + N)
-    m = distill.train_mask(real, N, bs)
+    m = diffusion.train_mask(real, N, bs)
     L = P + N
     assert m.shape == (3, 1, L + N, L + N)
     for b in range(3):
@@ -83,8 +82,8 @@ def test_flex_block_mask_equals_train_mask():
     bs, P, N = 4, 64, 48  # T = 160: 2 x 2 blocks of 128
     lens = torch.tensor([64, 30, 1])
     real, _ = distill.layout(lens, P, P + N)
-    dense = distill.train_mask(real, N, bs)  # (B, 1, T, T)
-    bm = distill.train_mask(real, N, bs, flex=True)
+    dense = diffusion.train_mask(real, N, bs)  # (B, 1, T, T)
+    bm = diffusion.train_mask(real, N, bs, flex=True)
     T = P + 2 * N
     assert bm.shape == (3, 1, T, T)
     assert torch.equal(create_mask(bm.mask_mod, 3, 1, T, T, device="cpu"), dense)  # position by position
@@ -101,33 +100,62 @@ def test_flex_student_logits_equal_dense(world, name):
     real, pos = distill.layout(lens, P, x.shape[1])
     xt = x[:, P:].masked_fill(masked, 259)
     with torch.no_grad():  # flex_attention has no backward on CPU
-        dense = distill.student_logits(student, x, xt, real, pos, P, masked, flex=False)
-        flex = distill.student_logits(student, x, xt, real, pos, P, masked, flex=True)
+        dense = diffusion.block_logits(student, x, xt, masked, P=P, real=real, pos=pos, flex=False)
+        flex = diffusion.block_logits(student, x, xt, masked, P=P, real=real, pos=pos, flex=True)
     assert torch.allclose(flex, dense, atol=1e-5)
+
+
+def loss_kw(**kw):
+    return dict(eos_id=EOS, vocab_size=256, **kw)
 
 
 @pytest.mark.parametrize("name", ["block", "block_shift"])
 def test_vectorised_loss_equals_per_block_reference(world, name):
     student, teacher = student_of(world, name), Qwen3.from_pretrained(world / "ar")
-    tok = Tokenizer.byte_level()
     x, lens, P, masked = ragged_batch()
     real, pos = distill.layout(lens, P, x.shape[1])
     xt = x[:, P:].masked_fill(masked, 259)
-    fast = distill.student_logits(student, x, xt, real, pos, P, masked)
-    slow = distill.per_block_logits(student, x, xt, real, pos, P, masked)
+    fast = diffusion.block_logits(student, x, xt, masked, P=P, real=real, pos=pos)
+    slow = diffusion.per_block_logits(student, x, xt, masked, P=P, real=real, pos=pos)
     assert fast.shape == slow.shape == (int(masked.sum()), 320)
     assert torch.allclose(fast, slow, atol=1e-5)
     for div in ("fkl", "rkl", "jsd"):
-        a = args_for("--divergence", div)
-        l1, s1 = distill.distill_loss(student, teacher, x, lens, P, masked, a, tok)
-        l2, _ = distill.distill_loss(student, teacher, x, lens, P, masked, a, tok, vectorised=False)
-        assert torch.allclose(l1, l2, atol=1e-6) and l1 > 0
+        for red in ("seq", "token"):
+            kw = loss_kw(divergence=div, reduction=red)
+            l1, s1 = distill.distill_loss(student, teacher, x, lens, P, masked, **kw)
+            l2, _ = distill.distill_loss(student, teacher, x, lens, P, masked, **kw, vectorised=False)
+            assert torch.allclose(l1, l2, atol=1e-6) and l1 > 0
     # gradients agree too
-    l1, _ = distill.distill_loss(student, teacher, x, lens, P, masked, args_for(), tok)
+    l1, _ = distill.distill_loss(student, teacher, x, lens, P, masked, **loss_kw())
     g1 = torch.autograd.grad(l1, list(student.parameters()))
-    l2, _ = distill.distill_loss(student, teacher, x, lens, P, masked, args_for(), tok, vectorised=False)
+    l2, _ = distill.distill_loss(student, teacher, x, lens, P, masked, **loss_kw(), vectorised=False)
     g2 = torch.autograd.grad(l2, list(student.parameters()))
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2))
+
+
+def test_seq_and_token_reductions_against_loops(world):
+    """The loss against per-position divergences summed by hand: seq = the mean over rows (with a masked, valid
+    position) of each row's mean; token = the mean over all positions. Row 2 has none: seq leaves it out."""
+    student, teacher = student_of(world, "block"), Qwen3.from_pretrained(world / "ar")
+    x, lens, P, masked = ragged_batch()
+    masked[1], masked[2] = True, False  # rows of 12, about 6, and 0 positions: seq and token differ
+    real, pos = distill.layout(lens, P, x.shape[1])
+    xt = x[:, P:].masked_fill(masked, 259)
+    with torch.no_grad():
+        t = distill.teacher_logits(teacher, x, real, pos, P, masked)[:, :256]
+        d = distill.token_divergence(t, diffusion.per_block_logits(student, x, xt, masked, P=P, real=real,
+                                                                   pos=pos)[:, :256]).tolist()
+        seq, _ = distill.distill_loss(student, teacher, x, lens, P, masked, **loss_kw(reduction="seq"))
+        tok, _ = distill.distill_loss(student, teacher, x, lens, P, masked, **loss_kw(reduction="token"))
+    rows, k = [], 0
+    for b in range(3):
+        n = int(masked[b].sum())
+        if n:
+            rows.append(sum(d[k:k + n]) / n)
+        k += n
+    assert len(rows) == 2 and seq.item() == pytest.approx(sum(rows) / 2, rel=1e-5)
+    assert tok.item() == pytest.approx(sum(d) / len(d), rel=1e-5) and abs(seq.item() - tok.item()) > 1e-4
+    assert distill.reduce_kl(torch.tensor([]), torch.tensor([], dtype=torch.long), 3).item() == 0.0
 
 
 def test_state_construction_from_hand_made_rounds():
@@ -148,7 +176,8 @@ def test_state_construction_from_hand_made_rounds():
             if blk == 0:
                 counts[chosen] += 1
         assert m[0, 3] and m[0, 8:12].all()  # the last round of a block is always re-masked
-    assert picks[0] == {0, 2, 3} and picks[1] == {0, 1} and picks[2] == {0}  # every used round, never an unused one (1 in block 0)
+    # every used round, never an unused one (1 in block 0)
+    assert picks[0] == {0, 2, 3} and picks[1] == {0, 1} and picks[2] == {0}
     assert ((counts[[0, 2, 3]] / 600 - 1 / 3).abs() < 0.07).all()  # uniform over the used rounds
 
 
@@ -169,6 +198,34 @@ def test_random_states_mask_1_to_bs_per_block():
     m = distill.random_states(50, 16, 4, torch.Generator().manual_seed(0), "cpu")
     per = m.view(50, 4, 4).sum(-1)
     assert per.min() == 1 and per.max() == 4 and set(per.flatten().tolist()) == {1, 2, 3, 4}
+
+
+def test_off_policy_states_are_random_masks_of_the_rollout(world):
+    """--policy off: the same rollout as on-policy (same generator state: same tokens), masked by random_states
+    drawn next from that generator, not by the rollout's rounds; --policy data: the data continuation."""
+    student = student_of(world, "block")
+    items = [([1, 2, 3], [40 + i for i in range(20)]), ([4, 5, 6, 7, 8], [60 + i for i in range(20)])]
+    kw = dict(eos_id=EOS, vocab_limit=256, threshold=0.001)
+    on = distill.make_batch(student, items, 16, "on", torch.Generator().manual_seed(3), **kw)
+    g = torch.Generator().manual_seed(3)
+    off = distill.make_batch(student, items, 16, "off", g, **kw)
+    assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1]) and on[2] == off[2] == 8
+    assert off[4]["tokens_per_forward"] == on[4]["tokens_per_forward"] == 4  # the same rollout: one round a block
+    g2 = torch.Generator().manual_seed(3)
+    gen = block_generate(student, [i for i, _ in items], 16, 4, threshold=0.001, temperature=1.0, record=True,
+                         eos_id=EOS, generator=g2, vocab_limit=256)
+    assert torch.equal(off[3], distill.random_states(2, 16, 4, g2, "cpu"))  # the next draw of the same generator
+    assert not torch.equal(off[3], on[3])
+    x, lens, P, masked, st = distill.make_batch(student, items, 16, "data", torch.Generator().manual_seed(3), **kw)
+    assert x[0, P:].tolist() == list(range(40, 56)) and x[1, P:].tolist() == list(range(60, 76)) and st == {}
+    assert masked.view(2, 4, 4).any(-1).all()
+
+
+def test_row_tokens_per_forward_by_hand():
+    rounds = torch.tensor([[0, 1, 1, 0, 0, 0, 0, 0, 2, 0, 1, 3],  # blocks: 2 + 1 + 4 rounds, 12 tokens: 12/7
+                           [0, 0, 0, 0, 0, 1, 0, 0, -1, -1, -1, -1]])  # 1 + 2 rounds, the third block never: 8/3
+    got = distill.row_tokens_per_forward(rounds, 4)
+    assert torch.allclose(got, torch.tensor([12 / 7, 8 / 3]))
 
 
 def test_teacher_targets_condition_on_the_exact_prefix(world):
@@ -198,22 +255,25 @@ def slow_div(t, s, kind):
 def test_divergences_against_slow_loops(kind):
     g = torch.Generator().manual_seed(0)
     t, s = 3 * torch.randn(5, 11, generator=g), 3 * torch.randn(5, 11, generator=g)
-    assert torch.allclose(distill.divergence(t, s, kind).double(), slow_div(t, s, kind), atol=1e-5)
-    assert distill.divergence(t, t, kind).abs().max() < 1e-6
-    assert (distill.divergence(t, s, kind) > 0).all()
+    assert torch.allclose(distill.token_divergence(t, s, kind).double(), slow_div(t, s, kind), atol=1e-5)
+    assert distill.token_divergence(t, t, kind).abs().max() < 1e-6
+    assert (distill.token_divergence(t, s, kind) > 0).all()
 
 
-def test_sparse_top_k_forward_kl():
+def test_sparse_top_k_forward_kl_is_not_renormalised():
     g = torch.Generator().manual_seed(1)
     t, s = 3 * torch.randn(4, 20, generator=g), 3 * torch.randn(4, 20, generator=g)
-    got = distill.divergence(t, s, "fkl", top_k=5)
+    got = distill.token_divergence(t, s, "fkl", top_k=5)
     for r in range(4):
-        ids = t[r].topk(5).indices
-        pt = t[r, ids].double().softmax(-1)  # the teacher renormalised over its top 5
-        ls = s[r].double().log_softmax(-1)[ids]  # the student's full log-probs there
-        assert abs(float(got[r]) - float((pt * (pt.log() - ls)).sum())) < 1e-5
-    assert (got > 0).all()
-    assert torch.allclose(distill.divergence(t, t, "fkl", top_k=20), torch.zeros(4), atol=1e-6)
+        ids = sorted(range(20), key=lambda v: -float(t[r, v]))[:5]  # the teacher's 5 most likely ids
+        zt = math.log(sum(math.exp(float(v)) for v in t[r]))  # log Σ_v exp(t_v): the full softmax
+        zs = math.log(sum(math.exp(float(v)) for v in s[r]))
+        want = sum(math.exp(float(t[r, v]) - zt) * ((float(t[r, v]) - zt) - (float(s[r, v]) - zs)) for v in ids)
+        assert abs(float(got[r]) - want) < 1e-5
+    assert torch.allclose(distill.token_divergence(t, t, "fkl", top_k=20), torch.zeros(4), atol=1e-6)
+    assert torch.allclose(distill.token_divergence(t, s, "fkl", top_k=20), distill.token_divergence(t, s), atol=1e-6)
+    with pytest.raises(ValueError, match="forward KL"):
+        distill.token_divergence(t, s, "rkl", top_k=5)
 
 
 def test_eos_and_padding_excluded(world):
@@ -221,31 +281,34 @@ def test_eos_and_padding_excluded(world):
     v = distill.valid_positions(gen_tokens, EOS)
     assert v.tolist() == [[1, 1, 0, 0, 0, 0], [1] * 6, [0] * 6]
     assert distill.valid_positions(gen_tokens, EOS, train_eos=True)[0].tolist() == [1, 1, 1, 0, 0, 0]
-    student, teacher, tok = student_of(world, "block"), Qwen3.from_pretrained(world / "ar"), Tokenizer.byte_level()
+    student, teacher = student_of(world, "block"), Qwen3.from_pretrained(world / "ar")
     x, lens, P, masked = ragged_batch()
     x[0, P + 5] = EOS  # row 0 ends at position 5
     masked[:] = True
-    _, st = distill.distill_loss(student, teacher, x, lens, P, masked, args_for(), tok)
+    _, st = distill.distill_loss(student, teacher, x, lens, P, masked, **loss_kw())
     assert st["masked"] == 5 + 12 + 12  # never the eos, nor anything after it; left pads are not positions
-    l1, _ = distill.distill_loss(student, teacher, x, lens, P, masked, args_for(), tok)
+    l1, _ = distill.distill_loss(student, teacher, x, lens, P, masked, **loss_kw())
     x1 = x.clone()
     x1[0, P + 6:] = torch.randint(0, 250, (6,))  # what follows row 0's eos changes nothing
     x1[1:, 0] = 7  # nor what the left pads of rows 1, 2 hold
-    la, _ = distill.distill_loss(student, teacher, x1, lens, P, masked, args_for(), tok)
+    la, _ = distill.distill_loss(student, teacher, x1, lens, P, masked, **loss_kw())
     assert torch.allclose(la, l1, atol=1e-6)
 
 
-def test_curriculum():
+def test_curriculum_is_a_quarter_cosine():
     assert distill.curriculum(0, 100, 4000, 100, 4) == 100
-    assert distill.curriculum(50, 100, 4000, 100, 4) == 2048  # midpoint 2050, rounded to a multiple of 4
+    mid = 100 + 3900 * (1 - math.cos(math.pi / 4))  # 1242.3: a quarter-cosine is past a third of the way at half time
+    assert distill.curriculum(50, 100, 4000, 100, 4) == 4 * round(mid / 4) == 1244
     assert distill.curriculum(100, 100, 4000, 100, 4) == 4000 == distill.curriculum(500, 100, 4000, 100, 4)
     vals = [distill.curriculum(s, 8, 64, 10, 4) for s in range(12)]
     assert vals == sorted(vals) and all(v % 4 == 0 for v in vals) and vals[0] == 8 and vals[-1] == 64
+    assert vals[1] == 8 and vals[5] == 24 and vals[9] == 56  # 8 + 56 (1 - cos(π/2 · s/10)): 8.7, 24.4, 55.2
     assert distill.curriculum(0, 1, 3, 10, 4) == 4 and distill.curriculum(0, 8, 64, 0, 4) == 64
 
 
 def common(world, out, *extra):
-    return ["--init", world / "block", "--teacher", world / "ar", "--data", world / "data", "--out_dir", out, *SMALL, *extra]
+    return ["--init", world / "block", "--teacher", world / "ar", "--data", world / "data", "--out_dir", out, *SMALL,
+            *extra]
 
 
 def log(out):
@@ -274,7 +337,7 @@ def test_compile_makes_a_bounded_number_of_graphs(world, tmp_path, monkeypatch):
                 x, lens, P, masked = ragged_batch(N=N)
                 real, pos = distill.layout(lens, P, x.shape[1])
                 xt = x[:, P:].masked_fill(masked, 259)
-                distill.student_logits(student, x, xt, real, pos, P, masked, flex=True)
+                diffusion.block_logits(student, x, xt, masked, P=P, real=real, pos=pos, flex=True)
         assert cnt.frame_count <= 2, cnt.frame_count
     finally:
         torch._dynamo.reset()
@@ -285,12 +348,24 @@ def test_learns_and_logs(world, tmp_path):
     r = run_script("distill.py", *common(world, out), "--max_iters", "25", "--eval_interval", "24", "--lr", "3e-3")
     assert r.returncode == 0, r.stderr[-2000:]
     recs = log(out)
-    assert len(recs) == 25 and all({"kl", "loss", "rollout_len", "tokens_per_forward", "tokens_per_s", "max_len"} <= set(x)
-                                   for x in recs)
-    assert [x["max_len"] for x in recs[:6]] == [8, 8, 12, 16, 16, 16]  # 8 + 8 (1 - cos(π s / 4)) / 2, to a multiple of 4
+    assert len(recs) == 25 and all({"kl", "loss", "rollout_len", "tokens_per_forward", "tokens_per_s", "max_len"}
+                                   <= set(x) for x in recs)
+    assert [x["max_len"] for x in recs[:6]] == [8, 8, 12, 12, 16, 16]  # 8 + 8 (1 - cos(π/2 · s/4)), multiples of 4
     assert recs[-1]["val_kl"] < 0.8 * recs[0]["val_kl"], (recs[0]["val_kl"], recs[-1]["val_kl"])
-    assert json.loads((out / "results.json").read_text())["steps"] == 25
-    assert Qwen3.from_pretrained(out).config.attn == "block"
+    res = json.loads((out / "results.json").read_text())
+    assert res["steps"] == 25 and res["eval_len"] == 16 and res["kl_reduction"] == "seq"
+    student = Qwen3.from_pretrained(out)
+    assert student.config.attn == "block"
+    # the final evaluation is evaluate() at --rollout_max (16, not the curriculum's 8) on the first eval prompts
+    args = distill.p.parse_args([str(a) for a in common(world, out)])
+    tok = Tokenizer.byte_level()
+    items = distill.prompt_pool(args, tok, args.rollout_max)[:args.batch_size]
+    teacher = Qwen3.from_pretrained(world / "ar")
+    kw = dict(batch_size=4, eos_id=tok.eos_id, vocab_size=tok.vocab_size)
+    want = distill.evaluate(student, teacher, items, 16, **kw)
+    assert res["val_kl"] == pytest.approx(want["val_kl"], rel=1e-5)
+    assert res["val_tokens_per_forward"] == pytest.approx(want["val_tokens_per_forward"], rel=1e-6)
+    assert distill.evaluate(student, teacher, items, 8, **kw)["val_kl"] != pytest.approx(want["val_kl"], rel=1e-3)
 
 
 def test_resume_after_kill(world, tmp_path):
@@ -307,12 +382,16 @@ def test_resume_after_kill(world, tmp_path):
     assert got[-1]["val_kl"] == want[-1]["val_kl"]
 
 
-def test_off_policy_flags_and_refusals(world, tmp_path):
-    r = run_script("distill.py", *common(world, tmp_path / "off"), "--policy", "off", "--max_iters", "2")
-    assert r.returncode == 0, r.stderr[-2000:]
-    recs = log(tmp_path / "off")
-    assert len(recs) == 2 and recs[0]["kl"] > 0 and "tokens_per_forward" not in recs[0] and "val_kl" in recs[-1]
-    for flags in (["--divergence", "jsd"], ["--divergence", "rkl"], ["--teacher_top_k", "8", "--grad_accum", "2"]):
+def test_ablations_flags_and_refusals(world, tmp_path):
+    for policy in ("off", "data"):
+        out = tmp_path / policy
+        r = run_script("distill.py", *common(world, out), "--policy", policy, "--max_iters", "2")
+        assert r.returncode == 0, r.stderr[-2000:]
+        recs = log(out)
+        assert len(recs) == 2 and recs[0]["kl"] > 0 and "val_kl" in recs[-1]
+        assert ("tokens_per_forward" in recs[0]) == (policy == "off")  # off trains on rollouts, data on data windows
+    for flags in (["--divergence", "jsd"], ["--divergence", "rkl"], ["--teacher_top_k", "8", "--grad_accum", "2"],
+                  ["--kl_reduction", "token"]):
         out = tmp_path / flags[1]
         r = run_script("distill.py", *common(world, out), "--init", world / "block_shift", "--max_iters", "2", *flags)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -321,8 +400,13 @@ def test_off_policy_flags_and_refusals(world, tmp_path):
     prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "import os"}\n')
     r = run_script("distill.py", *common(world, tmp_path / "pj"), "--prompts", prompts, "--max_iters", "1")
     assert r.returncode == 0 and "2 prompts" in r.stdout, r.stderr[-2000:]
+    r = run_script("distill.py", *common(world, tmp_path / "pjd"), "--prompts", prompts, "--policy", "data")
+    assert r.returncode == 2
     r = run_script("distill.py", *common(world, tmp_path / "bad"), "--init", world / "ar")
     assert r.returncode == 1 and "not a block DLM" in r.stderr
+    r = run_script("distill.py", *common(world, tmp_path / "bad1"), "--teacher", world / "block_shift")
+    assert r.returncode == 1 and "is a DLM" in r.stderr and "--teacher AR_DIR" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
     r = run_script("distill.py", *common(world, tmp_path / "bad2"), "--divergence", "rkl", "--teacher_top_k", "4")
     assert r.returncode == 2
     r = run_script("distill.py", *common(world, tmp_path / "nan"), "--max_iters", "5", "--eval_interval", "1",

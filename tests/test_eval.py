@@ -1,5 +1,6 @@
-"""eval.py: pass@k against its closed form; likelihoods against slow loops and against the uniform model
-(ELBO = log2 V bits/token, perplexity = V); the HumanEval harness on the canonical solutions (pass@1 = 1),
+"""eval.py: pass@k against its closed form; likelihoods against slow loops (a block DLM's BD3-LM bound: one
+plain block-attention forward per row and block) and against the uniform model (ELBO = log2 V bits/token,
+perplexity = V); the HumanEval harness on the canonical solutions (pass@1 = 1),
 empty completions (0) and hostile completions (each caught, bounded time, nothing written outside, no secret
 leaked, no process left behind); generate and humaneval end to end on micro checkpoints."""
 import json
@@ -37,7 +38,9 @@ def world(tmp_path_factory):
     convert.convert(root / "ar", root / "dlm", "bidirectional")
     convert.convert(root / "ar", root / "dlm_noshift", "bidirectional", shift=False)
     convert.convert(root / "ar", root / "block", "block", block_size=4)
+    convert.convert(root / "ar", root / "block_shift", "block", block_size=4, shift=True)
     convert.convert(root / "uniform", root / "uniform_dlm", "bidirectional")
+    convert.convert(root / "uniform", root / "uniform_block", "block", block_size=4)
     return root
 
 
@@ -78,20 +81,39 @@ def slow_ar_nll(model, xs):
     return nll / n
 
 
+def slow_logp(model, x, xt):
+    """(B, T, V) log-probs, entry [b, i] the denoiser's distribution for position i (row 0 unused under shift).
+    Bidirectional: one forward over the corrupted window, read at i - shift. Block (BD3-LM): per row and block, one
+    forward of the plain block rule over [x0_<blk, xt_blk], read at i - shift."""
+    c, shift = model.config, int(model.config.shift)
+    if c.attn != "block":
+        return F.pad(F.log_softmax(model(xt, attn=c.attn), -1), (0, 0, shift, 0))[:, :x.shape[1]]
+    out = torch.zeros(*x.shape, c.vocab_size)
+    for b in range(len(x)):
+        for s in range(0, x.shape[1], c.block_size):
+            e = s + c.block_size
+            logp = F.log_softmax(model(torch.cat([x[b, :s], xt[b, s:e]])[None], attn="block")[0], -1)
+            out[b, max(s, shift):e] = logp[max(s, shift) - shift:e - shift]
+    return out
+
+
 def slow_nelbo(model, xs, n_draws, seed, eps):
-    """The same draws as eval.dlm_nelbo, scored by explicit loops over sequences and masked positions."""
+    """The same draws as eval.dlm_nelbo (t per sequence; per sequence and block for a block DLM), scored by
+    explicit loops over sequences and masked positions."""
     c, g = model.config, torch.Generator().manual_seed(seed)
+    bs = c.block_size if c.attn == "block" else None
     draws = []
     for _ in range(n_draws):
         per_batch = []
         for x in xs:
-            xt, masked, t = diffusion.corrupt(x, c.mask_token_id, c.shift, g, eps)
-            logp = F.log_softmax(model(xt, attn=c.attn), -1)  # (B, T, V)
+            xt, masked, t = diffusion.corrupt(x, c.mask_token_id, c.shift, g, eps, block_size=bs)
+            t = t[:, None].expand(x.shape) if t.dim() == 1 else t  # each position's rate
+            logp = slow_logp(model, x, xt)
             seqs = []
             for b in range(len(x)):
                 L = x.shape[1] - int(c.shift)  # maskable positions
-                s = sum(-logp[b, i - int(c.shift), x[b, i]].item() for i in range(x.shape[1]) if masked[b, i])
-                seqs.append(s / t[b].item() / L)
+                s = sum(-logp[b, i, x[b, i]].item() / t[b, i].item() for i in range(x.shape[1]) if masked[b, i])
+                seqs.append(s / L)
             per_batch.append(sum(seqs) / len(seqs))
         draws.append(sum(per_batch) / len(per_batch) / math.log(2))
     return draws
@@ -108,7 +130,7 @@ def test_ar_likelihood_against_slow(world):
     assert res["perplexity"] == pytest.approx(math.exp(ref), rel=1e-5) and res["tokens"] == 2 * 4 * 11
 
 
-@pytest.mark.parametrize("ckpt", ["dlm", "dlm_noshift", "block"])
+@pytest.mark.parametrize("ckpt", ["dlm", "dlm_noshift", "block", "block_shift"])
 @torch.no_grad()
 def test_nelbo_against_slow(world, ckpt):
     model = Qwen3.from_pretrained(world / ckpt).eval()
@@ -122,7 +144,8 @@ def test_nelbo_against_slow(world, ckpt):
     assert res["n_draws"] == 3 and res["n_samples"] == 3 * 8
 
 
-def test_uniform_model_likelihoods_are_log_vocab(world, tmp_path):
+@pytest.mark.parametrize("dlm", ["uniform_dlm", "uniform_block"])
+def test_uniform_model_likelihoods_are_log_vocab(world, tmp_path, dlm):
     V = Qwen3.from_pretrained(world / "uniform").config.vocab_size
     args = ["--data", world / "data", "--batch_size", "4", "--seq_len", "32", "--n_batches", "4"]
     r = run_script("eval.py", "likelihood", "--ckpt", world / "uniform", *args, "--out", tmp_path / "ar.json")
@@ -130,13 +153,15 @@ def test_uniform_model_likelihoods_are_log_vocab(world, tmp_path):
     ar = json.loads((tmp_path / "ar.json").read_text())["results"]
     assert ar["kind"] == "AR" and ar["perplexity"] == pytest.approx(V, rel=1e-5)
     assert ar["bits_per_token"] == pytest.approx(math.log2(V), rel=1e-6)
-    r = run_script("eval.py", "likelihood", "--ckpt", world / "uniform_dlm", *args, "--n_draws", "16",
+    r = run_script("eval.py", "likelihood", "--ckpt", world / dlm, *args, "--n_draws", "16",
                    "--out", tmp_path / "dlm.json")
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "dlm.json").read_text())
     d = res["results"]
-    # E_t,M[ (1/(tL)) Σ_{i∈M} log V ] = log V exactly; the Monte Carlo estimate is within a few standard errors
+    # E_t,M[ (1/(tL)) Σ_{i∈M} log V ] = log V exactly (per block too); the Monte Carlo estimate is within a few
+    # standard errors
     assert d["kind"] == "DLM" and 0 < d["stderr"] < 0.05 * math.log2(V)
+    assert d["bound"] == ("BD3-LM" if dlm == "uniform_block" else "masked diffusion")
     assert abs(d["nelbo_bits_per_token"] - math.log2(V)) < 4 * d["stderr"]
     assert d["n_samples"] == 16 * 16 and res["settings"]["seed"] == 1337
     assert d["ce_nats@0.5"] == pytest.approx(math.log(V), rel=1e-5)  # the masked-token CE at a fixed ratio
