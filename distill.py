@@ -252,13 +252,13 @@ if __name__ == "__main__":
         raise SystemExit(f"distill: {args.init} is not a block DLM (attn={c.attn!r}, block_size={c.block_size}); make "
                          f"one with: python convert.py --ar AR_DIR --out_dir DLM_DIR --attn block --block_size 4")
     teacher_dir = args.teacher or c.converted_from
-    teacher = training.load_model(teacher_dir, device, "distill: teacher").requires_grad_(False).eval()
-    if teacher.config.attn != "causal":
-        raise SystemExit(f"distill: the teacher {teacher_dir} is a DLM (attn={teacher.config.attn!r}), not an AR "
-                         f"model; pass the AR checkpoint it was converted from: --teacher AR_DIR")
+    teacher = training.load_model(teacher_dir, device, "distill: teacher", attn="causal", like=student)
+    teacher.requires_grad_(False).eval()
     if teacher.config.vocab_size != c.vocab_size:
         raise SystemExit("distill: the teacher and the student have different vocabularies")
     tok = training.load_tokenizer(args.init if not args.resume else out_dir, c)
+    if not args.prompts:  # the prompts are cut from the data: it must share the student's tokenizer
+        training.load_splits(args.data, "distill", like=student)
     try:
         pool = prompt_pool(args, tok, args.rollout_max)
     except (FileNotFoundError, ValueError) as e:
