@@ -59,7 +59,7 @@ p.add_argument("--align_layers", default="all", help="all | mid (middle third) |
 p.add_argument("--align_positions", default="masked", choices=["masked", "all"])
 p.add_argument("--align_metric", default="cos", choices=["cos", "l2"], help="l2: mean over (ℓ, i) of |h_s - h_t|^2 / C")
 p.add_argument("--extra_ce", action="store_true", help="add the public code's exp(-CE)·CE per masked token (detached weight)")
-p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_head (the published recipe: embed,lm_head)")
+p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_head (published: embed,lm_head)")
 training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=256, lr=1e-3, min_lr=1e-4, warmup=10,
                        eval_interval=50, eval_batches=8)
 p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N steps (and at the last step); "
