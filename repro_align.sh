@@ -21,7 +21,7 @@ INIT=${INIT:-out/dlm-tiny}
 DATA=${DATA:-data/stdlib}
 ONLY=${ONLY:-all}      # all | claim
 EXTRA=${EXTRA:-}       # more align.py flags for every run (a smoke test: --batch_size 2 --seq_len 32 ...)
-[ -e "$INIT/config.json" ] || { echo "repro_align.sh: no $INIT; run 'bash run.sh' first (it makes out/dlm-tiny)" >&2; exit 1; }
+[ -e "$INIT/config.json" ] || { echo "repro_align.sh: no $INIT; run 'bash run.sh' first (it makes it)" >&2; exit 1; }
 case $ONLY in all|claim) ;; *) echo "repro_align.sh: ONLY=$ONLY; use all or claim" >&2; exit 1 ;; esac
 
 RUNS=()
@@ -61,7 +61,8 @@ for r in runs:
 n_cos = max((len(x.get("val_cos", [])) for r in runs for x in curves[r]), default=0)
 with open(out / "curves.csv", "w", newline="") as f:  # one row per run x evaluation
     w = csv.writer(f)
-    w.writerow(["run", "lambda_align", "freeze", "scratch", "step", *cols, "cos_mean", *(f"cos_{l}" for l in range(n_cos))])
+    w.writerow(["run", "lambda_align", "freeze", "scratch", "step", *cols, "cos_mean",
+                *(f"cos_{l}" for l in range(n_cos))])
     for r in runs:
         res = results[r]
         for x in curves[r]:
@@ -84,7 +85,7 @@ for i, x in enumerate(curves[claim[0]]):
     cos = [curves[r][i].get("val_cos") for r in claim]
     print(f"| {x['step']} | " + " | ".join(f"{sum(c) / len(c):.3f}" if c else "-" for c in cos) + " |")
 base = results["lambda10"]["step_seconds_median"]
-print(f"\nAll runs after step {curves[runs[0]][-1]['step']}: cosine per hidden state (0: embeddings ... last: final norm)\n")
+print(f"\nAll runs after step {curves[runs[0]][-1]['step']}: the cosine per hidden state (embeddings ... final norm)\n")
 print("| run | acc@0.15 | acc@0.5 | acc@0.9 | loss@0.5 | -ELBO | cosine per hidden state | step time vs lambda10 |")
 print("|---" * 8 + "|")
 for r in runs:
