@@ -13,14 +13,25 @@ Per step, for a batch x0 of clean sequences:
     L         = L_diff + λ · L_align
 S: the positions that carry the denoising loss (shift: i-1 for masked i; no shift: i) or all (ablation).
 
+The loss is callable from other code with named parameters (no argparse namespace):
+    loss, stats = align.loss_step(student, teacher, x0, generator, layers=range(n), lambda_align=10.0)
+    l_align, per_layer = align.repr_align_loss(h_s, h_t, positions, layers=layers, metric="cos")
+
 What is notable here:
-- λ = 0 is the "AR fine-tuning" baseline: the teacher is then never loaded nor run.
+- λ = 0 is the "AR fine-tuning" baseline: the teacher never runs in training, so a step costs what a plain
+  masked-diffusion step costs. It is loaded once at start, only to record its hidden states on the
+  evaluation batches (for the cosines below), and freed before the first step.
 - Frozen tensors (--freeze) are shared: the teacher's frozen parameters are the student's own tensor
-  objects, checked equal once at start, so the teacher costs only its unfrozen part.
-- Evaluation scores every checkpoint (and every run: the seed is fixed, not --seed) on the same batches
-  with the same masks: masked-token accuracy and CE at mask ratios 0.15/0.5/0.9, and the negative ELBO.
+  objects, checked equal once at start, so the teacher costs only its unfrozen part. The published recipe
+  freezes embed,lm_head; with tied embeddings (Qwen3 up to 4B, the tiny teacher) these are ONE matrix, so
+  freezing either freezes both, and the mask token's embedding row stays as convert.py left it.
+- Evaluation (every --eval_interval steps; checkpoints every --ckpt_interval, separately) scores every run on
+  the same batches with the same masks (the seed is fixed, not --seed): masked-token accuracy and CE at mask
+  ratios 0.15/0.5/0.9, the negative ELBO, and per hidden state the cosine between student and teacher at the
+  aligned positions S of a fixed 0.5-ratio corruption (val_cos; for λ = 0 runs too), whatever --align_layers is.
 """
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -48,13 +59,15 @@ p.add_argument("--align_layers", default="all", help="all | mid (middle third) |
 p.add_argument("--align_positions", default="masked", choices=["masked", "all"])
 p.add_argument("--align_metric", default="cos", choices=["cos", "l2"], help="l2: mean over (ℓ, i) of |h_s - h_t|^2 / C")
 p.add_argument("--extra_ce", action="store_true", help="add the public code's exp(-CE)·CE per masked token (detached weight)")
-p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_head")
+p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_head (published: embed,lm_head)")
 training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=256, lr=1e-3, min_lr=1e-4, warmup=10,
                        eval_interval=50, eval_batches=8)
+p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N steps (and at the last step); "
+               "independent of --eval_interval")
 p.add_argument("--samples", type=int, default=3, help="diffusion samples printed at the end")
 p.add_argument("--sample_len", type=int, default=64)
 
-EVAL_RATIOS, EVAL_SEED, ELBO_EPS = (0.15, 0.5, 0.9), 1234, 1e-3
+EVAL_RATIOS, EVAL_SEED, ELBO_EPS, COS_RATIO = (0.15, 0.5, 0.9), 1234, 1e-3, 0.5
 
 
 def check_student(config, where):
@@ -65,15 +78,15 @@ def check_student(config, where):
 
 
 def load_teacher(path, student, device="cpu"):
-    """The frozen AR teacher (eval mode, no gradients). Each frozen student tensor is checked equal to the
-    teacher's and then shared: the teacher holds the student's own Parameter object, not a copy."""
+    """The frozen AR teacher (eval mode, no gradients), checked to have the student's shapes. Training also
+    shares the frozen tensors (share_frozen); evaluating a λ = 0 run needs no sharing."""
     if path is None:
         raise SystemExit("align: no --teacher given and the student's config has no converted_from")
     teacher = training.load_model(path, device, "align: teacher").requires_grad_(False).eval()
     shapes = lambda m: {k: v.shape for k, v in m.state_dict().items()}
     if shapes(teacher) != shapes(student) or teacher.config.tie_word_embeddings != student.config.tie_word_embeddings:
         raise SystemExit(f"align: the teacher {path} and the student have different shapes")
-    return share_frozen(student, teacher)
+    return teacher
 
 
 def share_frozen(student, teacher):
@@ -109,14 +122,17 @@ def align_rows(masked, shift, mode):
     return diffusion.denoiser_rows(masked, shift) if mode == "masked" else torch.ones_like(masked)
 
 
-def align_loss(hs, ht, rows, layers, metric="cos"):
-    """-> (L_align, per-layer values (len(layers),)). hs, ht: lists of (B, T, C) hidden states; rows: S.
+def repr_align_loss(student_hidden, teacher_hidden, positions, *, layers, metric="cos"):
+    """-> (L_align, per-layer values (len(layers),)). student_hidden, teacher_hidden: lists of (B, T, C) hidden
+    states (Hugging Face's output_hidden_states); positions: (B, T) bool, the aligned positions S.
     cos: per layer the mean over i ∈ S of cos(h_s, h_t); L_align = 1 - their mean (every layer has |S| terms).
     l2:  per layer the mean over i ∈ S of |h_s - h_t|^2 / C; L_align = their mean."""
-    n = rows.sum().clamp(min=1)
+    if metric not in ("cos", "l2"):
+        raise ValueError(f"metric must be 'cos' or 'l2', got {metric!r}")
+    n = positions.sum().clamp(min=1)
     per_layer = []
     for l in layers:
-        a, b = hs[l][rows].float(), ht[l][rows].float()  # (|S|, C)
+        a, b = student_hidden[l][positions].float(), teacher_hidden[l][positions].float()  # (|S|, C)
         if metric == "cos":
             per_layer.append(F.cosine_similarity(a, b, dim=-1).sum() / n)  # cos = a·b / (|a| |b|)
         else:
@@ -125,29 +141,65 @@ def align_loss(hs, ht, rows, layers, metric="cos"):
     return (1 - per_layer.mean() if metric == "cos" else per_layer.mean()), per_layer
 
 
-def loss_step(student, teacher, x0, gen, args, layers):
-    """One micro-batch -> (L, stats). teacher=None (λ = 0): the diffusion loss alone, no hidden states kept."""
+def loss_step(student, teacher, x0, generator, *, layers, lambda_align=10.0, eps=1 / 500, metric="cos",
+              norm="mean", positions="masked", extra_ce=False):
+    """One micro-batch of clean sequences x0 (B, T) -> (L, stats): corrupt x0 with the generator, then
+    L = L_diff + lambda_align · L_align (repr_align_loss over `layers`, at the `positions` "masked" or "all").
+    teacher=None: the λ = 0 baseline, the diffusion loss alone (no hidden states kept, nothing run twice)."""
+    if teacher is None and lambda_align > 0:
+        raise ValueError("loss_step: lambda_align > 0 needs a teacher")
     c = student.config
-    xt, masked, t = diffusion.corrupt(x0, c.mask_token_id, c.shift, gen, args.eps)
+    xt, masked, t = diffusion.corrupt(x0, c.mask_token_id, c.shift, generator, eps)
     if teacher is None:
-        l_diff = diffusion.diffusion_loss(student, x0, xt, masked, t, args.loss_norm, extra_ce=args.extra_ce)
+        l_diff = diffusion.diffusion_loss(student, x0, xt, masked, t, norm, extra_ce=extra_ce)
         return l_diff, dict(diff_loss=l_diff)
-    l_diff, hs = diffusion.diffusion_loss(student, x0, xt, masked, t, args.loss_norm, extra_ce=args.extra_ce,
+    l_diff, hs = diffusion.diffusion_loss(student, x0, xt, masked, t, norm, extra_ce=extra_ce,
                                           output_hidden_states=True)
     with torch.no_grad():
         _, ht = teacher.model(x0, "causal", None, True)  # the clean x0, same positions; no lm_head needed
-    l_align, per_layer = align_loss(hs, ht, align_rows(masked, c.shift, args.align_positions), layers,
-                                    args.align_metric)
-    return l_diff + args.lambda_align * l_align, dict(diff_loss=l_diff, align_loss=l_align, align_per_layer=per_layer)
+    l_align, per_layer = repr_align_loss(hs, ht, align_rows(masked, c.shift, positions), layers=layers, metric=metric)
+    return l_diff + lambda_align * l_align, dict(diff_loss=l_diff, align_loss=l_align, align_per_layer=per_layer)
 
 
-def evaluate(model, batches, ctx):
+class CosineEval:
+    """Per hidden state ℓ, the mean over the evaluation rows of cos(h_s[ℓ, i], h_t[ℓ, i]): the student on a
+    fixed corruption of each evaluation batch at mask ratio COS_RATIO (seed EVAL_SEED + 1), the teacher on the
+    clean batch, at the positions S that carry the denoising loss. The teacher is run once, here: its states
+    at S are kept (|S| ≈ COS_RATIO·B·T rows × (n_layers + 1) × C floats per batch), so λ = 0 runs can free it."""
+
+    @torch.no_grad()
+    def __init__(self, teacher, student_config, batches, ctx=None):
+        c, g = student_config, torch.Generator().manual_seed(EVAL_SEED + 1)
+        self.ctx, self.items = ctx or contextlib.nullcontext(), []
+        for x0 in batches:
+            xt, masked, _ = diffusion.corrupt(x0, c.mask_token_id, c.shift, g, t=COS_RATIO)
+            rows = align_rows(masked, c.shift, "masked")
+            with self.ctx:
+                _, ht = teacher.model(x0, "causal", None, True)
+            self.items.append((xt, rows, [h[rows].float() for h in ht]))  # per layer (|S|, C)
+
+    @torch.no_grad()
+    def __call__(self, student):
+        """-> (n_layers + 1,) the mean cosine per hidden state, over all rows of all evaluation batches."""
+        student.eval()
+        total, n = 0, 0
+        for xt, rows, ht in self.items:
+            with self.ctx:
+                _, hs = student.model(xt, student.config.attn, student.config.block_size, True)
+            total = total + torch.stack([F.cosine_similarity(h[rows].float(), t, dim=-1).sum() for h, t in zip(hs, ht)])
+            n += rows.sum().item()
+        student.train()
+        return total / max(n, 1)
+
+
+def evaluate(model, batches, ctx, cosines=None):
     """On fixed batches with fixed masks (diffusion.fixed_mask_eval, seed EVAL_SEED): masked-token accuracy and
-    mean CE at the mask ratios EVAL_RATIOS, and a one-draw negative ELBO (nats/token; t ~ U(ε, 1-ε))."""
+    mean CE at the mask ratios EVAL_RATIOS, and a one-draw negative ELBO (nats/token; t ~ U(ε, 1-ε));
+    with a CosineEval, also val_cos: the per-hidden-state cosines to the teacher."""
     model.eval()
     out = diffusion.fixed_mask_eval(model, batches, ctx, EVAL_RATIOS, EVAL_SEED, ELBO_EPS)
     model.train()
-    return out
+    return out if cosines is None else dict(out, val_cos=cosines(model).tolist())
 
 
 def flops_per_token(student, teacher, seq_len):
@@ -179,8 +231,8 @@ def print_samples(model, tok, val_data, args, device):
 
 if __name__ == "__main__":
     args = training.parse_loop_args(p)
-    if not 0 <= args.eps < 0.5 or args.lambda_align < 0:
-        p.error("need 0 <= --eps < 0.5 and --lambda_align >= 0")
+    if not 0 <= args.eps < 0.5 or args.lambda_align < 0 or args.ckpt_interval <= 0:
+        p.error("need 0 <= --eps < 0.5, --lambda_align >= 0 and --ckpt_interval > 0")
     freeze = [g for g in args.freeze.split(",") if g]
     if bad := set(freeze) - {"embed", "mlp", "attn", "lm_head"}:
         p.error(f"--freeze: unknown groups {sorted(bad)}; choose from embed, mlp, attn, lm_head")
@@ -204,13 +256,19 @@ if __name__ == "__main__":
     if student.config.tie_word_embeddings and ({"embed", "lm_head"} & set(freeze)):
         print("tied embeddings: freezing embed or lm_head freezes both (the output head IS the embedding matrix)")
     n_frozen = sum(q.numel() for q in student.parameters() if not q.requires_grad)
-    teacher = None
+    val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len, args.eval_batches, device)
+    teacher_path, teacher, cosines = args.teacher or student.config.converted_from, None, None
     if args.lambda_align > 0:
-        teacher = load_teacher(args.teacher or student.config.converted_from, student, device)
-        print(f"teacher: {args.teacher or student.config.converted_from} (causal, frozen); it shares the student's "
-              f"{n_frozen / 1e6:.2f}M frozen parameters and holds {(teacher.num_params() - n_frozen) / 1e6:.2f}M of its own")
+        teacher = share_frozen(student, load_teacher(teacher_path, student, device))
+        cosines = CosineEval(teacher, student.config, val_batches, ctx)
+        print(f"teacher: {teacher_path} (causal, frozen); it shares the student's {n_frozen / 1e6:.2f}M frozen "
+              f"parameters and holds {(teacher.num_params() - n_frozen) / 1e6:.2f}M of its own")
+    elif args.teacher or (teacher_path and Path(teacher_path).is_dir()):
+        cosines = CosineEval(load_teacher(teacher_path, student, device), student.config, val_batches, ctx)
+        print(f"λ = 0: AR fine-tuning baseline; the teacher {teacher_path} was run once on the evaluation batches "
+              f"(for val_cos) and freed: no teacher in training")
     else:
-        print("λ = 0: AR fine-tuning baseline, no teacher")
+        print(f"λ = 0: AR fine-tuning baseline, no teacher (none found at {teacher_path}: no val_cos)")
     layers = parse_layers(args.align_layers, student.config.num_hidden_layers + 1)
     student.model.gradient_checkpointing = args.grad_checkpoint
     opt = training.optimizer(student, args, device, state)
@@ -218,7 +276,6 @@ if __name__ == "__main__":
         student.model.compile()
         if teacher is not None:
             teacher.model.compile()
-    val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len, args.eval_batches, device)
     log = training.Log(out_dir, args.resume)
     print(f"student: {student.num_params() / 1e6:.2f}M parameters ({n_frozen / 1e6:.2f}M frozen: {freeze or 'none'}), "
           f"shift={student.config.shift}, mask token {student.config.mask_token_id}{', from scratch' * args.scratch}; "
@@ -235,7 +292,9 @@ if __name__ == "__main__":
         for _ in range(args.grad_accum):
             x0 = data.get_batch(train_data, args.batch_size, args.seq_len, device, gen)
             with ctx:
-                loss, s = loss_step(student, teacher, x0, gen, args, layers)
+                loss, s = loss_step(student, teacher, x0, gen, layers=layers, lambda_align=args.lambda_align,
+                                    eps=args.eps, metric=args.align_metric, norm=args.loss_norm,
+                                    positions=args.align_positions, extra_ce=args.extra_ce)
             (loss / args.grad_accum).backward()
             for k, v in s.items():
                 stats[k] = stats.get(k, 0) + v.detach() / args.grad_accum
@@ -250,19 +309,23 @@ if __name__ == "__main__":
                    grad_norm=norm.item(), tokens_per_s=tokens_per_step / dt)
         if peak:
             rec["mfu"] = fpt * rec["tokens_per_s"] / peak
-        if step % args.eval_interval == 0 or step == args.max_iters - 1:
-            last_eval = dict(step=step, **evaluate(student, val_batches, ctx))
+        last = step == args.max_iters - 1
+        if step % args.eval_interval == 0 or last:
+            last_eval = dict(step=step, **evaluate(student, val_batches, ctx, cosines))
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
+        if step % args.ckpt_interval == 0 or last:
             training.save_checkpoint(out_dir, student, tok, opt, step, gen, extra=vars(args))
-            t = time.time()  # evaluation and saving are not training time
+        t = time.time()  # evaluation and saving are not training time
         log(**rec)
         bar.set_postfix(diff=f"{rec['diff_loss']:.3f}", align=f"{rec.get('align_loss', 0):.3f}",
                         val_acc=f"{last_eval.get('val_acc@0.5', float('nan')):.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
 
     # ---- results and samples ---------------------------------------------------------------------
-    final = last_eval if last_eval.get("step") == args.max_iters - 1 else evaluate(student, val_batches, ctx)
+    final = last_eval if last_eval.get("step") == args.max_iters - 1 else evaluate(student, val_batches, ctx, cosines)
     final = {k: v for k, v in final.items() if k != "step"}
-    print("\nfinal eval: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    print("\nfinal eval: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k != "val_cos"))
+    if "val_cos" in final:
+        print("cosine to the teacher per hidden state: " + " ".join(f"{v:.3f}" for v in final["val_cos"]))
     results = dict(**final, steps=args.max_iters, lambda_align=args.lambda_align, freeze=freeze, scratch=args.scratch,
                    step_seconds=float(np.mean(step_times)) if step_times else None,
                    step_seconds_median=float(np.median(step_times)) if step_times else None,

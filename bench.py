@@ -273,14 +273,12 @@ def bench_align(args, device, dtype):
         student.freeze(freeze)
         teacher = align.share_frozen(student, build_ours(args, device, dtype).requires_grad_(False).eval()) if lam else None
         opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
-        hp = SimpleNamespace(eps=1 / 500, loss_norm="mean", extra_ce=False, lambda_align=lam, align_positions="masked",
-                             align_metric="cos")
         layers = list(range(c.num_hidden_layers + 1))
         g = torch.Generator(device).manual_seed(0)
 
-        def step(student=student, teacher=teacher, opt=opt, hp=hp, layers=layers, g=g):
+        def step(student=student, teacher=teacher, opt=opt, lam=lam, layers=layers, g=g):
             x0 = torch.randint(0, c.vocab_size - 1, (B, T), device=device, generator=g)
-            loss, _ = align.loss_step(student, teacher, x0, g, hp, layers)
+            loss, _ = align.loss_step(student, teacher, x0, g, layers=layers, lambda_align=lam)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

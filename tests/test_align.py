@@ -1,18 +1,26 @@
 """align.py: the alignment loss against a slow re-implementation (loops over layers and positions), the
-positions S under both shift conventions, λ = 0 never touching the teacher, frozen tensors shared and
-unchanged, the teacher never changing, resume == no interruption, learning, NaN and refusals."""
+keyword loss_step against the former argparse-namespace formula, the evaluation cosines against loops, the
+positions S under both shift conventions, λ = 0 never running the teacher in training, frozen tensors shared
+and unchanged (tied and untied heads), the teacher never changing, evaluation and checkpoint intervals apart,
+resume == no interruption, learning, NaN and refusals."""
+from types import SimpleNamespace
+
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import align
 import convert
 import diffusion
 import training
+import data
 from conftest import run_script, tiny_world, killed_after_checkpoint
-from model import Qwen3, Qwen3Model
+from model import Qwen3, Qwen3Model, preset
+from tokenizer import Tokenizer
 
 SMALL = ["--batch_size", "4", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2", "--samples", "1",
          "--sample_len", "16"]
@@ -29,6 +37,9 @@ def world(tmp_path_factory):
     convert.convert(root / "ar", root / "dlm", "bidirectional")
     convert.convert(root / "ar", root / "dlm_noshift", "bidirectional", shift=False)
     convert.convert(root / "ar", root / "block", "block", block_size=4)
+    Qwen3(preset("micro", tie_word_embeddings=False)).init_weights(0).save_pretrained(root / "ar_untied")
+    Tokenizer.byte_level().save_pretrained(root / "ar_untied")
+    convert.convert(root / "ar_untied", root / "dlm_untied", "bidirectional")
     return root
 
 
@@ -61,11 +72,11 @@ def test_align_loss_matches_slow_loops(shift, mode):
     masked = torch.rand(2, 7, generator=g) < 0.5
     masked[:, 0] = False if shift else masked[:, 0]
     for layers in ([0, 1, 2, 3], [1, 3]):
-        got, per_layer = align.align_loss(hs, ht, align.align_rows(masked, shift, mode), layers)
+        got, per_layer = align.repr_align_loss(hs, ht, align.align_rows(masked, shift, mode), layers=layers)
         assert torch.allclose(got.double(), slow_align(hs, ht, masked, layers, shift, mode), atol=1e-6)
         assert per_layer.shape == (len(layers),)
     rows = align.align_rows(masked, shift, mode)
-    l2, _ = align.align_loss(hs, ht, rows, [0, 2], "l2")
+    l2, _ = align.repr_align_loss(hs, ht, rows, layers=[0, 2], metric="l2")
     want = sum(((hs[l][rows] - ht[l][rows]) ** 2).sum(-1).mean() / 5 for l in (0, 2)) / 2  # mean of |a-b|^2 / C
     assert torch.allclose(l2, want)
 
@@ -91,10 +102,9 @@ def test_loss_step_end_to_end_against_slow(world, ckpt):
         for q in student.parameters():
             q.add_(0.01 * torch.randn(q.shape, generator=torch.Generator().manual_seed(1)))
     teacher = align.load_teacher(world / "ar", student)
-    args = align.p.parse_args([])
     x0 = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(2))
-    loss, stats = align.loss_step(student, teacher, x0, torch.Generator().manual_seed(3), args, [0, 1, 2])
-    xt, masked, t = diffusion.corrupt(x0, 259, student.config.shift, torch.Generator().manual_seed(3), args.eps)
+    loss, stats = align.loss_step(student, teacher, x0, torch.Generator().manual_seed(3), layers=[0, 1, 2])
+    xt, masked, t = diffusion.corrupt(x0, 259, student.config.shift, torch.Generator().manual_seed(3), 1 / 500)
     _, hs = student(xt, attn="bidirectional", output_hidden_states=True)
     _, ht = teacher(x0, attn="causal", output_hidden_states=True)
     want = slow_align(hs, ht, masked, [0, 1, 2], student.config.shift, "masked")
@@ -102,30 +112,143 @@ def test_loss_step_end_to_end_against_slow(world, ckpt):
     assert torch.allclose(loss, stats["diff_loss"] + 10 * stats["align_loss"])
 
 
-def test_lambda_zero_never_loads_or_runs_the_teacher(world, tmp_path, monkeypatch):
-    load, forward = Qwen3.from_pretrained.__func__, Qwen3Model.forward
+def old_loss_step(student, teacher, x0, gen, args, layers):
+    """loss_step as it was when it read the script's argparse namespace (with its align_loss inlined)."""
+    c = student.config
+    xt, masked, t = diffusion.corrupt(x0, c.mask_token_id, c.shift, gen, args.eps)
+    if teacher is None:
+        l_diff = diffusion.diffusion_loss(student, x0, xt, masked, t, args.loss_norm, extra_ce=args.extra_ce)
+        return l_diff, dict(diff_loss=l_diff)
+    l_diff, hs = diffusion.diffusion_loss(student, x0, xt, masked, t, args.loss_norm, extra_ce=args.extra_ce,
+                                          output_hidden_states=True)
+    with torch.no_grad():
+        _, ht = teacher.model(x0, "causal", None, True)
+    rows = diffusion.denoiser_rows(masked, c.shift) if args.align_positions == "masked" else torch.ones_like(masked)
+    n, per_layer = rows.sum().clamp(min=1), []
+    for l in layers:
+        a, b = hs[l][rows].float(), ht[l][rows].float()
+        if args.align_metric == "cos":
+            per_layer.append(F.cosine_similarity(a, b, dim=-1).sum() / n)
+        else:
+            per_layer.append((a - b).pow(2).mean(-1).sum() / n)
+    per_layer = torch.stack(per_layer)
+    l_align = 1 - per_layer.mean() if args.align_metric == "cos" else per_layer.mean()
+    return l_diff + args.lambda_align * l_align, dict(diff_loss=l_diff, align_loss=l_align, align_per_layer=per_layer)
 
-    def no_teacher(cls, path, *a, **kw):
-        assert Path(path).resolve() != (world / "ar").resolve(), "the teacher was loaded"
+
+@pytest.mark.parametrize("flags", [dict(), dict(lambda_align=0.0), dict(align_metric="l2", align_positions="all"),
+                                   dict(loss_norm="elbo", extra_ce=True, lambda_align=3.0, eps=0.1)])
+@pytest.mark.parametrize("ckpt", ["dlm", "dlm_noshift"])
+def test_keyword_loss_step_is_bit_identical_to_the_former_formula(world, ckpt, flags):
+    """The copyable loss_step (named parameters) gives exactly the former namespace-based step: loss, stats and
+    gradients, on a seeded batch, for the default recipe, λ = 0, L2 at all positions, ELBO + extra CE."""
+    hp = {**dict(lambda_align=10.0, eps=1 / 500, align_metric="cos", loss_norm="mean", align_positions="masked",
+                 extra_ce=False), **flags}
+    got = {}
+    for name in ("old", "new"):
+        student = Qwen3.from_pretrained(world / ckpt)
+        with torch.no_grad():
+            for q in student.parameters():
+                q.add_(0.01 * torch.randn(q.shape, generator=torch.Generator().manual_seed(1)))
+        teacher = align.load_teacher(world / "ar", student) if hp["lambda_align"] > 0 else None
+        x0 = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(2))
+        gen = torch.Generator().manual_seed(3)
+        if name == "old":
+            loss, stats = old_loss_step(student, teacher, x0, gen, SimpleNamespace(**hp), [0, 2])
+        else:
+            loss, stats = align.loss_step(student, teacher, x0, gen, layers=[0, 2], lambda_align=hp["lambda_align"],
+                                          eps=hp["eps"], metric=hp["align_metric"], norm=hp["loss_norm"],
+                                          positions=hp["align_positions"], extra_ce=hp["extra_ce"])
+        loss.backward()
+        got[name] = loss, stats, [q.grad for q in student.parameters()]
+    (lo, so, go), (ln, sn, gn) = got["old"], got["new"]
+    assert torch.equal(lo, ln) and so.keys() == sn.keys() and all(torch.equal(so[k], sn[k]) for k in so)
+    assert all(torch.equal(a, b) for a, b in zip(go, gn))
+    assert ("align_loss" in sn) == (hp["lambda_align"] > 0)
+    with pytest.raises(ValueError, match="needs a teacher"):
+        align.loss_step(student, None, x0, gen, layers=[0], lambda_align=1.0)
+
+
+def slow_cosines(student, teacher, batches):
+    """Per hidden state, the mean over (batch, row i-1 of masked i) of cos(student on xt, teacher on x0), by
+    loops over full forwards; the masks redrawn at ratio 0.5 with the evaluation's own seed."""
+    g, total, count = torch.Generator().manual_seed(align.EVAL_SEED + 1), None, 0
+    for x0 in batches:
+        xt, masked, _ = diffusion.corrupt(x0, student.config.mask_token_id, True, g, t=0.5)
+        _, hs = student(xt, attn="bidirectional", output_hidden_states=True)
+        _, ht = teacher(x0, attn="causal", output_hidden_states=True)
+        sums = [0.0] * len(hs)
+        for b in range(x0.shape[0]):
+            for i in range(x0.shape[1] - 1):
+                if masked[b, i + 1]:
+                    count += 1
+                    for l in range(len(hs)):
+                        a, c = hs[l][b, i].double(), ht[l][b, i].double()
+                        sums[l] += (a @ c / (a.norm() * c.norm())).item()
+        total = sums if total is None else [x + y for x, y in zip(total, sums)]
+    return [x / count for x in total]
+
+
+def test_cosine_eval_matches_slow_loops_and_teacher_runs_once(world):
+    student = Qwen3.from_pretrained(world / "dlm")
+    with torch.no_grad():
+        for q in student.parameters():
+            q.add_(0.05 * torch.randn(q.shape, generator=torch.Generator().manual_seed(1)))
+    teacher = align.load_teacher(world / "ar", student)
+    batches = [torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    calls = []
+    orig = teacher.model.forward
+    teacher.model.forward = lambda *a: calls.append(1) or orig(*a)
+    cos = align.CosineEval(teacher, student.config, batches)
+    got = cos(student)
+    assert torch.equal(cos(student), got)  # fixed masks
+    assert len(calls) == len(batches)  # once per batch, at construction; not rerun per evaluation
+    want = slow_cosines(student, teacher, batches)
+    assert got.shape == (student.config.num_hidden_layers + 1,)
+    assert torch.allclose(got.double(), torch.tensor(want, dtype=torch.float64), atol=1e-5)
+
+
+def test_lambda_zero_never_runs_the_teacher_in_training(world, tmp_path, monkeypatch):
+    """λ = 0: the teacher is loaded once and run once per evaluation batch before the first training batch is
+    drawn (for val_cos), never after; λ = 10 runs it in training (the trap springs)."""
+    load, forward, get_batch = Qwen3.from_pretrained.__func__, Qwen3Model.forward, data.get_batch
+    loads, training_started = [], []
+
+    def count_teacher(cls, path, *a, **kw):
+        loads.append(Path(path).resolve() == (world / "ar").resolve())
         return load(cls, path, *a, **kw)
 
-    def no_causal(self, idx, attn, *a, **kw):
-        assert attn != "causal", "a causal (teacher) forward ran"
+    def no_causal_in_training(self, idx, attn, *a, **kw):
+        assert not (attn == "causal" and training_started), "a causal (teacher) forward ran in training"
         return forward(self, idx, attn, *a, **kw)
 
-    monkeypatch.setattr(Qwen3, "from_pretrained", classmethod(no_teacher))
-    monkeypatch.setattr(Qwen3Model, "forward", no_causal)
-    r = run(*common(world, tmp_path / "l0"), "--teacher", world / "ar", "--lambda_align", "0", "--max_iters", "3")
+    monkeypatch.setattr(Qwen3, "from_pretrained", classmethod(count_teacher))
+    monkeypatch.setattr(Qwen3Model, "forward", no_causal_in_training)
+    monkeypatch.setattr(data, "get_batch", lambda *a: training_started.append(1) or get_batch(*a))
+    r = run(*common(world, tmp_path / "l0"), "--teacher", world / "ar", "--lambda_align", "0", "--max_iters", "3",
+            "--eval_interval", "2")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "no teacher" in r.stdout and all("align_loss" not in rec for rec in log(tmp_path / "l0"))
-    with pytest.raises(AssertionError, match="teacher was loaded"):  # the trap works: λ > 0 springs it
+    assert sum(loads) == 1 and "no teacher in training" in r.stdout
+    recs = log(tmp_path / "l0")
+    assert all("align_loss" not in rec for rec in recs)
+    assert [len(rec["val_cos"]) for rec in recs if "val_cos" in rec] == [3, 3]  # steps 0 and 2; micro: 3 states
+    with pytest.raises(AssertionError, match="ran in training"):  # the trap works: λ > 0 springs it
         run(*common(world, tmp_path / "l10"), "--teacher", world / "ar", "--max_iters", "1")
+    monkeypatch.undo()
+    moved = tmp_path / "moved"  # a DLM whose AR checkpoint is gone: λ = 0 still trains, without val_cos
+    shutil.copytree(world / "dlm", moved)
+    config = json.loads((moved / "config.json").read_text())
+    (moved / "config.json").write_text(json.dumps(dict(config, converted_from=str(tmp_path / "gone"))))
+    r = run(*common(world, tmp_path / "l0b"), "--init", moved, "--lambda_align", "0", "--max_iters", "1")
+    assert r.returncode == 0 and "no val_cos" in r.stdout and "val_cos" not in log(tmp_path / "l0b")[-1]
+    r = run(*common(world, tmp_path / "l10b"), "--init", moved, "--max_iters", "1")
+    assert r.returncode == 1 and "align: teacher" in r.stderr
 
 
 def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     student = Qwen3.from_pretrained(world / "dlm")
     student.freeze(["embed", "mlp"])
-    teacher = align.load_teacher(world / "ar", student)
+    teacher = align.share_frozen(student, align.load_teacher(world / "ar", student))
     frozen = {n: q for n, q in student.named_parameters() if not q.requires_grad}
     assert "model.embed_tokens.weight" in frozen and any(".mlp." in n for n in frozen)
     for n, q in frozen.items():
@@ -137,11 +260,11 @@ def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     seen = []
     orig_fwd = teacher.model.forward
     teacher.model.forward = lambda idx, attn, *a: seen.append((idx.clone(), attn)) or orig_fwd(idx, attn, *a)
-    args, gen = align.p.parse_args([]), torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
     opt = training.configure_optimizer(student, 1e-2, 0.1)
     for _ in range(3):
         x0 = torch.randint(0, 256, (2, 16), generator=gen)
-        loss, _ = align.loss_step(student, teacher, x0, gen, args, list(range(3)))
+        loss, _ = align.loss_step(student, teacher, x0, gen, layers=list(range(3)))
         loss.backward()
         assert all(q.grad is None for q in frozen.values())
         assert all(q.grad is None for q in teacher.parameters())
@@ -154,6 +277,44 @@ def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     for k, v in after_s.items():
         frozen_k = k in frozen or k == "lm_head.weight"
         assert torch.equal(v, before_s[k]) == frozen_k, k
+
+
+@pytest.mark.parametrize("ckpt,groups", [("dlm", "embed,lm_head"), ("dlm_untied", "embed,lm_head"),
+                                         ("dlm_untied", "embed"), ("dlm_untied", "lm_head")])
+def test_published_freeze_embed_and_head_tied_and_untied(world, tmp_path, ckpt, groups):
+    """--freeze embed,lm_head (the published recipe) keeps exactly the embedding matrix and the output head; tied,
+    that is one matrix (and either name freezes it); untied, each name freezes its own. The teacher shares them."""
+    out = tmp_path / "frz"
+    r = run(*common(world, out), "--init", world / ckpt, "--freeze", groups, "--max_iters", "3", "--samples", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    tied = ckpt == "dlm"
+    assert ("tied embeddings" in r.stdout) == tied
+    init, got = Qwen3.from_pretrained(world / ckpt).state_dict(), Qwen3.from_pretrained(out).state_dict()
+    frozen = {"embed": "model.embed_tokens.weight", "lm_head": "lm_head.weight"}
+    want = {frozen[g] for g in groups.split(",")} | (set(frozen.values()) if tied else set())
+    assert set(init) == set(got) and "lm_head.weight" in init
+    for k in init:
+        assert torch.equal(init[k], got[k]) == (k in want), k
+    student = Qwen3.from_pretrained(world / ckpt)
+    student.freeze(groups.split(","))
+    teacher = align.share_frozen(student, align.load_teacher(world / f"ar{'' if tied else '_untied'}", student))
+    assert (teacher.lm_head.weight is student.lm_head.weight) == ("lm_head.weight" in want)
+    assert (teacher.model.embed_tokens.weight is student.model.embed_tokens.weight) == (frozen["embed"] in want)
+    assert teacher.lm_head.weight is not teacher.model.embed_tokens.weight or tied
+
+
+def test_evaluation_and_checkpoint_intervals_apart(world, tmp_path, monkeypatch):
+    saved, save = [], training.save_checkpoint
+    monkeypatch.setattr(training, "save_checkpoint", lambda *a, **kw: saved.append(a[4]) or save(*a, **kw))
+    out = tmp_path / "iv"
+    r = run(*common(world, out), "--max_iters", "7", "--eval_interval", "2", "--ckpt_interval", "4", "--samples", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert saved == [0, 4, 6]  # every --ckpt_interval, and the last step
+    recs = log(out)
+    assert [x["step"] for x in recs if "val_acc@0.5" in x] == [0, 2, 4, 6]
+    assert all(len(x["val_cos"]) == 3 for x in recs if "val_acc@0.5" in x)
+    res = json.loads((out / "results.json").read_text())
+    assert res["val_cos"] == recs[-1]["val_cos"] and res["val_nelbo"] == recs[-1]["val_nelbo"]
 
 
 def test_script_freeze_keeps_frozen_weights_and_refuses_scratch_with_freeze(world, tmp_path):
@@ -185,7 +346,7 @@ def test_learns_writes_results_and_samples(world, tmp_path):
 
 def test_resume_after_kill(world, tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
-    args = ["--max_iters", "8", "--eval_interval", "4", "--samples", "0", "--freeze", "embed"]
+    args = ["--max_iters", "8", "--eval_interval", "2", "--ckpt_interval", "4", "--samples", "0", "--freeze", "embed"]
     assert run(*common(world, full), *args).returncode == 0
     with killed_after_checkpoint(4):
         assert run(*common(world, cut), *args).returncode == 3
