@@ -82,7 +82,8 @@ def load_teacher(path, student, device="cpu"):
     shares the frozen tensors (share_frozen); evaluating a λ = 0 run needs no sharing."""
     if path is None:
         raise SystemExit("align: no --teacher given and the student's config has no converted_from")
-    teacher = training.load_model(path, device, "align: teacher").requires_grad_(False).eval()
+    teacher = training.load_model(path, device, "align: teacher", attn="causal", like=student)
+    teacher.requires_grad_(False).eval()
     shapes = lambda m: {k: v.shape for k, v in m.state_dict().items()}
     if shapes(teacher) != shapes(student) or teacher.config.tie_word_embeddings != student.config.tie_word_embeddings:
         raise SystemExit(f"align: the teacher {path} and the student have different shapes")

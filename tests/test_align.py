@@ -360,7 +360,8 @@ def test_resume_after_kill(world, tmp_path):
 
 def test_nan_stops_cleanly_and_refusals(world, tmp_path):
     out = tmp_path / "nan"
-    r = run(*common(world, out), "--max_iters", "30", "--eval_interval", "1", "--lr", "1e12", "--grad_clip", "1e30")
+    r = run(*common(world, out), "--max_iters", "30", "--eval_interval", "1", "--ckpt_interval", "1", "--lr", "1e12",
+            "--grad_clip", "1e30")
     assert r.returncode == 1 and "at step" in r.stderr and "last good checkpoint" in r.stderr
     assert Qwen3.from_pretrained(out)
     for ckpt in ("ar", "block"):  # a causal or block checkpoint is not a REPR-ALIGN student
