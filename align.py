@@ -1,6 +1,6 @@
 """
 REPR-ALIGN: train a masked-diffusion LM converted from an AR model while aligning its hidden states with
-the frozen AR model's (methods.md §2).
+the frozen AR model's (docs/methods.md §2).
 
     python align.py --init out/dlm-tiny --data data/stdlib --out_dir out/align            # λ = 10
     python align.py --init out/dlm-tiny --data data/stdlib --out_dir out/ar-ft --lambda_align 0
@@ -157,7 +157,7 @@ def loss_step(student, teacher, x0, generator, *, layers, lambda_align=10.0, eps
     l_diff, hs = diffusion.diffusion_loss(student, x0, xt, masked, t, norm, extra_ce=extra_ce,
                                           output_hidden_states=True)
     with torch.no_grad():
-        _, ht = teacher.model(x0, "causal", None, True)  # the clean x0, same positions; no lm_head needed
+        _, ht = teacher.model(x0, "causal", output_hidden_states=True)  # the clean x0, same positions; no lm_head needed
     l_align, per_layer = repr_align_loss(hs, ht, align_rows(masked, c.shift, positions), layers=layers, metric=metric)
     return l_diff + lambda_align * l_align, dict(diff_loss=l_diff, align_loss=l_align, align_per_layer=per_layer)
 
@@ -176,7 +176,7 @@ class CosineEval:
             xt, masked, _ = diffusion.corrupt(x0, c.mask_token_id, c.shift, g, t=COS_RATIO)
             rows = align_rows(masked, c.shift, "masked")
             with self.ctx:
-                _, ht = teacher.model(x0, "causal", None, True)
+                _, ht = teacher.model(x0, "causal", output_hidden_states=True)
             self.items.append((xt, rows, [h[rows].float() for h in ht]))  # per layer (|S|, C)
 
     @torch.no_grad()
@@ -186,7 +186,8 @@ class CosineEval:
         total, n = 0, 0
         for xt, rows, ht in self.items:
             with self.ctx:
-                _, hs = student.model(xt, student.config.attn, student.config.block_size, True)
+                _, hs = student.model(xt, student.config.attn, block_size=student.config.block_size,
+                                      output_hidden_states=True)
             total = total + torch.stack([F.cosine_similarity(h[rows].float(), t, dim=-1).sum() for h, t in zip(hs, ht)])
             n += rows.sum().item()
         student.train()

@@ -45,7 +45,7 @@ update (forward, backward, AdamW). Then, on one rollout batch, the vectorised st
 [prompt, x0, xt] against the one-forward-per-block reference (diffusion.per_block_logits), interleaved, with
 their losses (equal up to rounding). Random weights commit one token per round, so the rollout is the slowest
 case (seq_len forwards). On a GPU: `python bench.py --what distill --preset qwen3-0.6b --seq_len 512
---batch_size 1` (issue 6's Qwen3-0.6B shape, rollout 512).
+--batch_size 1` (the Qwen3-0.6B shape, rollout 512).
 """
 import argparse
 import os

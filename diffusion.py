@@ -1,5 +1,5 @@
 """
-The masked-diffusion objective (methods.md §1), shared by align.py, distill.py, eval.py and merge.py, and the
+The masked-diffusion objective (docs/methods.md §1), shared by align.py, distill.py, eval.py and merge.py, and the
 block-diffusion (BD3-LM) forward that scores and trains block DLMs.
 
     xt, masked, t = corrupt(x0, mask_id, shift, generator)        # t ~ U(eps, 1-eps) per sequence
@@ -152,7 +152,7 @@ def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, fle
     real = torch.ones_like(x, dtype=torch.bool) if real is None else real
     pos = torch.arange(L, device=x.device).expand(B, L) if pos is None else pos
     mask = train_mask(real, N, bs, flex=flex)
-    h, _ = model.model(torch.cat([x, xt], 1), mask, None, False, torch.cat([pos, pos[:, P:]], 1))  # (B, L + N, C)
+    h, _ = model.model(torch.cat([x, xt], 1), mask, pos=torch.cat([pos, pos[:, P:]], 1))  # (B, L + N, C)
     b, i = sel.nonzero(as_tuple=True)
     first = (i % bs == 0) & bool(shift)
     rows = torch.where(first, P + i - 1, L + i - shift)
@@ -175,7 +175,7 @@ def masked_logits(model, xt, masked, attn=None, shift=None, output_hidden_states
         if x0 is None or output_hidden_states:
             raise ValueError("a block DLM is read over [x0, xt] (BD3-LM): pass x0; hidden states are not offered")
         return block_logits(model, x0, xt, masked, shift=shift), None
-    h, hidden = model.model(xt, attn, c.block_size, output_hidden_states)  # (B, T, C)
+    h, hidden = model.model(xt, attn, block_size=c.block_size, output_hidden_states=output_hidden_states)  # (B, T, C)
     return model.lm_head(h[denoiser_rows(masked, shift)]), hidden
 
 

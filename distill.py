@@ -1,5 +1,5 @@
 """
-OPDLM: on-policy distillation of a block-diffusion student from the frozen AR teacher (methods.md §3).
+OPDLM: on-policy distillation of a block-diffusion student from the frozen AR teacher (docs/methods.md §3).
 
     python distill.py --init out/dlm-block --teacher out/ar-tiny --data data/stdlib --out_dir out/distill
     python distill.py ... --policy off     # ablation: the student's own rollouts, masked at random (other states)
@@ -121,7 +121,7 @@ def valid_positions(gen_tokens, eos_id, train_eos=False):
 def teacher_logits(teacher, x, real, pos, P, sel):
     """(M, V): p_AR(. | prompt, x0_<i) for the positions sel, read at slot P + i - 1 of one causal forward."""
     mask = "causal" if real.all() else attend("causal", torch.arange(x.shape[1], device=x.device), real)
-    h = teacher.model(x, mask, None, False, pos)[0]
+    h = teacher.model(x, mask, pos=pos)[0]
     b, i = sel.nonzero(as_tuple=True)
     return teacher.lm_head(h[b, P + i - 1])
 

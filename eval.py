@@ -1,5 +1,5 @@
 """
-The yardstick (methods.md §6): likelihood, generation quality, HumanEval pass@k, speed, for AR and DLM
+The yardstick (docs/methods.md §6): likelihood, generation quality, HumanEval pass@k, speed, for AR and DLM
 checkpoints alike. Each subcommand prints a short table and writes --out FILE (JSON: settings, seeds, results).
 
     python eval.py likelihood --ckpt out/dlm-tiny --data data/stdlib

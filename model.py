@@ -104,7 +104,7 @@ class Qwen3Config:
         return {**hf, **self.extra, **d}
 
 
-# Presets: the published Qwen3 shapes (methods.md) and tiny ones for CPU work.
+# Presets: the published Qwen3 shapes (docs/methods.md §0) and tiny ones for CPU work.
 PRESETS = {
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
@@ -265,7 +265,7 @@ class Qwen3Model(nn.Module):
         self.config = config
         self.gradient_checkpointing = False
 
-    def forward(self, idx, attn, block_size=None, output_hidden_states=False, pos=None, cache=None, slots=None):
+    def forward(self, idx, attn, *, block_size=None, output_hidden_states=False, pos=None, cache=None, slots=None):
         """Returns the final normed hidden state (B, T, C) and, if asked, Hugging Face's hidden_states list:
         the embedding output, each block's output, and the last one replaced by the final-norm output."""
         B, T = idx.shape
@@ -307,7 +307,8 @@ class Qwen3(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, idx, attn=None, block_size=None, output_hidden_states=False, pos=None, cache=None, slots=None):
+    def forward(self, idx, attn=None, *, block_size=None, output_hidden_states=False, pos=None, cache=None,
+                slots=None):
         """idx (B, T) token ids -> logits (B, T, vocab) [, hidden_states].
         attn: "causal" | "bidirectional" | "block" | a boolean mask | a FlexAttention BlockMask (no cache);
         default: the checkpoint's mode.
@@ -325,7 +326,8 @@ class Qwen3(nn.Module):
                 raise ValueError("attn='block' needs block_size (argument or checkpoint config)")
         if (cache is None) != (slots is None):
             raise ValueError("cache and slots go together")
-        h, hidden = self.model(idx, attn, block_size, output_hidden_states, pos, cache, slots)
+        h, hidden = self.model(idx, attn, block_size=block_size, output_hidden_states=output_hidden_states, pos=pos,
+                               cache=cache, slots=slots)
         logits = self.lm_head(h)
         return (logits, hidden) if output_hidden_states else logits
 

@@ -122,7 +122,7 @@ def old_loss_step(student, teacher, x0, gen, args, layers):
     l_diff, hs = diffusion.diffusion_loss(student, x0, xt, masked, t, args.loss_norm, extra_ce=args.extra_ce,
                                           output_hidden_states=True)
     with torch.no_grad():
-        _, ht = teacher.model(x0, "causal", None, True)
+        _, ht = teacher.model(x0, "causal", output_hidden_states=True)
     rows = diffusion.denoiser_rows(masked, c.shift) if args.align_positions == "masked" else torch.ones_like(masked)
     n, per_layer = rows.sum().clamp(min=1), []
     for l in layers:
@@ -198,7 +198,7 @@ def test_cosine_eval_matches_slow_loops_and_teacher_runs_once(world):
     batches = [torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(k)) for k in range(3)]
     calls = []
     orig = teacher.model.forward
-    teacher.model.forward = lambda *a: calls.append(1) or orig(*a)
+    teacher.model.forward = lambda *a, **kw: calls.append(1) or orig(*a, **kw)
     cos = align.CosineEval(teacher, student.config, batches)
     got = cos(student)
     assert torch.equal(cos(student), got)  # fixed masks
@@ -259,7 +259,7 @@ def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     before_s = {k: v.clone() for k, v in student.state_dict().items()}
     seen = []
     orig_fwd = teacher.model.forward
-    teacher.model.forward = lambda idx, attn, *a: seen.append((idx.clone(), attn)) or orig_fwd(idx, attn, *a)
+    teacher.model.forward = lambda idx, attn, **kw: seen.append((idx.clone(), attn)) or orig_fwd(idx, attn, **kw)
     gen = torch.Generator().manual_seed(0)
     opt = training.configure_optimizer(student, 1e-2, 0.1)
     for _ in range(3):

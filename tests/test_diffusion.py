@@ -261,7 +261,7 @@ def old_fixed_mask_eval(model, batches, ratios, seed, elbo_eps):
         return torch.where(masked, torch.full_like(x0, c.mask_token_id), x0), masked, t
 
     def old_logits(xt, masked):
-        h, _ = model.model(xt, c.attn, c.block_size, False)
+        h, _ = model.model(xt, c.attn, block_size=c.block_size)
         return model.lm_head(h[F.pad(masked[:, 1:], (0, 1), value=False) if c.shift else masked])
 
     ce, acc, n, nelbo = [0.0] * len(ratios), [0] * len(ratios), [0] * len(ratios), 0.0
