@@ -1,15 +1,15 @@
 """
 A second embedded world, with exact answers: algorithmic prompt -> answer tasks made in code, a checker per
 task, and exact-match evaluation of any checkpoint with its own sampler (minGPT's sorting and addition demos,
-sized so that the tiny teacher learns them in a few CPU minutes).
+as documents for data.py: one {"text": prompt + answer} per line of train.jsonl).
 
     python tasks.py --out_dir data/tasks                                  # train.jsonl, heldout.jsonl
     python data.py --source data/tasks/train.jsonl --out_dir data/tasks   # a BPE learnt on them, token files
-    python pretrain.py --data data/tasks --out_dir out/ar-tasks --max_iters 200
+    python pretrain.py --data data/tasks --out_dir out/ar-tasks
     python tasks.py --out_dir data/tasks --ckpt out/ar-tasks              # exact match on heldout.jsonl
 
-The families (digits are space-separated, so the learnt BPE and the byte tokenizer both see each digit alone;
-the answer ends where the document does, at eos):
+The families (digits are space-separated, so the learnt BPE gives each digit one token and the byte tokenizer
+two; the answer ends where the document does, at eos). Default sizes: lists of 2-4 digits, operands of 1-2.
 
     sort 3 1 2 =        ->   1 2 3      every answer digit is fixed by the prompt alone: a DLM may commit
     rev 3 1 2 =         ->   2 1 3      the whole answer in one forward
@@ -19,8 +19,8 @@ the answer ends where the document does, at eos):
 What is notable here:
 - The split is by construction: a prompt is held out when a stable hash of its text says so (data.is_val, the
   rule data.py splits documents with), so no held-out prompt can occur in train.jsonl, whatever the seed or
-  the sizes. Train and held-out prompts come from separately seeded streams: changing one size changes
-  nothing in the other file.
+  the sizes. Train and held-out prompts come from separately seeded streams: --n_train leaves heldout.jsonl
+  as it is, and --n_heldout train.jsonl.
 - check(family, prompt, completion) solves the prompt itself (solve) and compares whitespace-normalised
   digit strings up to the first eos text: exact, and independent of any stored answer.
 - exact_match scores a checkpoint with the sampler its config.attn picks (causal: AR, bidirectional: masked
@@ -50,7 +50,7 @@ def digits_text(ds):
     return "".join(f" {d}" for d in ds)  # [1, 2, 3] -> " 1 2 3"
 
 
-def make_prompt(family, rng, *, min_len=2, max_len=8, max_digits=3):
+def make_prompt(family, rng, *, min_len=2, max_len=4, max_digits=2):
     """A random canonical prompt: sort/rev a list of min_len..max_len digits; add two numbers of 1..max_digits
     digits each (the digit count uniform, then the value; no leading zeros)."""
     if family == "add":
@@ -201,8 +201,8 @@ def main():
     p.add_argument("--n_heldout", type=int, default=200, help="held-out prompts per family")
     p.add_argument("--heldout_fraction", type=float, default=0.05, help="share of the prompt space held out")
     p.add_argument("--min_len", type=int, default=2, help="sort, rev: the shortest list")
-    p.add_argument("--max_len", type=int, default=8, help="sort, rev: the longest list")
-    p.add_argument("--max_digits", type=int, default=3, help="add: the longest operand")
+    p.add_argument("--max_len", type=int, default=4, help="sort, rev: the longest list")
+    p.add_argument("--max_digits", type=int, default=2, help="add: the longest operand")
     p.add_argument("--ckpt", default=None, help="instead: score this checkpoint on --out_dir/heldout.jsonl")
     p.add_argument("--batch_size", type=int, default=64, help="with --ckpt: prompts per sampler call")
     p.add_argument("--threshold", type=float, default=None, help="with --ckpt, DLMs: parallel decoding threshold")

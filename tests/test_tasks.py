@@ -66,6 +66,19 @@ def test_solve_matches_slow_reference():
     assert tasks.make_prompt("sort", rng, min_len=3, max_len=3).count(" ") == 4  # "sort d d d ="
 
 
+def test_make_prompt_sizes():
+    sizes = {f: set() for f in tasks.FAMILIES}
+    for family, p in prompts(400):
+        body = p.split()[1:-1]
+        if family == "add":
+            a, b = " ".join(body).split(" + ")
+            sizes[family] |= {len(a.split()), len(b.split())}
+            assert all(n == "0" or not n.startswith("0") for n in (a, b))
+        else:
+            sizes[family].add(len(body))
+    assert sizes == dict(sort={2, 3, 4, 5, 6}, rev={2, 3, 4, 5, 6}, add={1, 2, 3})  # SIZES, every one drawn
+
+
 def near_misses(answer):
     """Wrong completions one edit from the answer digits: one digit off, two swapped, truncated, one extra."""
     ds = answer.split()
@@ -135,7 +148,8 @@ def test_tokenization_splits_at_the_answer():
 
 
 def test_cli_writes_files_data_py_reads(tmp_path):
-    r = run_script("tasks.py", "--out_dir", tmp_path, "--n_train", 400, "--n_heldout", 7, "--max_len", 5)
+    small = ("--n_train", 400, "--n_heldout", 7, "--max_len", 5)
+    r = run_script("tasks.py", "--out_dir", tmp_path, *small)
     assert r.returncode == 0, r.stderr
     docs = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert len(docs) == 400 and all(set(d) == {"text"} for d in docs)
@@ -144,7 +158,7 @@ def test_cli_writes_files_data_py_reads(tmp_path):
     meta = data.prepare(str(tmp_path), source=str(tmp_path / "train.jsonl"), tokenizer="byte")
     assert sum(s["documents"] for s in meta["splits"].values()) == 400
     again = tmp_path / "again"
-    assert run_script("tasks.py", "--out_dir", again, "--n_train", 400, "--n_heldout", 7, "--max_len", 5).returncode == 0
+    assert run_script("tasks.py", "--out_dir", again, *small).returncode == 0
     assert (again / "train.jsonl").read_text() == (tmp_path / "train.jsonl").read_text()
     assert run_script("tasks.py", "--out_dir", again, "--families", "sort,mul").returncode == 2
 
