@@ -223,7 +223,10 @@ def main():
         print(f"wrote {args.out_dir}/train.jsonl ({len(train):,} documents) and heldout.jsonl ({len(items)} prompts)")
         return
     import eval as evaluation  # after argument parsing: loading a checkpoint needs torch and the model
-    items = data.read_jsonl(Path(args.out_dir) / "heldout.jsonl", ("prompt", "answer", "family"))
+    path = Path(args.out_dir) / "heldout.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"tasks: no {path}; write one with: python tasks.py --out_dir {args.out_dir}")
+    items = data.read_jsonl(path, ("prompt", "answer", "family"))
     model, tok, _, _ = evaluation.load(args.ckpt, args.device, args.seed)
     res = exact_match(model, tok, items, batch_size=args.batch_size, threshold=args.threshold,
                       block_length=args.block_length, steps=args.steps)

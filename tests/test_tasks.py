@@ -271,6 +271,8 @@ def test_forwards_per_row_equal_the_row_decoded_alone(world, attn, kw):
 
 def test_cli_scores_a_checkpoint(tmp_path):
     """End to end on a saved (untrained, byte-tokenizer) micro checkpoint: a table per family."""
+    r = run_script("tasks.py", "--out_dir", tmp_path, "--ckpt", tmp_path / "ar")
+    assert r.returncode == 1 and "heldout.jsonl" in r.stderr and "Traceback" not in r.stderr
     assert run_script("tasks.py", "--out_dir", tmp_path, "--n_heldout", 3, "--n_train", 10).returncode == 0
     Qwen3(preset("micro")).init_weights(0).save_pretrained(tmp_path / "ar")
     Tokenizer.byte_level().save_pretrained(tmp_path / "ar")
