@@ -1,0 +1,282 @@
+"""tasks.py: the answers against slow schoolbook re-implementations written here; the checkers accept the right
+answer and reject near misses; the held-out split is disjoint by construction and deterministic; the text format
+tokenizes the same with and without its answer; exact_match scores an oracle stand-in checkpoint (its logits put
+the right next token first) at 1.0 and a wrong one at 0 under all three samplers, and counts each row's
+forwards as the sampler spends them on that row decoded alone."""
+import json
+import random
+
+import pytest
+import torch
+
+import data
+import sample
+import tasks
+from conftest import run_script
+from model import Qwen3, Qwen3Config, preset
+from tokenizer import EOS, Tokenizer
+
+SIZES = dict(min_len=2, max_len=6, max_digits=3)
+
+
+# ---- slow references -------------------------------------------------------------------------------
+
+def schoolbook_add(a, b):
+    """Digit lists, most significant first -> their sum's digits: column by column from the right, with a carry."""
+    a, b, out, carry = a[::-1], b[::-1], [], 0
+    for i in range(max(len(a), len(b))):
+        s = (a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) + carry
+        out.append(s % 10)
+        carry = s // 10
+    if carry:
+        out.append(carry)
+    while len(out) > 1 and out[-1] == 0:
+        out.pop()
+    return out[::-1]
+
+
+def slow_answer(prompt):
+    """The answer digits of a prompt, read word by word: counting sort, an index loop, schoolbook addition."""
+    words = prompt.split()
+    family, body = words[0], [w for w in words[1:-1]]
+    if family == "sort":
+        counts = [0] * 10
+        for w in body:
+            counts[int(w)] += 1
+        return [d for d in range(10) for _ in range(counts[d])]
+    if family == "rev":
+        return [int(body[len(body) - 1 - i]) for i in range(len(body))]
+    plus = body.index("+")
+    return schoolbook_add([int(w) for w in body[:plus]], [int(w) for w in body[plus + 1:]])
+
+
+def prompts(n, seed=0, **sizes):
+    rng = random.Random(seed)
+    return [(f, tasks.make_prompt(f, rng, **(sizes or SIZES))) for f in tasks.FAMILIES for _ in range(n)]
+
+
+# ---- the tasks -------------------------------------------------------------------------------------
+
+def test_solve_matches_slow_reference():
+    for family, p in prompts(300) + prompts(50, seed=1, min_len=1, max_len=12, max_digits=6):
+        assert tasks.solve(family, p).split() == [str(d) for d in slow_answer(p)], p
+    rng = random.Random(2)
+    carries = [tasks.make_prompt("add", rng, max_digits=4) for _ in range(500)]
+    assert any(len(tasks.solve("add", p).split()) > 4 for p in carries)  # carries out of the top digit happen
+    assert tasks.make_prompt("sort", rng, min_len=3, max_len=3).count(" ") == 4  # "sort d d d ="
+
+
+def test_make_prompt_sizes():
+    sizes = {f: set() for f in tasks.FAMILIES}
+    for family, p in prompts(400):
+        body = p.split()[1:-1]
+        if family == "add":
+            a, b = " ".join(body).split(" + ")
+            sizes[family] |= {len(a.split()), len(b.split())}
+            assert all(n == "0" or not n.startswith("0") for n in (a, b))
+        else:
+            sizes[family].add(len(body))
+    assert sizes == dict(sort={2, 3, 4, 5, 6}, rev={2, 3, 4, 5, 6}, add={1, 2, 3})  # SIZES, every one drawn
+
+
+def near_misses(answer):
+    """Wrong completions one edit from the answer digits: one digit off, two swapped, truncated, one extra."""
+    ds = answer.split()
+    wrong = [" ".join(ds[:i] + [str((int(ds[i]) + 1) % 10)] + ds[i + 1:]) for i in range(len(ds))]
+    wrong += [" ".join(ds[:i] + [ds[i + 1], ds[i]] + ds[i + 2:]) for i in range(len(ds) - 1) if ds[i] != ds[i + 1]]
+    wrong += [" ".join(ds[:-1]), " ".join(ds + ["0"]), " ".join(ds + ds), "", "".join(ds) + " 0"]
+    return wrong
+
+
+def test_check_accepts_answer_rejects_near_misses():
+    n_wrong = 0
+    for family, p in prompts(60):
+        ans = tasks.solve(family, p)
+        for right in (ans, ans.strip(), " " + "  ".join(ans.split()) + "\n", ans + EOS + " 7 7", ans + EOS):
+            assert tasks.check(family, p, right), (p, right)
+        for wrong in near_misses(ans):
+            assert not tasks.check(family, p, wrong), (p, wrong)
+            n_wrong += 1
+        assert not tasks.check(family, p, "".join(ans.split())) or len(ans.split()) == 1  # "123" is not "1 2 3"
+        assert not tasks.check(family, p, EOS + ans)  # nothing before eos
+    assert n_wrong > 1000
+    assert not tasks.check("sort", "sort 3 1 2 =", " 3 2 1") and tasks.check("rev", "rev 3 1 2 =", " 2 1 3")
+
+
+@pytest.mark.parametrize("family, prompt", [
+    ("sort", "sort 3 1 2"), ("sort", "sort 12 3 ="), ("sort", "sort ="), ("sort", "rev 3 1 ="), ("sort", "sort 3  1 ="),
+    ("rev", "rev 3 x ="), ("add", "add 0 1 + 2 ="), ("add", "add 1 + ="), ("add", "add + 2 ="), ("add", "add 1 2 ="),
+    ("add", "add 1 + 2 + 3 ="), ("mul", "mul 2 + 3 =")])
+def test_solve_rejects_malformed_prompts(family, prompt):
+    with pytest.raises(ValueError):
+        tasks.solve(family, prompt)
+
+
+def test_split_is_disjoint_and_deterministic():
+    train, items = tasks.build(seed=3, n_train=3000, n_heldout=40, heldout_fraction=0.1, **SIZES)
+    assert (train, items) == tasks.build(seed=3, n_train=3000, n_heldout=40, heldout_fraction=0.1, **SIZES)
+    assert train != tasks.build(seed=4, n_train=3000, n_heldout=40, heldout_fraction=0.1, **SIZES)[0]
+    # the train stream does not depend on the held-out size, nor the held-out prompts on the training size
+    assert train[:1000] == tasks.build(seed=3, n_train=1000, n_heldout=5, heldout_fraction=0.1, **SIZES)[0]
+    assert items[:40] == tasks.build(seed=3, n_train=10, n_heldout=40, heldout_fraction=0.1, **SIZES)[1][:40]
+    train_prompts = {t[:t.index("=") + 1] for t in train}
+    held = [it["prompt"] for it in items]
+    assert len(held) == len(set(held)) == 3 * 40 and not train_prompts & set(held)
+    assert all(data.is_val(p, 0.1) for p in held) and not any(data.is_val(p, 0.1) for p in train_prompts)
+    for it in items:
+        assert it["answer"] == tasks.solve(it["family"], it["prompt"]) and it["prompt"].startswith(it["family"])
+    for t in train:
+        family, prompt = t.split()[0], t[:t.index("=") + 1]
+        assert t == prompt + tasks.solve(family, prompt)
+    assert {t.split()[0] for t in train} == set(tasks.FAMILIES)
+    # a prompt space smaller than asked for gives what it has: 100 two-digit lists, about a tenth held out
+    _, few = tasks.build(seed=3, n_train=0, n_heldout=50, families=("sort",), min_len=2, max_len=2)
+    assert 0 < len(few) < 25 and all(data.is_val(it["prompt"], 0.05) for it in few)
+
+
+def test_tokenization_splits_at_the_answer():
+    """Each document tokenizes as its prompt's tokens then its answer's, so a model trained on documents is
+    asked exactly the prompt; the learnt BPE gives every digit (with its space) one token."""
+    train, items = tasks.build(seed=0, n_train=2000, n_heldout=20, **SIZES)
+    bpe = Tokenizer.train(train, 1024)
+    for tok in (Tokenizer.byte_level(), bpe):
+        for it in items:
+            assert tok.encode(it["prompt"] + it["answer"]) == tok.encode(it["prompt"]) + tok.encode(it["answer"])
+    for it in items:
+        assert [bpe.decode([i]) for i in bpe.encode(it["answer"])] == [f" {d}" for d in it["answer"].split()]
+    assert bpe.vocab_size < 300  # a small world: the bytes, a few merges, the special tokens
+
+
+def test_cli_writes_files_data_py_reads(tmp_path):
+    small = ("--n_train", 400, "--n_heldout", 7, "--max_len", 5)
+    r = run_script("tasks.py", "--out_dir", tmp_path, *small)
+    assert r.returncode == 0, r.stderr
+    docs = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert len(docs) == 400 and all(set(d) == {"text"} for d in docs)
+    items = data.read_prompts(tmp_path / "heldout.jsonl")
+    assert len(items) == 21 and all(set(it) == {"prompt", "answer", "family"} for it in items)
+    meta = data.prepare(str(tmp_path), source=str(tmp_path / "train.jsonl"), tokenizer="byte")
+    assert sum(s["documents"] for s in meta["splits"].values()) == 400
+    again = tmp_path / "again"
+    assert run_script("tasks.py", "--out_dir", again, *small).returncode == 0
+    assert (again / "train.jsonl").read_text() == (tmp_path / "train.jsonl").read_text()
+    assert run_script("tasks.py", "--out_dir", again, "--families", "sort,mul").returncode == 2
+
+
+# ---- exact_match -----------------------------------------------------------------------------------
+
+SHIFT = {"causal": None, "bidirectional": True, "block": False}
+
+
+class Oracle(torch.nn.Module):
+    """A stand-in checkpoint. At every fed position its logits put first the token that position has to
+    predict in prompt + answers[prompt] + eos (the next token for AR and a shifted DLM, this one for an unshifted
+    DLM), read off the RoPE position; that logit is sharp(index), every other 0, so confidence (and with it the
+    rounds of parallel decoding) can vary by position. The KV cache is a (B, L) buffer of the tokens by slot."""
+
+    def __init__(self, tok, answers, attn, block_size=None, sharp=lambda j: 12.0):
+        super().__init__()
+        self.config = Qwen3Config(vocab_size=tasks.round_up(tok.mask_id + 1, 64), attn=attn, block_size=block_size,
+                                  mask_token_id=None if attn == "causal" else tok.mask_id, shift=SHIFT[attn],
+                                  bos_token_id=tok.eos_id, eos_token_id=tok.eos_id)
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(1, 1)  # the samplers read the device from it
+        self.targets = {tuple(tok.encode(p)): tok.encode(a) + [tok.eos_id] for p, a in answers.items()}
+        self.eos, self.sharp = tok.eos_id, sharp
+
+    def new_cache(self, batch_size, max_len):
+        return torch.full((batch_size, max_len), -1)
+
+    def forward(self, idx, attn=None, pos=None, cache=None, slots=None):
+        seq = idx
+        if cache is not None:
+            cache[:, slots] = idx
+            seq = cache
+        B, T = idx.shape
+        logits = torch.zeros(B, T, self.config.vocab_size)
+        ahead = int(self.config.shift is not False)
+        for b in range(B):
+            row = seq[b].tolist()
+            while row[0] == self.eos:  # the left padding
+                row.pop(0)
+            prompt = next(p for p in self.targets if tuple(row[:len(p)]) == p)
+            target = [*prompt, *self.targets[prompt]]
+            for k in range(T):
+                j = int(pos[b, k]) + ahead
+                logits[b, k, target[min(j, len(target) - 1)]] = self.sharp(j)
+        return logits
+
+
+@pytest.fixture(scope="module")
+def world():
+    """A learnt BPE and held-out items whose answers differ in length (rows finish in different blocks)."""
+    train, items = tasks.build(seed=0, n_train=2000, n_heldout=5, **SIZES)
+    return Tokenizer.train(train, 1024), items
+
+
+def wrong(answer):
+    return "".join(f" {(int(d) + 1) % 10}" for d in answer.split())
+
+
+KINDS = [("causal", {}), ("bidirectional", {}), ("bidirectional", dict(threshold=0.9, block_length=4)),
+         ("block", dict(block_size=4)), ("block", dict(block_size=3, threshold=0.5))]
+
+
+@pytest.mark.parametrize("attn, kw", KINDS)
+def test_exact_match_oracle_right_and_wrong(world, attn, kw):
+    tok, items = world
+    kw = dict(kw)
+    bs = kw.pop("block_size", None)
+    right = Oracle(tok, {it["prompt"]: it["answer"] for it in items}, attn, bs)
+    res = tasks.exact_match(right, tok, items, batch_size=4, **kw)
+    assert res["accuracy"] == 1.0 and set(res["families"]) == set(tasks.FAMILIES)
+    assert all(f["accuracy"] == 1.0 and f["n"] == 5 for f in res["families"].values())
+    assert [r["prompt"] for r in res["rows"]] == [it["prompt"] for it in items]
+    assert all(r["completion"] == it["answer"] for r, it in zip(res["rows"], items))
+    assert all(r["tokens"] == len(tok.encode(it["answer"])) + 1 for r, it in zip(res["rows"], items))
+    bad = Oracle(tok, {it["prompt"]: wrong(it["answer"]) for it in items}, attn, bs)
+    res_bad = tasks.exact_match(bad, tok, items, batch_size=4, **kw)
+    assert res_bad["accuracy"] == 0.0 and all(not r["correct"] for r in res_bad["rows"])
+    tpf = [f["tokens_per_forward"] for f in res["families"].values()]
+    if attn == "causal":
+        assert tpf == [1.0, 1.0, 1.0]
+    elif attn == "block" or kw.get("threshold"):  # a confident oracle commits a whole block per forward
+        assert min(tpf) > 1.5
+    else:  # LLaDA, one token a step
+        assert all(r["forwards"] >= r["tokens"] for r in res["rows"])
+
+
+@pytest.mark.parametrize("attn, kw", [("bidirectional", dict(block_length=4)), *KINDS[2:]])
+def test_forwards_per_row_equal_the_row_decoded_alone(world, attn, kw):
+    """Rows of one batch finish in different blocks and take different numbers of rounds (the oracle is unsure
+    at one position in three): each row's count must be the sampler's nfe on that row's prompt alone."""
+    tok, items = world
+    kw = dict(kw)
+    bs = kw.pop("block_size", None)
+    unsure = Oracle(tok, {it["prompt"]: it["answer"] for it in items}, attn, bs, sharp=lambda j: 12 if j % 3 else 1.5)
+    res = tasks.exact_match(unsure, tok, items, batch_size=8, max_new_tokens=12, **kw)
+    assert res["accuracy"] == 1.0
+    common = dict(eos_id=tok.eos_id, vocab_limit=tok.vocab_size)
+    alone = []
+    for it in items:
+        p = [tok.encode(it["prompt"])]
+        if attn == "block":
+            alone.append(sample.block_generate(unsure, p, 12, bs, kw.get("threshold", 0.9), **common).nfe)
+        else:
+            bl = kw.get("block_length", 12)
+            alone.append(sample.diffusion_generate(unsure, p, 12, bl, 12, threshold=kw.get("threshold"), **common).nfe)
+    assert [r["forwards"] for r in res["rows"]] == alone
+    assert len(set(alone)) > 1  # the check has teeth: the rows differ
+
+
+def test_cli_scores_a_checkpoint(tmp_path):
+    """End to end on a saved (untrained, byte-tokenizer) micro checkpoint: a table per family."""
+    r = run_script("tasks.py", "--out_dir", tmp_path, "--ckpt", tmp_path / "ar")
+    assert r.returncode == 1 and "heldout.jsonl" in r.stderr and "Traceback" not in r.stderr
+    assert run_script("tasks.py", "--out_dir", tmp_path, "--n_heldout", 3, "--n_train", 10).returncode == 0
+    Qwen3(preset("micro")).init_weights(0).save_pretrained(tmp_path / "ar")
+    Tokenizer.byte_level().save_pretrained(tmp_path / "ar")
+    r = run_script("tasks.py", "--out_dir", tmp_path, "--ckpt", tmp_path / "ar", "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert all(any(line.startswith(f) for line in lines) for f in (*tasks.FAMILIES, "all"))
