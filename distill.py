@@ -31,9 +31,11 @@ What is notable here:
   which for the first position of a block is the clean copy's last slot of the previous block.
 - lm_head runs only on the rows that carry the loss; divergences are taken over the tokenizer's ids only
   (the ids the sampler can emit). --seq_len is the prompt length in tokens; --eval_interval the
-  checkpoint (and fixed-prompt evaluation) interval. The evaluation measures the on-policy KL (forward, full
-  vocabulary, seq reduction) on rollouts of the final length --rollout_max from fixed prompts and seed, and
-  each row's tokens per forward there (its generated positions / Σ over its blocks of (its last round + 1)).
+  checkpoint (and fixed-prompt evaluation) interval. The evaluation (evaluate), at the final length
+  --rollout_max from fixed prompts: val_kl, the forward KL on the student's own rollouts (fixed seed), and each
+  row's tokens per forward there (its generated positions / Σ over its blocks of (its last round + 1));
+  val_kl_data, the forward KL on fixed random block masks of the prompts' real continuations: the same states
+  for every model, so the number to compare models and policies by (val_kl scores each on its own text).
 """
 import argparse
 import contextlib
@@ -216,11 +218,19 @@ def prompt_pool(args, tok, span):
 @torch.no_grad()
 def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, threshold=0.9, temperature=1.0,
              ctx=None, seed=EVAL_SEED):
-    """The on-policy KL (forward, full vocabulary, seq reduction; batches weighted by their rows) on the student's
-    rollouts of length L from the fixed prompts `items` with a fixed seed, and the mean over rows of each row's
-    tokens per forward there."""
-    gen = torch.Generator(student.lm_head.weight.device).manual_seed(seed)
-    kl, tpf, was_training = 0.0, 0.0, student.training
+    """Two forward KLs from the teacher (full vocabulary, seq reduction, batches weighted by their rows) at length
+    L on the fixed prompts `items` [(prompt ids, data continuation ids)]:
+    - val_kl: on the student's own rollouts (threshold, temperature, a fixed seed) at states of its own
+      trajectories: the states it is sampled in, but each model is scored on its own text and states, so a model
+      that samples text the teacher finds easy to predict scores well; val_tokens_per_forward there (the mean
+      over rows of each row's).
+    - val_kl_data: teacher-forced on fixed states that every model sees identically: x0 the real continuation
+      (eos-padded), per block a random mask (random_states, from a seed of its own): the number comparable
+      across models and policies. Only when every item has a continuation (not with --prompts)."""
+    dev = student.lm_head.weight.device
+    gen, gen_data = torch.Generator(dev).manual_seed(seed), torch.Generator(dev).manual_seed(seed)
+    kl, kl_data, tpf, was_training = 0.0, 0.0, 0.0, student.training
+    real_text = all(tail for _, tail in items)
     student.eval()
     for k in range(0, len(items), batch_size):
         batch = items[k:k + batch_size]
@@ -229,9 +239,17 @@ def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, thre
                                                 threshold=threshold, temperature=temperature)
             kl += distill_loss(student, teacher, x, lens, P, masked, eos_id=eos_id,
                                vocab_size=vocab_size)[1]["kl"].item() * len(batch)
+            if real_text:
+                x, lens, P, masked, _ = make_batch(student, batch, L, "data", gen_data, eos_id=eos_id,
+                                                   vocab_limit=vocab_size)
+                kl_data += distill_loss(student, teacher, x, lens, P, masked, eos_id=eos_id,
+                                        vocab_size=vocab_size)[1]["kl"].item() * len(batch)
         tpf += st["tokens_per_forward"] * len(batch)
     student.train(was_training)
-    return dict(val_kl=kl / len(items), val_tokens_per_forward=tpf / len(items))
+    res = dict(val_kl=kl / len(items), val_tokens_per_forward=tpf / len(items))
+    if real_text:
+        res["val_kl_data"] = kl_data / len(items)
+    return res
 
 
 if __name__ == "__main__":
@@ -324,7 +342,8 @@ if __name__ == "__main__":
             training.save_checkpoint(out_dir, student, tok, opt, step, gen, extra=vars(args))
         log(**rec)
         bar.set_postfix(kl=f"{rec['kl']:.3f}", L=L, tpf=f"{rec.get('tokens_per_forward', 0):.2f}",
-                        val_kl=f"{last_eval.get('val_kl', float('nan')):.3f}")
+                        val_kl=f"{last_eval.get('val_kl', float('nan')):.3f}",
+                        val_kl_data=f"{last_eval.get('val_kl_data', float('nan')):.3f}")
 
     final = last_eval if last_eval.get("step") == args.max_iters - 1 else run_eval()
     final = {k: v for k, v in final.items() if k != "step"}

@@ -18,9 +18,12 @@ What is notable here:
   per sequence and block), all blocks in one forward over [x0, xt] under the rule distill.py trains with; its
   masked-token accuracy likewise reads block b's masked positions given the clean earlier blocks (diffusion.py).
 - generate: the checkpoint's own sampler (config.attn: AR, LLaDA/Fast-dLLM, block diffusion), every sampler
-  flag exposed; generative perplexity under --ref, unigram entropy, tokens per forward counted per row (each
-  row's tokens up to its eos over the forwards it needed, as if decoded alone; mean, std, min, max over
-  rows), tokens/s up to each row's eos and raw (every generated slot of the batch).
+  flag exposed, on prompts from the validation documents or a JSONL (--prompts); generative perplexity under
+  --ref, unigram entropy and the 4-gram repetition rate (each per completion, then the mean: low entropy and
+  high repetition flag the loops that a low generative perplexity can hide), tokens per forward counted per
+  row (each row's tokens up to its eos over the forwards it needed, as if decoded alone; mean, std, min, max
+  over rows), tokens/s up to each row's eos and raw (every generated slot of the batch). The results carry the
+  temperature (0: greedy).
 - humaneval: generated code is untrusted. Each program runs in its own `python -I -B` process in a fresh
   temporary directory (its cwd) with a minimal environment, stdin closed, rlimits (CPU, address space, file
   size, core, processes), a wall-clock limit, and the whole process group killed afterwards. stdout+stderr
@@ -161,6 +164,14 @@ def unigram_entropy(ids):
     return float(-(q * np.log2(q)).sum())
 
 
+def repetition_rate(ids, n=4):
+    """The share of the n-grams of ids that repeat an earlier one, 1 - distinct / total (None under n tokens):
+    0 for text without a repeated n-gram, near 1 for a loop (the failure greedy decoding of small models falls
+    into, which generative perplexity rewards)."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else None
+
+
 def gen_perplexity(ref, pairs, ctx):
     """Perplexity under the AR model `ref` of the completions given their prompts (pooled over tokens):
     pairs of (prompt ids, completion ids); empty completions are skipped. -> (perplexity, tokens)."""
@@ -183,7 +194,11 @@ def generate(args):
     import sample
     import torch
     model, tok, device, ctx = load(args.ckpt, args.device, args.seed)
-    prompts = data.code_prompts(data.load_split(args.data, "val"), tok, args.num_prompts, args.prompt_len)
+    if args.prompts:  # each record's last --prompt_len tokens
+        prompts = [tok.encode(r["prompt"])[-args.prompt_len:] for r in data.read_prompts(args.prompts)]
+        prompts = prompts[:args.num_prompts]
+    else:
+        prompts = data.code_prompts(data.load_split(args.data, "val"), tok, args.num_prompts, args.prompt_len)
     g = torch.Generator(device).manual_seed(args.seed)
     pairs, gens, secs = [], [], 0.0
     for i in tqdm(range(0, len(prompts), args.batch_size), desc="generate", leave=False):
@@ -195,10 +210,13 @@ def generate(args):
     if ref.config.attn != "causal" or rtok.encode(probe) != tok.encode(probe):
         raise SystemExit(f"eval: --ref {args.ref} must be an AR checkpoint with the same tokenizer")
     ppl, n = gen_perplexity(ref, pairs, ctx)
+    reps = [r for r in (repetition_rate(c) for _, c in pairs) if r is not None]
     # tokens per forward: per row (its tokens up to eos / the forwards it needed), then the mean over rows
-    res = dict(sampler=model.config.attn, gen_perplexity=ppl, completion_tokens=n,
+    res = dict(sampler=model.config.attn, temperature=args.temperature, prompts=len(prompts), gen_perplexity=ppl,
+               completion_tokens=n,
                unigram_entropy_bits=sum(unigram_entropy(c) for _, c in pairs) / len(pairs),  # mean per sample
                pooled_entropy_bits=unigram_entropy([t for _, c in pairs for t in c]),
+               repetition_4gram=sum(reps) / len(reps) if reps else float("nan"),  # mean per sample of >= 4 tokens
                **sample.throughput(gens, secs), seconds=secs)
     res["samples"] = [dict(prompt=tok.decode(p), completion=tok.decode(c)) for p, c in pairs[:args.show]]
     for s in res["samples"]:
@@ -395,9 +413,10 @@ def parser():
     gn = sub.add_parser("generate", help="completions of validation prompts: gen. perplexity, entropy, speed")
     gn.add_argument("--ckpt", required=True)
     gn.add_argument("--ref", required=True, help="the AR checkpoint that scores the samples")
-    gn.add_argument("--data", default="data/stdlib")
-    gn.add_argument("--num_prompts", type=int, default=16)
-    gn.add_argument("--prompt_len", type=int, default=32)
+    gn.add_argument("--data", default="data/stdlib", help="prompts: each validation document from its first def")
+    gn.add_argument("--prompts", default=None, help="a JSONL of {\"prompt\"} records instead of --data")
+    gn.add_argument("--num_prompts", type=int, default=16, help="at most this many prompts")
+    gn.add_argument("--prompt_len", type=int, default=32, help="prompt tokens (of a record: its last ones)")
     gn.add_argument("--show", type=int, default=2, help="samples printed (and kept in --out)")
     sampler_args(gn, 64)
     he = sub.add_parser("humaneval", help="HumanEval pass@1/pass@10 with sandboxed execution")

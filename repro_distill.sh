@@ -1,114 +1,179 @@
 #!/usr/bin/env bash
-# The small-scale OPDLM reproduction. Three runs start from the same converted block-4 student (out/dlm-block,
-# made by run.sh) with the frozen AR teacher out/ar-tiny, the same steps, batch, prompts and seed; only the states
-# they train on differ:
-#   on    OPDLM: states of the student's own rollouts (the rounds of its sampler's trajectory)
-#   off   the published ablation: the same kind of rollouts, masked at random (same content, other states)
-#   data  random masks of data windows (other content, other states)
-# Every trained student and the untrained out/dlm-block are then scored on the states students are trained and
-# sampled in: distill.py's evaluation (the on-policy KL on rollouts of the final length --rollout_max, and tokens
-# per forward per row there, threshold 0.9, temperature 1; the untrained one through --max_iters 0), eval.py
-# likelihood (the BD3-LM bound: each block given the clean blocks before it; masked-token accuracy likewise) and
-# eval.py generate at several thresholds (generative perplexity under the teacher, unigram entropy, tokens per
-# forward). Finished runs and evaluations are reused. Prints a markdown table (also saved to $OUT/table.md).
-#   bash repro_distill.sh           # ITERS=150, BATCH=8, THRESHOLDS="0.7 0.9", TEMPS="0 1.0"; OUT=out/repro_distill
-#   SMOKE=1 bash repro_distill.sh   # checks the script end to end in a few minutes (2 steps, tiny evaluations),
+# The small-scale OPDLM reproduction: on-policy vs off-policy states, compared fairly. Every student is a block-4
+# conversion of the frozen AR teacher out/ar-tiny, made here; all runs share the prompts, batch, lr and
+# curriculum (rollouts 16 -> 64 tokens over 40 steps, threshold 0.9, temperature 1.0).
+#   shifted student (convert.py --shift true: the AR head keeps its meaning, training starts from the teacher's
+#   conditionals), ITERS steps each, training seeds 1337 and 2:
+#     on    OPDLM: states of the student's own rollouts (the rounds of its sampler's trajectory)
+#     off   the published ablation: the same kind of rollouts, masked at random (same content, other states)
+#     data  random masks of data windows (other content, other states)
+#   unshifted student (convert.py's default for block, as the published student: its head starts one position
+#   off, so it first relearns to predict its own position): on-policy, ITERS_UNSHIFTED steps, the same seeds.
+# Every model (the untrained conversions too) is scored on:
+#   KL real text   distill.py's val_kl_data: forward KL from the teacher, teacher-forced on fixed random block
+#                  masks of the real continuations of 32 held-out prompts: the same states for every model, the
+#                  number to compare them by
+#   KL own         distill.py's val_kl: the same KL on the model's own rollouts (64 tokens, T = 1) from those
+#                  prompts: the states it is sampled in, but each model is scored on its own text
+#   -ELBO          eval.py likelihood: the BD3-LM bound, bits/token (each block given the clean blocks before it)
+#   generation     eval.py generate (up to 32 validation documents from their first def: 29 on the stdlib corpus;
+#                  64 new tokens, threshold 0.9) at temperature 1 and greedy: generative perplexity under the
+#                  teacher (greedy decoding rewards loops: read it with the entropy and the repetition rate),
+#                  unigram entropy (bits), the share of repeated 4-grams; and tokens per forward per row at T = 1,
+#                  thresholds 0.9 and 0.7.
+# Trained rows give the mean of the seeds, then each seed. Finished runs and evaluations are reused. The table is
+# printed and written to $OUT/table.md. About 11 minutes of one core's CPU time (measured piecewise: a 60-step run
+# 45 s, one model's evaluations 20 s), most of it the 8 training runs.
+#   bash repro_distill.sh           # ITERS=60, ITERS_UNSHIFTED=120, BATCH=8, SEEDS="1337 2"; OUT=out/repro_distill
+#   SMOKE=1 bash repro_distill.sh   # the script end to end in 1-3 minutes (2 steps, tiny evaluations),
 #                                   # OUT=out/repro_distill_smoke: its numbers mean nothing
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 if [ -n "${SMOKE:-}" ]; then
-  ITERS=${ITERS:-2}; BATCH=${BATCH:-2}; OUT=${OUT:-out/repro_distill_smoke}; TEMPS=${TEMPS:-"1.0"}
+  ITERS=${ITERS:-2}; ITERS_UNSHIFTED=${ITERS_UNSHIFTED:-2}; BATCH=${BATCH:-2}; OUT=${OUT:-out/repro_distill_smoke}
   DISTILL_ARGS=${DISTILL_ARGS:-"--rollout_min 8 --rollout_max 16 --curriculum_steps 2 --eval_batches 1"}
   LIK_ARGS=${LIK_ARGS:-"--n_batches 1 --n_draws 2 --seq_len 32 --batch_size 2"}
   GEN_ARGS=${GEN_ARGS:-"--num_prompts 2 --max_new_tokens 8 --batch_size 2"}
 fi
-ITERS=${ITERS:-150}
+ITERS=${ITERS:-60}
+ITERS_UNSHIFTED=${ITERS_UNSHIFTED:-120}
 BATCH=${BATCH:-8}
+SEEDS=${SEEDS:-"1337 2"}
 OUT=${OUT:-out/repro_distill}
-THRESHOLDS=${THRESHOLDS:-"0.7 0.9"}
-TEMPS=${TEMPS:-"0 1.0"}  # eval.py generate: 0 greedy (its default); 1.0 as in the rollouts
-DISTILL_ARGS=${DISTILL_ARGS:-""}  # extra distill.py flags for every run (defaults: rollout 16 -> 64 over 100 steps)
+DISTILL_ARGS=${DISTILL_ARGS:-"--curriculum_steps 40 --eval_batches 4"}  # extra distill.py flags, every run
 LIK_ARGS=${LIK_ARGS:-"--n_batches 4 --n_draws 4"}
-GEN_ARGS=${GEN_ARGS:-""}
-for d in out/dlm-block out/ar-tiny; do
-  [ -e $d/config.json ] || { echo "repro_distill.sh: run 'bash run.sh' first (it makes $d)" >&2; exit 1; }
+GEN_ARGS=${GEN_ARGS:-"--num_prompts 32 --max_new_tokens 64"}
+for f in out/ar-tiny/config.json data/stdlib/meta.json; do
+  [ -e $f ] || { echo "repro_distill.sh: run 'bash run.sh' first (it makes $(dirname $f))" >&2; exit 1; }
+done
+T0=$SECONDS
+mkdir -p "$OUT/eval"
+quiet() {  # quiet LOG COMMAND...: the command's output goes to LOG; if it fails, LOG's tail is shown and we stop
+  local log=$1; shift
+  "$@" > "$log" 2>&1 || { tail -5 "$log" >&2; echo "repro_distill.sh: failed ($log): $*" >&2; exit 1; }
+}
+for s in shift noshift; do  # the two students, converted here
+  [ -e "$OUT/init-$s/config.json" ] || quiet "$OUT/init-$s.log" "$PYTHON" convert.py --ar out/ar-tiny \
+    --out_dir "$OUT/init-$s" --attn block --block_size 4 --shift "$([ $s = shift ] && echo true || echo false)"
 done
 
-run() {  # run NAME [distill.py flags...]
-  local name=$1; shift
-  if [ -e "$OUT/$name/results.json" ]; then echo "== $name: reusing $OUT/$name"; return; fi
-  rm -rf "${OUT:?}/$name"
-  echo "== $name: distill.py $*"
+# distill.py's evaluation of an untrained conversion (no step): the same prompts, seeds and flags as the runs'
+for s in shift noshift; do
+  [ -e "$OUT/$s-untrained/results.json" ] && continue
+  mkdir -p "$OUT/$s-untrained"
   # shellcheck disable=SC2086
-  "$PYTHON" distill.py --init out/dlm-block --teacher out/ar-tiny --data data/stdlib --out_dir "$OUT/$name" \
-    --max_iters "$ITERS" --batch_size "$BATCH" --eval_interval 50 $DISTILL_ARGS "$@"
-}
-if [ ! -e "$OUT/untrained/results.json" ]; then  # distill.py's evaluation of out/dlm-block itself, no step
-  mkdir -p "$OUT/untrained"
-  # shellcheck disable=SC2086
-  "$PYTHON" - "$OUT/untrained/results.json" --init out/dlm-block --teacher out/ar-tiny --data data/stdlib \
+  "$PYTHON" - "$OUT/$s-untrained/results.json" --init "$OUT/init-$s" --teacher out/ar-tiny --data data/stdlib \
     --batch_size "$BATCH" $DISTILL_ARGS <<'PY'
 import json, sys
 import distill, training
 args = distill.p.parse_args(sys.argv[2:])
 device, ctx = training.setup(args.device, args.seed)
 student = training.load_model(args.init, device, "repro_distill: student")
-teacher = training.load_model(args.teacher, device, "repro_distill: teacher")
+teacher = training.load_model(args.teacher, device, "repro_distill: teacher", attn="causal", like=student)
 tok = training.load_tokenizer(args.init, student.config)
 items = distill.prompt_pool(args, tok, args.rollout_max)[:args.eval_batches * args.batch_size]  # as distill.py
 res = distill.evaluate(student, teacher, items, args.rollout_max, batch_size=args.batch_size, eos_id=tok.eos_id,
                        vocab_size=tok.vocab_size, threshold=args.threshold, temperature=args.temperature, ctx=ctx)
 open(sys.argv[1], "w").write(json.dumps(dict(**res, eval_len=args.rollout_max, steps=0), indent=2) + "\n")
 PY
-  echo "== untrained: evaluated by distill.evaluate"
-fi
-run on                         # OPDLM: the student's own rollouts, fkl, seq reduction
-run off --policy off           # the published ablation: its own rollouts, random masks
-run data --policy data         # random masks of data windows
-
-evaluate() {  # evaluate NAME CKPT: generate at every temperature x threshold, likelihood
-  local name=$1 ckpt=$2 temp thr
-  mkdir -p "$OUT/eval"
-  for temp in $TEMPS; do for thr in $THRESHOLDS; do
-    # shellcheck disable=SC2086
-    [ -e "$OUT/eval/$name-gen-T$temp-$thr.json" ] || "$PYTHON" eval.py generate --ckpt "$ckpt" --ref out/ar-tiny \
-      --temperature "$temp" --threshold "$thr" --show 0 $GEN_ARGS --out "$OUT/eval/$name-gen-T$temp-$thr.json" \
-      > /dev/null
-  done; done
-  # shellcheck disable=SC2086
-  [ -e "$OUT/eval/$name-lik.json" ] || "$PYTHON" eval.py likelihood --ckpt "$ckpt" $LIK_ARGS \
-    --out "$OUT/eval/$name-lik.json" > /dev/null
-  echo "== $name: evaluated"
-}
-evaluate untrained out/dlm-block
-for name in on off data; do evaluate $name "$OUT/$name"; done
-for temp in $TEMPS; do  # the teacher's own samples, for scale (AR: no threshold, one token per forward)
-  # shellcheck disable=SC2086
-  [ -e "$OUT/eval/teacher-gen-T$temp.json" ] || "$PYTHON" eval.py generate --ckpt out/ar-tiny --ref out/ar-tiny \
-    --temperature "$temp" --show 0 $GEN_ARGS --out "$OUT/eval/teacher-gen-T$temp.json" > /dev/null
+  echo "== $s-untrained: evaluated by distill.evaluate ($((SECONDS - T0)) s)"
 done
 
-"$PYTHON" - "$OUT" "$THRESHOLDS" "$TEMPS" <<'PY' | tee "$OUT/table.md"
+run() {  # run NAME INIT STEPS SEED [distill.py flags...]
+  local name=$1 init=$2 steps=$3 seed=$4; shift 4
+  if [ -e "$OUT/$name/results.json" ]; then echo "== $name: reusing $OUT/$name"; return; fi
+  rm -rf "${OUT:?}/$name"
+  echo "== $name: distill.py --init $init --max_iters $steps --seed $seed $*"
+  # shellcheck disable=SC2086
+  quiet "$OUT/$name.log" "$PYTHON" distill.py --init "$init" --teacher out/ar-tiny --data data/stdlib \
+    --out_dir "$OUT/$name" --max_iters "$steps" --batch_size "$BATCH" --eval_interval "$steps" --seed "$seed" \
+    $DISTILL_ARGS "$@"
+  echo "== $name: $(grep 'final eval' "$OUT/$name.log") ($((SECONDS - T0)) s)"
+}
+for seed in $SEEDS; do
+  for policy in on off data; do run "shift-$policy-s$seed" "$OUT/init-shift" "$ITERS" "$seed" --policy $policy; done
+  run "noshift-on-s$seed" "$OUT/init-noshift" "$ITERS_UNSHIFTED" "$seed"
+done
+
+JOBS=$OUT/eval/jobs.txt
+: > "$JOBS"
+evaluate() {  # evaluate NAME CKPT [lik]: queue generate at (T, threshold) (1, 0.9), (0, 0.9), (1, 0.7); likelihood
+  local name=$1 ckpt=$2 lik=${3:-} setting temp thr flag
+  for setting in 1.0:0.9 0:0.9 1.0:0.7; do
+    temp=${setting%:*} thr=${setting#*:} flag="--threshold ${setting#*:}"
+    [ "$name" = teacher ] && { [ "$thr" = 0.7 ] && continue; thr=ar flag=""; }  # the AR sampler has no threshold
+    [ -e "$OUT/eval/$name-gen-T$temp-$thr.json" ] || echo "generate --ckpt $ckpt --ref out/ar-tiny --data data/stdlib" \
+      "--temperature $temp $flag --show 0 $GEN_ARGS --out $OUT/eval/$name-gen-T$temp-$thr.json" >> "$JOBS"
+  done
+  [ -z "$lik" ] || [ -e "$OUT/eval/$name-lik.json" ] || echo "likelihood --ckpt $ckpt --data data/stdlib $LIK_ARGS" \
+    "--out $OUT/eval/$name-lik.json" >> "$JOBS"
+}
+evaluate teacher out/ar-tiny
+for s in shift noshift; do evaluate "$s-untrained" "$OUT/init-$s" lik; done
+for seed in $SEEDS; do
+  for name in shift-on shift-off shift-data noshift-on; do evaluate "$name-s$seed" "$OUT/$name-s$seed" lik; done
+done
+# The queued evaluations in one process (starting Python and torch for each would cost about as much as the
+# evaluations themselves); each one's output goes to its .log next to its .json.
+"$PYTHON" - "$JOBS" "$((SECONDS - T0))" <<'PY'
+import contextlib, shlex, sys, time
+import eval as E
+jobs, t0 = [shlex.split(line) for line in open(sys.argv[1]) if line.strip()], time.time() - float(sys.argv[2])
+for k, argv in enumerate(jobs):
+    out = argv[argv.index("--out") + 1]
+    sys.argv = ["eval.py", *argv]
+    try:
+        with open(out[:-len(".json")] + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            E.main()
+    except SystemExit as e:
+        raise SystemExit(f"repro_distill.sh: eval.py {shlex.join(argv)} failed ({e.code}); see its .log")
+    print(f"== eval {k + 1}/{len(jobs)}: {out} ({time.time() - t0:.0f} s)", flush=True)
+PY
+
+"$PYTHON" - "$OUT" "$SEEDS" "$ITERS" "$ITERS_UNSHIFTED" <<'PY' | tee "$OUT/table.md"
 import json, sys
 from pathlib import Path
-out, thr, temps = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3].split()
-ev = lambda f: json.loads((out / "eval" / f"{f}.json").read_text())["results"]
-res = {n: json.loads((out / n / "results.json").read_text()) for n in ("untrained", "on", "off", "data")}
-L = res["on"]["eval_len"]
-print(f"| student | on-policy KL @ {L} tokens | tok/fwd per row @ {L} (thr 0.9, T=1) | BD3-LM -ELBO bits/tok | "
-      "acc@0.15 | acc@0.5 | threshold | " + " | ".join(f"T={t}: gen. ppl / entropy / tok per fwd" for t in temps)
-      + " |")
-print("|---" * (7 + len(temps)) + "|")
-for name in res:
-    lik, r = ev(f"{name}-lik"), res[name]
-    for k, t in enumerate(thr):
-        head = (f"| {name} | {r['val_kl']:.3f} | {r['val_tokens_per_forward']:.2f} | {lik['nelbo_bits_per_token']:.2f} "
-                f"± {lik['stderr']:.2f} | {lik['acc@0.15']:.3f} | {lik['acc@0.5']:.3f}") if k == 0 else "| | | | | |"
-        cells = [ev(f"{name}-gen-T{T}-{t}") for T in temps]
-        print(f"{head} | {t} | " + " | ".join(f"{g['gen_perplexity']:.2f} / {g['unigram_entropy_bits']:.2f} / "
-                                              f"{g['tokens_per_forward']:.2f}" for g in cells) + " |")
-cells = [ev(f"teacher-gen-T{T}") for T in temps]
-print("| teacher (AR) | | | | | | — | " + " | ".join(f"{g['gen_perplexity']:.2f} / {g['unigram_entropy_bits']:.2f} / "
-                                                    f"{g['tokens_per_forward']:.2f}" for g in cells) + " |")
+out, seeds, iters, iters_un = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3], sys.argv[4]
+ev = lambda name, f: json.loads((out / "eval" / f"{name}-{f}.json").read_text())["results"]
+GEN = ("gen_perplexity", "unigram_entropy_bits", "repetition_4gram")
+
+
+def metrics(name):
+    """One model's numbers, in the table's column order (None: not measured)."""
+    thr = "ar" if name == "teacher" else "0.9"  # the AR sampler has no threshold
+    t1, t0 = ev(name, f"gen-T1.0-{thr}"), ev(name, f"gen-T0-{thr}")
+    if name == "teacher":
+        return [None] * 3 + [t1[k] for k in GEN] + [t0[k] for k in GEN] + [None] * 2
+    tpf = [ev(name, f"gen-T1.0-{t}")["tokens_per_forward"] for t in ("0.9", "0.7")]
+    lik = ev(name, "lik")["nelbo_bits_per_token"]
+    r = json.loads((out / name / "results.json").read_text())  # distill.py's evaluation
+    return [r["val_kl_data"], r["val_kl"], lik] + [t1[k] for k in GEN] + [t0[k] for k in GEN] + tpf
+
+
+def cell(i, v):
+    if v is None:
+        return "—"
+    return f"{v:.3f}" if i < 3 else f"{v:.2f}"  # the KLs and the bound: three decimals
+
+
+def row(label, vals):
+    print(f"| {label} | " + " | ".join(cell(i, v) for i, v in enumerate(vals)) + " |")
+
+
+print("| model | KL real text | KL own rollouts | BD3-LM −ELBO bits/tok | T=1 gen. ppl | T=1 entropy | T=1 rep. "
+      "4-grams | greedy gen. ppl | greedy entropy | greedy rep. 4-grams | tok/fwd per row @0.9 | @0.7 |")
+print("|---" * 13 + "|")
+row("teacher (AR)", metrics("teacher"))
+row("shifted block student, untrained", metrics("shift-untrained"))
+row("unshifted block student, untrained", metrics("noshift-untrained"))
+for name, what in (("shift-on", f"shifted, on-policy (OPDLM), {iters} steps"),
+                   ("shift-off", f"shifted, off-policy (random masks of its rollouts), {iters} steps"),
+                   ("shift-data", f"shifted, random masks of data, {iters} steps"),
+                   ("noshift-on", f"unshifted (as published), on-policy, {iters_un} steps")):
+    per = [metrics(f"{name}-s{s}") for s in seeds]
+    row(f"**{what}**: mean of {len(seeds)} seeds", [sum(c) / len(c) for c in zip(*per)])
+    for s, vals in zip(seeds, per):
+        row(f"  seed {s}", vals)
 PY
+echo "repro_distill.sh: done in $((SECONDS - T0)) s; the table is in $OUT/table.md"

@@ -1,11 +1,12 @@
-"""distill.py: the vectorised [prompt, x0, xt] mask against a slow construction, the vectorised loss against
-one forward per block (shift false and true, ragged prompts), the state construction from recorded rounds, the
-off policy's random states of the rollout itself, per-row tokens per forward by hand, the teacher's targets off
-by one, the divergences against slow loops (the sparse top-k one unrenormalised, by hand), the seq and token
-reductions against loops over rows, eos/padding exclusion, the quarter-cosine curriculum, the FlexAttention
-BlockMask against the dense mask (flex_attention runs eagerly on CPU, forward only), the number of graphs
---compile makes over a curriculum (a counting backend, no real compile), and the script: learning, the final
-evaluation at --rollout_max, resume == no interruption, both ablations, flags and refusals."""
+"""distill.py: the vectorised [prompt, x0, xt] mask against a slow construction, the vectorised loss against one forward
+per block (shift false and true, ragged prompts), the state construction from recorded rounds, the off policy's random
+states of the rollout itself, per-row tokens per forward by hand, the evaluation's KL on fixed masks of real text
+against a row-by-row, block-by-block reference, the teacher's targets off by one, the divergences against slow loops
+(the sparse top-k one unrenormalised, by hand), the seq and token reductions against loops over rows, eos/padding
+exclusion, the quarter-cosine curriculum, the FlexAttention BlockMask against the dense mask (flex_attention runs
+eagerly on CPU, forward only), the number of graphs --compile makes over a curriculum (a counting backend, no real
+compile), and the script: learning, the final evaluation at --rollout_max, resume == no interruption, both ablations,
+flags and refusals."""
 import json
 import math
 
@@ -221,6 +222,67 @@ def test_off_policy_states_are_random_masks_of_the_rollout(world):
     assert masked.view(2, 4, 4).any(-1).all()
 
 
+def slow_data_kl(student, teacher, items, L, batch_size, vocab=256):
+    """val_kl_data by its definition, row by row: x0 the continuation cut to L and eos-padded; the block masks of
+    random_states drawn batch after batch from one EVAL_SEED generator; for each block one student forward over
+    [left pads, prompt, x0_<b, xt_b] under a block rule built here (pads hidden, RoPE positions from the first
+    real token); the teacher's causal forward over [prompt, x0] without pads; KL(p_T || p_θ) in float64 over
+    the first `vocab` ids; each row's mean over its masked positions before the first eos, then the mean over
+    the batch's rows that have one, batches weighted by their rows."""
+    bs, shift, mask_id = student.config.block_size, int(student.config.shift), student.config.mask_token_id
+    g, total = torch.Generator().manual_seed(distill.EVAL_SEED), 0.0
+    for k in range(0, len(items), batch_size):
+        batch = items[k:k + batch_size]
+        masks = distill.random_states(len(batch), L, bs, g, "cpu")
+        P = -(-max(len(pr) for pr, _ in batch) // bs) * bs
+        per_row = []
+        for (prompt, tail), m in zip(batch, masks.tolist()):
+            x0 = (tail[:L] + [EOS] * L)[:L]
+            valid = [i < x0.index(EOS) if EOS in x0 else True for i in range(L)]
+            pads = P - len(prompt)
+            row = [0] * pads + prompt + x0
+            t_logits = teacher(torch.tensor([prompt + x0]), attn="causal")[0]
+            kls = []
+            for blk in range(L // bs):
+                idx = [i for i in range(blk * bs, (blk + 1) * bs) if m[i] and valid[i]]
+                if not idx:
+                    continue
+                xt = [mask_id if m[i] else x0[i] for i in range(blk * bs, (blk + 1) * bs)]
+                seq = row[:P + blk * bs] + xt
+                T = len(seq)
+                rule = torch.tensor([[(k >= pads and k // bs <= q // bs) or q == k for k in range(T)]
+                                     for q in range(T)])
+                pos = torch.tensor([max(0, s - pads) for s in range(T)])
+                s_logits = student(torch.tensor([seq]), attn=rule[None, None], pos=pos[None])[0]
+                for i in idx:
+                    lt = t_logits[len(prompt) + i - 1, :vocab].double().log_softmax(-1)  # p_AR(. | prompt, x0_<i)
+                    ls = s_logits[P + i - shift, :vocab].double().log_softmax(-1)
+                    kls.append(float((lt.exp() * (lt - ls)).sum()))
+            if kls:
+                per_row.append(sum(kls) / len(kls))
+        total += sum(per_row) / len(per_row) * len(batch)
+    return total / len(items)
+
+
+@pytest.mark.parametrize("name", ["block", "block_shift"])
+def test_val_kl_data_against_slow_reference(world, name):
+    """val_kl_data: fixed random block masks of the real continuations, the same for every rollout setting;
+    against the row-by-row, block-by-block reference. Ragged prompts (left pads), one continuation shorter than
+    L (eos-padded: its tail is not scored), two batches of unequal size."""
+    student, teacher = student_of(world, name), Qwen3.from_pretrained(world / "ar")
+    g = torch.Generator().manual_seed(5)
+    rand = lambda n: torch.randint(0, 250, (n,), generator=g).tolist()
+    items = [(rand(8), rand(20)), (rand(5), rand(6)), (rand(3), rand(16))]
+    kw = dict(batch_size=2, eos_id=EOS, vocab_size=256)
+    with torch.no_grad():
+        got = distill.evaluate(student, teacher, items, 12, **kw)
+        want = slow_data_kl(student, teacher, items, 12, 2)
+        other = distill.evaluate(student, teacher, items, 12, **kw, threshold=0.3, temperature=0.7)
+    assert got["val_kl_data"] == pytest.approx(want, rel=1e-4) and want > 0
+    assert other["val_kl_data"] == got["val_kl_data"] and other["val_kl"] != got["val_kl"]  # rollouts differ
+    assert "val_kl_data" not in distill.evaluate(student, teacher, [(p, []) for p, _ in items], 12, **kw)
+
+
 def test_row_tokens_per_forward_by_hand():
     rounds = torch.tensor([[0, 1, 1, 0, 0, 0, 0, 0, 2, 0, 1, 3],  # blocks: 2 + 1 + 4 rounds, 12 tokens: 12/7
                            [0, 0, 0, 0, 0, 1, 0, 0, -1, -1, -1, -1]])  # 1 + 2 rounds, the third block never: 8/3
@@ -365,6 +427,7 @@ def test_learns_and_logs(world, tmp_path):
     want = distill.evaluate(student, teacher, items, 16, **kw)
     assert res["val_kl"] == pytest.approx(want["val_kl"], rel=1e-5)
     assert res["val_tokens_per_forward"] == pytest.approx(want["val_tokens_per_forward"], rel=1e-6)
+    assert res["val_kl_data"] == pytest.approx(want["val_kl_data"], rel=1e-5) and "val_kl_data" in recs[0]
     assert distill.evaluate(student, teacher, items, 8, **kw)["val_kl"] != pytest.approx(want["val_kl"], rel=1e-3)
 
 
@@ -400,6 +463,7 @@ def test_ablations_flags_and_refusals(world, tmp_path):
     prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "import os"}\n')
     r = run_script("distill.py", *common(world, tmp_path / "pj"), "--prompts", prompts, "--max_iters", "1")
     assert r.returncode == 0 and "2 prompts" in r.stdout, r.stderr[-2000:]
+    assert "val_kl" in log(tmp_path / "pj")[-1] and "val_kl_data" not in log(tmp_path / "pj")[-1]  # no real text
     r = run_script("distill.py", *common(world, tmp_path / "pjd"), "--prompts", prompts, "--policy", "data")
     assert r.returncode == 2
     r = run_script("distill.py", *common(world, tmp_path / "bad"), "--init", world / "ar")

@@ -2,7 +2,8 @@
 plain block-attention forward per row and block) and against the uniform model (ELBO = log2 V bits/token,
 perplexity = V); the HumanEval harness on the canonical solutions (pass@1 = 1),
 empty completions (0) and hostile completions (each caught, bounded time, nothing written outside, no secret
-leaked, no process left behind); generate and humaneval end to end on micro checkpoints."""
+leaked, no process left behind); the 4-gram repetition rate against a slow count; generate (from the data and from a
+prompts file) and humaneval end to end on micro checkpoints."""
 import json
 import math
 import os
@@ -66,6 +67,23 @@ def test_truncate_and_entropy():
     want = -sum(ids.count(v) / 11 * math.log2(ids.count(v) / 11) for v in set(ids))
     assert E.unigram_entropy(ids) == pytest.approx(want)
     assert E.unigram_entropy(np.array(ids, np.uint16)) == pytest.approx(want)  # a token file's dtype
+
+
+def slow_repetition(ids, n=4):
+    """Count, 4-gram by 4-gram, those equal to some earlier 4-gram (overlaps included), over all 4-grams."""
+    total = len(ids) - n + 1
+    seen = sum(any(ids[i:i + n] == ids[j:j + n] for j in range(i)) for i in range(total))
+    return seen / total if total > 0 else None
+
+
+def test_repetition_rate():
+    assert E.repetition_rate([5] * 10) == pytest.approx(6 / 7)  # one distinct 4-gram of 7
+    assert E.repetition_rate([1, 2, 3, 4] * 3) == pytest.approx(5 / 9) and E.repetition_rate(list(range(20))) == 0
+    assert E.repetition_rate([1, 2, 3]) is None and E.repetition_rate([]) is None
+    g = np.random.default_rng(0)
+    for _ in range(50):
+        ids = g.integers(0, 3, g.integers(0, 30)).tolist()  # 3 ids: many repeats, some overlapping
+        assert E.repetition_rate(ids) == pytest.approx(slow_repetition(ids))
 
 
 # ---- likelihood ----------------------------------------------------------------------------------
@@ -195,7 +213,8 @@ def test_generate(world, tmp_path, ckpt, extra):
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "g.json").read_text())["results"]
     assert res["completion_tokens"] == 3 * 8 and res["gen_perplexity"] > 1
-    assert 0 <= res["unigram_entropy_bits"] <= 3
+    assert 0 <= res["unigram_entropy_bits"] <= 3 and 0 <= res["repetition_4gram"] <= 1
+    assert res["temperature"] == 0.0 and res["prompts"] == 3
     # --ignore_eos: every row counts all 8 tokens, so both throughputs count the same tokens
     assert res["tokens_per_s"] == pytest.approx(res["raw_tokens_per_s"]) == 3 * 8 / res["seconds"]
     lo, mean, hi = res["tokens_per_forward_min"], res["tokens_per_forward"], res["tokens_per_forward_max"]
@@ -208,6 +227,23 @@ def test_generate(world, tmp_path, ckpt, extra):
     r = run_script("eval.py", "generate", "--ckpt", world / ckpt, "--ref", world / "dlm", "--data", world / "data",
                    "--num_prompts", "1", "--max_new_tokens", "8", *extra)
     assert r.returncode != 0 and "must be an AR checkpoint" in r.stderr
+
+
+def test_generate_from_a_prompts_file(world, tmp_path):
+    """--prompts: the records' prompts (each its last --prompt_len tokens, at most --num_prompts of them), not the
+    data's; the temperature is in the results."""
+    jsonl = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "def add(a, b):"}, {"prompt": "import os\nx = 1"},
+                                               {"prompt": "never read"}])
+    r = run_script("eval.py", "generate", "--ckpt", world / "block", "--ref", world / "ar", "--prompts", jsonl,
+                   "--num_prompts", "2", "--prompt_len", "6", "--max_new_tokens", "8", "--temperature", "1.0",
+                   "--show", "5", "--out", tmp_path / "g.json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "g.json").read_text())["results"]
+    assert [s["prompt"] for s in res["samples"]] == ["a, b):", "\nx = 1"]  # byte-level: the last 6 bytes
+    assert res["prompts"] == 2 and res["temperature"] == 1.0
+    r = run_script("eval.py", "generate", "--ckpt", world / "block", "--ref", world / "ar", "--prompts",
+                   tmp_path / "missing.jsonl")
+    assert r.returncode == 1 and "missing.jsonl" in r.stderr
 
 
 def test_generate_refuses_flags_the_sampler_ignores(world):
