@@ -7,7 +7,8 @@ that AR model by adding the preference task vector τ_pref = W_AR_aligned − W_
                              --out_dir out/ar-dpo                               # add --lora_rank 8 for LoRA
     python merge.py spectrum --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/repro/lambda10
     python merge.py merge    --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/repro/lambda10 \\
-                             --pairs data/pairs/heldout.jsonl --out_dir out/dlm-merged --method ties
+                             --pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl \\
+                             --out_dir out/dlm-merged --method ties
 
 What is notable here:
 - The embedded default's preference can be checked by eye: "prefer single-quoted strings". `pairs` cuts
@@ -15,12 +16,22 @@ What is notable here:
   and rule_score(text) = (#' − #")/max(1, #' + #") scores any text by the same rule (the win rate).
 - DPO's log π(y|x) sums over response tokens only, from one causal forward on prompt + response, lm_head on the
   response rows only. --lora_rank r: LoRA through torch.nn.utils.parametrize, merged into plain weights whenever
-  a checkpoint is written, so the output is an ordinary Qwen3 checkpoint either way (train_state.pt keeps A, B).
+  a checkpoint is written, so the output is an ordinary Qwen3 checkpoint either way (train_state.pt keeps A, B);
+  the reference π_ref is then the same model with its adapters switched off, not a second copy.
 - Checkpoints are read one tensor at a time with safetensors.safe_open (spectrum, task vectors); merging applies
   and reverts γ·Δ in place on the loaded DLM from one saved copy W0, so the revert is bit-exact and there is
-  never a second model per γ.
-- The γ search uses common random numbers: the masks (t, u) are drawn once per (pair, draw) and shared by chosen
-  and rejected, by every γ and by the reference DLM, whose ELBOs are computed once.
+  never a second model per γ. ‖·‖₂ comes from the Gram matrix of the shorter side, not from an SVD.
+- γ is chosen on a seeded sample of the TRAINING pairs (--n_select); the held-out pairs only report: the reward
+  accuracy and margin per γ, and the win rate at the chosen γ.
+- The ELBO draws (t, M) are shared by chosen and rejected, and by default (--masks shared) also by every γ and
+  the reference DLM (common random numbers). Then r_γ(y_w) − r_γ(y_l) ≈ βγ·∇(ELBO(y_w) − ELBO(y_l))·Δ to first
+  order: its sign, hence the reward accuracy, does not depend on γ until the merge is far from linear, and
+  --select accuracy (the paper's rule, ties to the smallest γ) picks among near-equal accuracies by chance.
+  --masks independent makes the accuracy rise with γ for another reason: the reference's Monte Carlo noise stays
+  while the margin grows. --select dpo (this project's rule, not the paper's) minimises the DPO loss of the
+  training pairs along W_DLM + γ·Δ instead. merge.json records per γ, on both pair sets, the accuracy, the mean
+  margin, margin/γ, the DPO loss and the mean chosen / rejected rewards, the γ each rule picks, and with
+  --win_rate_at all the win rate at every γ.
 """
 import argparse
 import contextlib
@@ -50,47 +61,69 @@ TYPES = LORA_TARGETS + ("embed_tokens", "lm_head", "norms")  # spectrum's rows, 
 SEQ_LEN = 512  # merge: max tokens of prompt + response (dpo: --seq_len)
 BATCH = 16  # merge: pairs per forward (ELBOs) and prompts per sampler call (win rate)
 GEN_LEN, GEN_BLOCK = 64, 32  # win rate: tokens sampled per prompt; the bidirectional sampler's block length
+SELECTORS = ("accuracy", "dpo")  # merge --select: see pick_gamma
+
+
+def gamma_list(text):
+    """argparse type of --gammas: distinct finite numbers, comma-separated."""
+    try:
+        gammas = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers, e.g. 0,1,2,4") from None
+    if not gammas or not all(math.isfinite(g) for g in gammas) or len(set(gammas)) < len(gammas):
+        raise argparse.ArgumentTypeError(f"{text!r}: need one or more distinct finite numbers, e.g. 0,1,2,4")
+    return gammas
+
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 sub = p.add_subparsers(dest="cmd", required=True)
 s = sub.add_parser("pairs", help="synthetic preference pairs: prefer single-quoted strings")
 s.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
 s.add_argument("--out_dir", default="data/pairs")
-for name, default in (("n_train", 512), ("n_heldout", 128), ("prompt_chars", 192), ("response_chars", 96), ("seed", 1337)):
+for name, default in (("n_train", 512), ("n_heldout", 128), ("prompt_chars", 192), ("response_chars", 96),
+                      ("seed", 1337)):
     s.add_argument(f"--{name}", type=int, default=default)
 s = sub.add_parser("dpo", help="DPO on the AR model")
 s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint; also the frozen reference")
 s.add_argument("--pairs", default="data/pairs/train.jsonl")
-s.add_argument("--heldout", default="data/pairs/heldout.jsonl")
+s.add_argument("--heldout", default="data/pairs/heldout.jsonl", help="every pair is scored at each evaluation")
 s.add_argument("--out_dir", default="out/ar-dpo")
 s.add_argument("--beta", type=float, default=0.1)
 s.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning")
 s.add_argument("--lora_alpha", type=float, default=16.0)
 training.add_loop_args(s, max_iters=30, batch_size=8, seq_len=SEQ_LEN, lr=2e-4, min_lr=2e-5, warmup=3,
-                       eval_interval=10, eval_batches=16)  # eval_batches x batch_size held-out pairs
+                       eval_interval=10, eval_batches=16)  # eval_batches: unused, the whole held-out set is scored
 s.set_defaults(weight_decay=0.0)  # decay would add -η·λ·W to τ_pref, which is not the preference
 s = sub.add_parser("spectrum", help="spectral norms of τ_diff and τ_pref per weight, by layer type")
 s.add_argument("--ar", default="out/ar-tiny")
 s.add_argument("--ar_aligned", default="out/ar-dpo")
 s.add_argument("--dlm", default="out/repro/lambda10")
-s.add_argument("--out", default="spectrum.json")
-s = sub.add_parser("merge", help="W = W_DLM + γ·Δ, γ chosen by held-out reward accuracy")
+s.add_argument("--out", default=None, help="default: spectrum.json in the --ar_aligned directory")
+s.add_argument("--device", default="auto")
+s = sub.add_parser("merge", help="W = W_DLM + γ·Δ, γ chosen on training pairs, reported on held-out pairs")
 s.add_argument("--ar", default="out/ar-tiny")
 s.add_argument("--ar_aligned", default="out/ar-dpo")
 s.add_argument("--dlm", default="out/repro/lambda10")
-s.add_argument("--pairs", default="data/pairs/heldout.jsonl", help="the pairs that score each γ")
+s.add_argument("--pairs", default="data/pairs/train.jsonl", help="training pairs: a sample of them chooses γ")
+s.add_argument("--heldout", default="data/pairs/heldout.jsonl",
+               help="held-out pairs: the reported reward accuracy per γ, and the win rate's prompts")
+s.add_argument("--n_select", type=int, default=128, help="training pairs (a seeded sample) that score each γ")
 s.add_argument("--out_dir", default="out/dlm-merged")
 s.add_argument("--method", default="linear", choices=["linear", "ties", "dare"])
 s.add_argument("--density", type=float, default=0.2, help="ties: the fraction of entries kept")
 s.add_argument("--drop", type=float, default=0.9, help="dare: the drop probability p")
-g = s.add_mutually_exclusive_group()
-g.add_argument("--gammas", default="0,0.5,1,2,3,4,6,8", help="the γ grid")
-g.add_argument("--gamma", type=float, default=None, help="one γ, no search")
+s.add_argument("--gammas", type=gamma_list, default="0,0.5,1,2,3,4,6,8", help="the γ grid (one value: no search)")
+s.add_argument("--select", default="accuracy", choices=SELECTORS,
+               help="how the training pairs choose γ (see pick_gamma)")
+s.add_argument("--masks", default="shared", choices=["shared", "independent"],
+               help="shared: the merged models' ELBO draws are the reference DLM's; independent: drawn apart")
 s.add_argument("--beta", type=float, default=0.1)
 s.add_argument("--n_masks", type=int, default=4, help="ELBO draws (t, mask) per pair")
 s.add_argument("--samples", type=int, default=32, help="win rate: completions per model (0: none)")
+s.add_argument("--win_rate_at", default="chosen", choices=["chosen", "all"],
+               help="the win rate at the chosen γ, or at every γ of the grid (a measurement: one sampling per γ)")
 s.add_argument("--device", default="auto")
-s.add_argument("--seed", type=int, default=1337, help="masks, DARE, samples")
+s.add_argument("--seed", type=int, default=1337, help="the training-pair sample, masks, DARE, samples")
 
 
 # ---- pairs -----------------------------------------------------------------------------------------
@@ -114,19 +147,26 @@ def make_pairs(texts, n, prompt_chars, response_chars, seed):
 
 
 def cmd_pairs(args):
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if min(args.n_train, args.n_heldout, args.prompt_chars, args.response_chars) <= 0:
+        p.error("need --n_train, --n_heldout, --prompt_chars and --response_chars > 0")
     try:
         tok = Tokenizer.from_pretrained(args.data)
         splits = {s: data.load_split(args.data, s) for s in ("train", "val")}
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"merge pairs: {e}")
+    recs = {}
     for split, name, n in (("train", "train.jsonl", args.n_train), ("val", "heldout.jsonl", args.n_heldout)):
         docs = data.documents(splits[split], tok.eos_id)
         texts = [tok.decode(d.tolist()) for d in tqdm(docs, desc=f"decoding {split}", leave=False)]
-        recs = make_pairs(texts, n, args.prompt_chars, args.response_chars, args.seed + (split == "val"))
-        atomic_write(out / name, lambda f: Path(f).write_text("".join(json.dumps(r) + "\n" for r in recs)))
-        print(f"{out / name}: {len(recs)} pairs from the {split} split" + (f" (asked for {n})" * (len(recs) < n)))
+        recs[name] = make_pairs(texts, n, args.prompt_chars, args.response_chars, args.seed + (split == "val"))
+        if not recs[name]:
+            raise SystemExit(f"merge pairs: no window of the {split} split of {args.data} has >= 2 quotes in its "
+                             f"{args.response_chars}-character continuation; try other --prompt_chars/--response_chars")
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)  # only now: a failed run leaves no empty directory behind
+    for (name, r), split, n in zip(recs.items(), ("train", "val"), (args.n_train, args.n_heldout)):
+        atomic_write(out / name, lambda f: Path(f).write_text("".join(json.dumps(x) + "\n" for x in r)))
+        print(f"{out / name}: {len(r)} pairs from the {split} split" + f" (asked for {n})" * (len(r) < n))
 
 
 def read_pairs(path, tok, seq_len):
@@ -179,16 +219,34 @@ def dpo_loss(pi_w, pi_l, ref_w, ref_l, beta):
 
 
 class LoRA(nn.Module):
-    """The parametrization W -> W + (α/r)·B@A of a Linear's weight; B starts at zero (the model is unchanged)."""
+    """The parametrization W -> W + (α/r)·B@A of a Linear's weight; B starts at zero (the model is unchanged).
+    enabled = False (adapters_off) gives back W itself: the frozen base model."""
 
     def __init__(self, weight, rank, alpha):
         super().__init__()
-        self.scale = alpha / rank
-        self.lora_A = nn.Parameter(torch.randn(rank, weight.shape[1], device=weight.device) / math.sqrt(weight.shape[1]))
+        self.scale, self.enabled = alpha / rank, True
+        n_in = weight.shape[1]
+        self.lora_A = nn.Parameter(torch.randn(rank, n_in, device=weight.device) / math.sqrt(n_in))
         self.lora_B = nn.Parameter(torch.zeros(weight.shape[0], rank, device=weight.device))
 
     def forward(self, W):
+        if not self.enabled:
+            return W
         return W + self.scale * self.lora_B @ self.lora_A  # W + (α/r)·B@A
+
+
+@contextlib.contextmanager
+def adapters_off(model):
+    """Inside: every LoRA of the model is switched off, so the model computes with its frozen base weights, i.e. it
+    is DPO's reference π_ref without a second copy in memory. A model without LoRA is left as it is."""
+    loras = [m for m in model.modules() if isinstance(m, LoRA)]
+    for m in loras:
+        m.enabled = False
+    try:
+        yield model
+    finally:
+        for m in loras:
+            m.enabled = True
 
 
 def add_lora(model, rank, alpha):
@@ -246,28 +304,32 @@ def cmd_dpo(args):
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     gen = torch.Generator().manual_seed(args.seed)  # draws the batches
-    ref = training.load_model(args.ar, device, "merge: --ar").requires_grad_(False).eval()  # π_ref: the initial AR model, frozen
+    load_ar = lambda: training.load_model(args.ar, device, "merge: --ar")
+    policy, state, start = training.resume_or_start(out_dir, args.resume, device, gen, load_ar)
+    if args.lora_rank:
+        if state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with the saved A, B
+            policy = load_ar()
+        add_lora(policy, args.lora_rank, args.lora_alpha)
+        if state:
+            policy.load_state_dict(state["extra"]["lora"], strict=False)
+        ref = policy  # π_ref: the base under the adapters, i.e. the policy inside adapters_off (one copy)
+    else:
+        ref = load_ar().requires_grad_(False).eval()  # π_ref: the initial AR model, frozen
     if ref.config.attn != "causal":
         raise SystemExit(f"merge dpo: --ar {args.ar} is not an AR checkpoint (attn={ref.config.attn!r})")
     tok = training.load_tokenizer(args.ar, ref.config)
     train, heldout = read_pairs(args.pairs, tok, args.seq_len), read_pairs(args.heldout, tok, args.seq_len)
-    heldout = heldout[:args.eval_batches * args.batch_size]
-    policy, state, start = training.resume_or_start(out_dir, args.resume, device, gen, lambda: training.load_model(args.ar, device, "merge: --ar"))
-    if args.lora_rank:
-        if state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with the saved A, B
-            policy = training.load_model(args.ar, device, "merge: --ar")
-        add_lora(policy, args.lora_rank, args.lora_alpha)
-        if state:
-            policy.load_state_dict(state["extra"]["lora"], strict=False)
     opt = training.optimizer(policy, args, device, state)
     policy.model.gradient_checkpointing = args.grad_checkpoint
     if args.compile:
         policy.model.compile(dynamic=True)  # pairs differ in length from batch to batch
-    ref_held = all_logps(ref, heldout, args.batch_size, ctx, device)  # the reference never changes: once
+    with adapters_off(ref):
+        ref_held = all_logps(ref, heldout, args.batch_size, ctx, device)  # the reference never changes: once
     log = training.Log(out_dir, args.resume)
     n_train = sum(q.numel() for q in policy.parameters() if q.requires_grad)
-    print(f"DPO: {len(train)} train / {len(heldout)} held-out pairs, β = {args.beta}, {n_train / 1e6:.3f}M trainable "
-          f"parameters ({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}); device {device}")
+    print(f"DPO: {len(train)} train / {len(heldout)} held-out pairs (all scored at each evaluation), β = {args.beta}, "
+          f"{n_train / 1e6:.3f}M trainable parameters "
+          f"({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}); device {device}")
 
     bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="dpo")
     last_eval, t_start = {}, time.time()
@@ -278,7 +340,7 @@ def cmd_dpo(args):
         for _ in range(args.grad_accum):
             pick = torch.randint(len(train), (args.batch_size,), generator=gen).tolist()
             ids, _, resp, _ = pair_batch([train[k] for k in pick], device)
-            with torch.no_grad(), ctx:
+            with torch.no_grad(), ctx, adapters_off(ref):
                 ref_w, ref_l = response_logps(ref, ids, resp).chunk(2)  # log π_ref(y|x), no gradient
             with ctx:
                 pi_w, pi_l = response_logps(policy, ids, resp).chunk(2)  # log π(y|x)
@@ -307,12 +369,13 @@ def cmd_dpo(args):
         bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['reward_acc']:.2f}",
                         val_acc=f"{last_eval.get('heldout_reward_acc', float('nan')):.2f}")
 
-    final = last_eval if last_eval.get("step") == args.max_iters - 1 else evaluate(policy, heldout, ref_held, args, ctx, device)
-    final = {k: v for k, v in final.items() if k != "step"}
+    if last_eval.get("step") != args.max_iters - 1:  # a resumed run that had nothing left to train
+        last_eval = evaluate(policy, heldout, ref_held, args, ctx, device)
+    final = {k: v for k, v in last_eval.items() if k != "step"}
     final["heldout_pref_acc_before"] = (ref_held[:, 0] > ref_held[:, 1]).float().mean().item()  # the AR's own
     print("\nfinal held-out: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-    (out_dir / "results.json").write_text(json.dumps(dict(**final, steps=args.max_iters, beta=args.beta,
-        lora_rank=args.lora_rank, train_seconds_this_run=time.time() - t_start), indent=2) + "\n")
+    (out_dir / "results.json").write_text(json.dumps(dict(**final, heldout_pairs=len(heldout), steps=args.max_iters,
+        beta=args.beta, lora_rank=args.lora_rank, train_seconds_this_run=time.time() - t_start), indent=2) + "\n")
 
 
 # ---- task vectors: spectrum ------------------------------------------------------------------------
@@ -339,13 +402,18 @@ def open_weights(paths):
     return handles
 
 
-def read(h, name):
-    return h[name].get_tensor(name).float()
+def read(h, name, device="cpu"):
+    return h[name].get_tensor(name).to(device).float()
 
 
 def spectral_norm(x):
-    """‖x‖₂: the largest singular value of a matrix, the L2 norm of a vector (norm weights, biases)."""
-    return torch.linalg.matrix_norm(x, ord=2).item() if x.dim() == 2 else x.norm().item()
+    """‖x‖₂: the largest singular value of a matrix, the L2 norm of a vector (norm weights, biases). No SVD: σ₁² is
+    the largest eigenvalue of the Gram matrix of the shorter side, one matmul and a min(m, n)² symmetric
+    eigenproblem (for Qwen3's 151936 × 1024 embedding, a 1024 × 1024 one)."""
+    if x.dim() != 2:
+        return x.norm().item()
+    g = x.T @ x if x.shape[0] >= x.shape[1] else x @ x.T  # (k, k), k = min(m, n)
+    return torch.linalg.eigvalsh(g.double())[-1].clamp(min=0).sqrt().item()  # σ₁ = √λ_max(XᵀX)
 
 
 def layer_type(name):
@@ -353,15 +421,16 @@ def layer_type(name):
     return "norms" if kind.endswith("norm") else kind
 
 
-def spectrum(ar, aligned, dlm):
+def spectrum(ar, aligned, dlm, device="cpu"):
     """Per tensor: ‖τ_diff‖₂, ‖τ_pref‖₂ and their ratio, one tensor of each checkpoint in memory at a time."""
     h_ar, h_al, h_dlm = open_weights([ar, aligned, dlm])
     rows = []
     for name in tqdm(sorted(h_ar), desc="spectrum", leave=False):
-        w = read(h_ar, name)
-        pref = spectral_norm(read(h_al, name) - w)  # τ_pref = W_AR_aligned − W_AR
-        diff = spectral_norm(w - read(h_dlm, name))  # τ_diff = W_AR − W_DLM
-        rows.append(dict(name=name, type=layer_type(name), diff=diff, pref=pref, ratio=diff / pref if pref else math.inf))
+        w = read(h_ar, name, device)
+        pref = spectral_norm(read(h_al, name, device) - w)  # τ_pref = W_AR_aligned − W_AR
+        diff = spectral_norm(w - read(h_dlm, name, device))  # τ_diff = W_AR − W_DLM
+        ratio = diff / pref if pref else math.inf
+        rows.append(dict(name=name, type=layer_type(name), diff=diff, pref=pref, ratio=ratio))
     return rows
 
 
@@ -374,12 +443,16 @@ def summarise(rows):
 
 
 def cmd_spectrum(args):
-    summary = summarise(rows := spectrum(args.ar, args.ar_aligned, args.dlm))
-    print("| layer type | count | median ‖τ_diff‖₂ | median ‖τ_pref‖₂ | median ratio | min ratio |\n|---|---|---|---|---|---|")
+    device, _ = training.setup(args.device)
+    out = Path(args.ar_aligned) / "spectrum.json" if args.out is None else Path(args.out)
+    summary = summarise(rows := spectrum(args.ar, args.ar_aligned, args.dlm, device))
+    print("| layer type | count | median ‖τ_diff‖₂ | median ‖τ_pref‖₂ | median ratio | min ratio |\n"
+          "|---|---|---|---|---|---|")
     for t, v in summary.items():
         print(f"| {t} | {v['count']} | {v['diff']:.4g} | {v['pref']:.4g} | {v['ratio']:.4g} | {v['min_ratio']:.4g} |")
-    Path(args.out).write_text(json.dumps(dict(ar=args.ar, ar_aligned=args.ar_aligned, dlm=args.dlm,
-                                              summary=summary, tensors=rows), indent=2) + "\n")
+    out.write_text(json.dumps(dict(ar=args.ar, ar_aligned=args.ar_aligned, dlm=args.dlm, summary=summary,
+                                   tensors=rows), indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 # ---- task vectors: merge ---------------------------------------------------------------------------
@@ -447,7 +520,8 @@ def pair_elbos(model, items, t, u, ctx=contextlib.nullcontext()):
         attn = c.attn if real.all() else attend(c.attn, torch.arange(T, device=dev), real, c.block_size)  # pads hidden
         ok = resp & diffusion.maskable(B, T, c.shift, plen, dev)  # the response only; never position 0 under shift
         for k in range(t.shape[0]):
-            tk, uk = t[k, s:s + B // 2].repeat(2).to(dev), u[k, s:s + B // 2, :T].repeat(2, 1).to(dev)  # same for y_w, y_l
+            tk = t[k, s:s + B // 2].repeat(2).to(dev)  # the same draw for y_w (rows :B/2) and y_l (rows B/2:)
+            uk = u[k, s:s + B // 2, :T].repeat(2, 1).to(dev)
             masked = (uk < tk[:, None]) & ok  # P(masked) = t
             with ctx:
                 e = diffusion.sequence_elbo(model, ids, masked, tk, attn)  # −Σ_{i∈M} CE_i / t
@@ -455,9 +529,51 @@ def pair_elbos(model, items, t, u, ctx=contextlib.nullcontext()):
     return out
 
 
-def pick_gamma(gammas, accs):
-    """The γ with the highest reward accuracy; ties go to the smallest γ."""
-    return min(zip(gammas, accs), key=lambda ga: (-ga[1], ga[0]))[0]
+def rewards(model, W0, delta, items, gammas, *, beta, n_masks, seed, masks="shared", ctx=contextlib.nullcontext()):
+    """-> (G, n, 2): the implicit rewards r_γ(x, y) = β (ELBO_γ(y|x) − ELBO_DLM(y|x)) of every pair's chosen and
+    rejected response at every γ of the grid; the model is left at W0. Each pair's n_masks ELBO draws (t, M) are
+    shared by its chosen and rejected responses. masks="shared": the merged models use the reference DLM's draws
+    too (common random numbers; at γ = 0 every reward is exactly 0). "independent": the merged models (every γ,
+    γ = 0 included) use draws of their own (seed + 1), so r_0 measures the Monte Carlo noise of a reward."""
+    T = max(len(x) + max(len(yw), len(yl)) for x, yw, yl in items)
+    ref_masks = draw_masks(len(items), n_masks, T, seed)
+    own_masks = ref_masks if masks == "shared" else draw_masks(len(items), n_masks, T, seed + 1)
+    ref = pair_elbos(model, items, *ref_masks, ctx)  # ELBO_DLM, computed once
+    out = []
+    for gamma in tqdm(gammas, desc=f"γ grid, {len(items)} pairs", leave=False):
+        apply(model, W0, delta, gamma)
+        e = ref if gamma == 0 and masks == "shared" else pair_elbos(model, items, *own_masks, ctx)
+        revert(model, W0)
+        out.append(beta * (e - ref))  # r_γ(x, y) = β (ELBO_γ(y|x) − ELBO_DLM(y|x))
+    return torch.stack(out)
+
+
+def reward_stats(r, gammas):
+    """Per γ, from rewards (G, n, 2): the reward accuracy (the fraction of pairs with r_γ(y_w) > r_γ(y_l)), the mean
+    margin r_γ(y_w) − r_γ(y_l) and margin / γ (None at γ = 0), the mean DPO loss, the mean chosen and rejected
+    rewards, and the fraction of pairs whose margin has the same sign as at the grid's smallest γ > 0 (first order:
+    all of them)."""
+    m = r[..., 0] - r[..., 1]  # (G, n) margins
+    pos = [k for k, g in enumerate(gammas) if g > 0]
+    first = min(pos, key=lambda k: gammas[k]) if pos else None
+    mean = m.mean(1).tolist()
+    return dict(reward_accuracy=(m > 0).float().mean(1).tolist(), margin=mean,
+                margin_per_gamma=[x / g if g else None for x, g in zip(mean, gammas)],
+                dpo_loss=(-F.logsigmoid(m)).mean(1).tolist(),  # −log σ(r_γ(x, y_w) − r_γ(x, y_l))
+                reward_chosen=r[..., 0].mean(1).tolist(), reward_rejected=r[..., 1].mean(1).tolist(),
+                same_sign=None if first is None else (torch.sign(m) == torch.sign(m[first])).float().mean(1).tolist())
+
+
+def pick_gamma(gammas, stats, *, select="accuracy"):
+    """The γ that the statistics of the training pairs (reward_stats) choose; ties go to the smallest γ.
+    accuracy (the paper's rule): the highest reward accuracy. With shared masks it is flat in γ up to noise until
+        the merge stops being linear in γ, so what it picks among near-equal values is mostly chance.
+    dpo (this project's rule, not the paper's): the lowest DPO loss −log σ(r_γ(y_w) − r_γ(y_l)), i.e. DPO's own
+        objective, with ELBOs for log π, minimised along the line W_DLM + γ·Δ. The margins grow linearly with γ
+        and then bend (the merge's curvature), so its optimum is set by the data, not by ties or noise. It weighs
+        the preference only: it does not see what the larger γ costs in likelihood (see reward_chosen)."""
+    key = {"accuracy": [-a for a in stats["reward_accuracy"]], "dpo": stats["dpo_loss"]}[select]
+    return min(zip(gammas, key), key=lambda gk: (gk[1], gk[0]))[0]
 
 
 @torch.no_grad()
@@ -478,9 +594,11 @@ def completions(model, prompts, tok, seed, ctx):
 
 
 def cmd_merge(args):
-    gammas = [args.gamma] if args.gamma is not None else [float(x) for x in args.gammas.split(",") if x.strip()]
-    if not gammas or not 0 < args.density <= 1 or not 0 <= args.drop < 1 or args.n_masks <= 0 or args.samples < 0:
-        p.error("need a γ, 0 < --density <= 1, 0 <= --drop < 1, --n_masks > 0, --samples >= 0")
+    if not 0 < args.density <= 1 or not 0 <= args.drop < 1 or min(args.n_masks, args.n_select) <= 0 or args.samples < 0:
+        p.error("need 0 < --density <= 1, 0 <= --drop < 1, --n_masks > 0, --n_select > 0, --samples >= 0")
+    if Path(args.pairs).resolve() == Path(args.heldout).resolve():
+        raise SystemExit(f"merge: --pairs and --heldout are the same file ({args.pairs}): γ is chosen on training "
+                         f"pairs and reported on held-out ones; pass both")
     device, ctx = training.setup(args.device, args.seed)
     handles = open_weights([args.ar, args.ar_aligned, args.dlm])
     model = training.load_model(args.dlm, device, "merge: --dlm").requires_grad_(False).eval()
@@ -488,44 +606,62 @@ def cmd_merge(args):
     if c.attn == "causal" or c.mask_token_id is None or c.shift is None:
         raise SystemExit(f"merge: --dlm {args.dlm} is not a DLM (attn={c.attn!r}); make one with convert.py")
     tok = training.load_tokenizer(args.dlm, c)
-    items = read_pairs(args.pairs, tok, SEQ_LEN)
+    train, heldout = read_pairs(args.pairs, tok, SEQ_LEN), read_pairs(args.heldout, tok, SEQ_LEN)
+    train = random.Random(args.seed).sample(train, min(args.n_select, len(train)))  # the γ search's sample
     names = [n for n, _ in model.named_parameters()]
     delta = task_deltas(handles[:2], names, args, device)
     W0 = {n: q.detach().clone() for n, q in model.named_parameters()}  # W_DLM, the one saved copy
-    t, u = draw_masks(len(items), args.n_masks, max(len(x) + max(len(yw), len(yl)) for x, yw, yl in items), args.seed)
-    ref = pair_elbos(model, items, t, u, ctx)  # γ = 0: the DLM's own ELBOs, computed once
-    accs, margins = [], []
-    for gamma in tqdm(gammas, desc=f"γ search ({args.method})"):
-        apply(model, W0, delta, gamma)
-        e = ref if gamma == 0 else pair_elbos(model, items, t, u, ctx)
-        revert(model, W0)
-        r = args.beta * (e - ref)  # r_γ(x, y) = β (ELBO_γ(y|x) − ELBO_DLM(y|x))
-        accs.append((r[:, 0] > r[:, 1]).float().mean().item())  # mean over pairs of [r_γ(x, y_w) > r_γ(x, y_l)]
-        margins.append((r[:, 0] - r[:, 1]).mean().item())
-    best = pick_gamma(gammas, accs)
-    print(f"\n{args.method}: held-out reward accuracy on {len(items)} pairs, {args.n_masks} mask draws each\n"
-          "| γ | reward accuracy | mean margin |\n|---|---|---|")
-    for gamma, a, m in zip(gammas, accs, margins):
-        print(f"| {gamma:g}{' (best)' * (gamma == best)} | {a:.3f} | {m:.4f} |")
+    gammas = args.gammas
+    score = lambda items: reward_stats(rewards(model, W0, delta, items, gammas, beta=args.beta, n_masks=args.n_masks,
+                                               seed=args.seed, masks=args.masks, ctx=ctx), gammas)
+    sel = score(train) if len(gammas) > 1 else None  # the selection sees the training pairs only
+    best = gammas[0] if sel is None else pick_gamma(gammas, sel, select=args.select)
+    held = score(heldout)  # reported per γ; never read by the selection
+    print(f"\n{args.method}, {args.masks} masks ({args.n_masks} draws per pair): γ chosen by {args.select} on "
+          f"{len(train)} training pairs, reported on {len(heldout)} held-out pairs\n"
+          "| γ | train: reward accuracy | train: mean margin | train: DPO loss | held-out: reward accuracy "
+          "| held-out: mean margin | held-out: margin / γ |\n|---|---|---|---|---|---|---|")
+    for k, g in enumerate(gammas):
+        tr = "— | — | —"
+        if sel is not None:
+            tr = f"{sel['reward_accuracy'][k]:.3f} | {sel['margin'][k]:.4f} | {sel['dpo_loss'][k]:.4f}"
+        per = held["margin_per_gamma"][k]
+        print(f"| {g:g}{' (chosen)' * (g == best)} | {tr} | {held['reward_accuracy'][k]:.3f} | "
+              f"{held['margin'][k]:.4f} | {'—' if per is None else f'{per:.4f}'} |")
+    if sel is not None:
+        print("γ by each rule: " + ", ".join(f"{k} {pick_gamma(gammas, sel, select=k):g}" for k in SELECTORS))
 
     out_dir = Path(args.out_dir)
     apply(model, W0, delta, best)
     model.save_pretrained(out_dir)  # the DLM's config (attn, shift, mask token, converted_from) kept
     tok.save_pretrained(out_dir)
-    win = None
+    revert(model, W0)
+    wins = {}  # γ -> (win rate against the DLM, mean rule score)
     if args.samples:
-        prompts = [items[k % len(items)][0] for k in range(args.samples)]
-        mine = completions(model, prompts, tok, args.seed, ctx)
-        revert(model, W0)
-        base = completions(model, prompts, tok, args.seed, ctx)  # the same seeds
-        a, b = [rule_score(x) for x in mine], [rule_score(x) for x in base]
-        win = sum(1.0 if x > y else 0.5 if x == y else 0.0 for x, y in zip(a, b)) / len(a)  # ties count half
-        print(f"win rate of the merged DLM (γ = {best:g}) against the DLM by rule_score, {len(a)} samples at "
-              f"temperature 1.0, threshold 0.9: {win:.3f} (mean score {statistics.mean(a):+.3f} vs {statistics.mean(b):+.3f})")
+        prompts = [heldout[k % len(heldout)][0] for k in range(args.samples)]
+        base = [rule_score(x) for x in completions(model, prompts, tok, args.seed, ctx)]  # the DLM itself
+        for g in tqdm(gammas if args.win_rate_at == "all" else [best], desc="win rate", leave=False):
+            apply(model, W0, delta, g)
+            mine = [rule_score(x) for x in completions(model, prompts, tok, args.seed, ctx)]  # the same seeds
+            revert(model, W0)
+            wins[g] = (sum((x > y) + 0.5 * (x == y) for x, y in zip(mine, base)) / len(base),  # ties count half
+                       statistics.mean(mine))
+        print(f"win rate against the DLM by rule_score (mean score of the DLM {statistics.mean(base):+.3f}), "
+              f"{len(base)} held-out prompts, temperature 1.0, threshold 0.9:\n"
+              "| γ | win rate | mean score |\n|---|---|---|")
+        for g, (w, sc) in wins.items():
+            print(f"| {g:g}{' (chosen)' * (g == best)} | {w:.3f} | {sc:+.3f} |")
     res = dict(method=args.method, density=args.density if args.method == "ties" else None,
-               drop=args.drop if args.method == "dare" else None, beta=args.beta, n_masks=args.n_masks, seed=args.seed,
-               n_pairs=len(items), gammas=gammas, reward_accuracy=accs, mean_margin=margins, best_gamma=best,
-               win_rate=win, samples=args.samples, ar=args.ar, ar_aligned=args.ar_aligned, dlm=args.dlm)
+               drop=args.drop if args.method == "dare" else None, beta=args.beta, n_masks=args.n_masks,
+               masks=args.masks, select=args.select, seed=args.seed, gammas=gammas, best_gamma=best,
+               chosen_by=None if sel is None else {k: pick_gamma(gammas, sel, select=k) for k in SELECTORS},
+               train=dict(pairs=args.pairs, n_pairs=len(train), **(sel or {})),
+               heldout=dict(pairs=args.heldout, n_pairs=len(heldout), **held),
+               win_rate=wins[best][0] if wins else None, samples=args.samples,
+               win_rates=[wins[g][0] if g in wins else None for g in gammas],
+               rule_scores=[wins[g][1] if g in wins else None for g in gammas],
+               rule_score_dlm=statistics.mean(base) if wins else None,
+               ar=args.ar, ar_aligned=args.ar_aligned, dlm=args.dlm)
     atomic_write(out_dir / "merge.json", lambda f: Path(f).write_text(json.dumps(res, indent=2) + "\n"))
 
 
