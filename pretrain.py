@@ -43,7 +43,7 @@ import sample
 import training
 from eval import unigram_entropy
 from model import PRESETS, Qwen3, preset
-from tokenizer import Tokenizer
+from tokenizer import EOS, Tokenizer
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
@@ -162,4 +162,7 @@ if __name__ == "__main__":
         gen = sample.ar_generate(model.eval(), prompts, 96, temperature, vocab_limit=tok.vocab_size,
                                  generator=torch.Generator(device).manual_seed(args.seed))
         for b, ids in enumerate(prompts):
-            print(f"--- temperature {temperature}, prompt {tok.decode(ids)!r}\n{tok.decode(gen.sequence(b).tolist())}")
+            text = tok.decode(gen.sequence(b).tolist())
+            if loss_kw:  # the answer and its eos: only they were trained
+                text = text.split(EOS)[0] + EOS
+            print(f"--- temperature {temperature}, prompt {tok.decode(ids)!r}\n{text}")
