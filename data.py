@@ -246,18 +246,33 @@ def _stack(data, offsets, seq_len, device):
     return x.to(device)
 
 
-def get_batch(data, batch_size, seq_len, device="cpu", generator=None):
-    """(batch_size, seq_len) LongTensor of random contiguous windows; seed the generator to repeat."""
+def document_starts(data, eos_id, seq_len):
+    """The offsets of the documents' first tokens (0 and each token after an eos) at which a window of seq_len
+    tokens fits: for windows that begin with a whole document (get_batch's and eval_batches' starts)."""
+    starts = np.concatenate([[0], np.flatnonzero(np.asarray(data) == eos_id) + 1])
+    return starts[starts <= len(data) - seq_len]
+
+
+def get_batch(data, batch_size, seq_len, device="cpu", generator=None, *, starts=None):
+    """(batch_size, seq_len) LongTensor of random contiguous windows; seed the generator to repeat.
+    starts: the offsets a window may begin at (document_starts), drawn uniformly; default any."""
     _check_len(data, seq_len)
-    ix = torch.randint(len(data) - seq_len + 1, (batch_size,), generator=generator)
+    if starts is None:
+        ix = torch.randint(len(data) - seq_len + 1, (batch_size,), generator=generator)
+    else:
+        ix = torch.from_numpy(starts)[torch.randint(len(starts), (batch_size,), generator=generator)]
     return _stack(data, ix.tolist(), seq_len, device)
 
 
-def eval_batches(data, batch_size, seq_len, n_batches, device="cpu"):
-    """A list of n_batches batches at fixed, evenly spaced offsets: the same tokens on every call
-    (no RNG). A list, not a generator, so a training loop can make it once and evaluate with it often."""
+def eval_batches(data, batch_size, seq_len, n_batches, device="cpu", *, starts=None):
+    """A list of n_batches batches at fixed, evenly spaced offsets (among starts, when given): the same tokens on
+    every call (no RNG). A list, not a generator, so a training loop can make it once and evaluate with it often."""
     _check_len(data, seq_len)
-    offsets = np.linspace(0, len(data) - seq_len, n_batches * batch_size).astype(np.int64).tolist()
+    n = n_batches * batch_size
+    if starts is None:
+        offsets = np.linspace(0, len(data) - seq_len, n).astype(np.int64).tolist()
+    else:
+        offsets = starts[np.linspace(0, len(starts) - 1, n).astype(np.int64)].tolist()
     return [_stack(data, offsets[b * batch_size:(b + 1) * batch_size], seq_len, device) for b in range(n_batches)]
 
 
@@ -276,6 +291,18 @@ def documents(data, eos_id):
     docs = np.split(data, np.flatnonzero(data == eos_id) + 1)
     docs = [d[:-1] if len(d) and d[-1] == eos_id else d for d in docs]
     return [d for d in docs if len(d)]
+
+
+def after_separator(x, sep_id, eos_id):
+    """(B, T) bool of token windows x: True where a sep_id token comes earlier in the token's own document (a
+    document ends at its eos, which belongs to it). With prompt + sep + answer documents this marks the answer
+    and its eos: the targets of an answer-only loss. A window that starts inside a document sees only the part
+    of it in the window (an answer whose sep lies before the window is not marked)."""
+    is_sep = (x == sep_id).long()
+    seps = is_sep.cumsum(1)  # (B, T) seps up to and including each token
+    at_eos = torch.where(x == eos_id, seps, 0).cummax(1).values  # seps up to the latest eos at or before each token
+    before_doc = torch.nn.functional.pad(at_eos, (1, 0))[:, :-1]  # ... strictly before: the seps of earlier documents
+    return seps - is_sep > before_doc  # a sep of this document strictly before the token
 
 
 # -----------------------------------------------------------------------------

@@ -11,6 +11,21 @@ model.safetensors, tokenizer.json), so every later script treats it exactly like
 checkpoint; `--init DIR` continues from any Qwen3 checkpoint instead of random weights.
 At the end it prints the validation loss next to the corpus's unigram entropy (the loss of a model
 that knows only token frequencies) and a few greedy and sampled (temperature 0.8) continuations.
+
+Prompt -> answer documents (tasks.py's exact-answer world) are learnt with an answer-only loss:
+
+    python tasks.py --out_dir data/tasks
+    python data.py --source data/tasks/train.jsonl --out_dir data/tasks
+    python pretrain.py --data data/tasks --out_dir out/ar-tasks --loss_after " =" --seq_len 16 --batch_size 64 \
+        --max_iters 1200 --eval_interval 300
+    python tasks.py --out_dir data/tasks --ckpt out/ar-tasks
+
+`--loss_after TEXT` (one token of the data's tokenizer: " =" in the learnt BPE, "=" in the byte one) scores only
+the tokens after TEXT in their own document, the answer and its eos (data.after_separator), and every window
+begins at a document's start (data.document_starts), so each row opens with a whole prompt, as in minGPT's
+sorting demo. The prompt's digits are random: scoring them adds noise and no skill, and a window cut inside a
+prompt asks for an answer the model cannot know. The validation loss is then the answers' loss (0 for a model
+that knows the task), and the samples are validation prompts cut after TEXT.
 """
 import argparse
 import json
@@ -28,7 +43,7 @@ import sample
 import training
 from eval import unigram_entropy
 from model import PRESETS, Qwen3, preset
-from tokenizer import Tokenizer
+from tokenizer import EOS, Tokenizer
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
@@ -38,21 +53,30 @@ p.add_argument("--init", default=None, help="start from this Qwen3 checkpoint in
 training.add_loop_args(p, max_iters=600, batch_size=16, seq_len=256, lr=6e-3, min_lr=6e-4, warmup=20,
                        eval_interval=100, eval_batches=16)
 p.add_argument("--samples", type=int, default=3, help="prompts continued at the end (greedy and sampled)")
+p.add_argument("--loss_after", default=None, metavar="TEXT",
+               help="answer-only loss: score only the tokens after TEXT (one token) in each document, up to its eos, "
+                    "in windows that begin at a document's start (tasks.py's documents: ' ='); default every token "
+                    "of random windows")
 
 
-def ar_loss(model, x):
-    """Next-token cross-entropy: the logits at position i predict token i+1."""
+def ar_loss(model, x, *, sep_id=None, eos_id=None):
+    """Next-token cross-entropy: the logits at position i predict token i+1. With sep_id, the mean over the targets
+    after a sep_id token of their own document only (data.after_separator): an answer-only loss (0 if none)."""
     logits = model(x[:, :-1], attn="causal")
-    return F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+    y = x[:, 1:]  # (B, T) targets
+    if sep_id is not None:
+        y = y.masked_fill(~data.after_separator(x, sep_id, eos_id)[:, 1:], -100)  # -100: cross_entropy ignores it
+    ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
+    return ce / (y != -100).sum().clamp(min=1)
 
 
 @torch.no_grad()
-def evaluate(model, batches, ctx):
+def evaluate(model, batches, ctx, **loss_kw):
     model.eval()
     losses = []
     for x in batches:
         with ctx:
-            losses.append(ar_loss(model, x).item())
+            losses.append(ar_loss(model, x, **loss_kw).item())
     model.train()
     return float(np.mean(losses))
 
@@ -75,10 +99,20 @@ if __name__ == "__main__":
     tok = training.load_tokenizer(args.data, model.config)
     if model.config.attn != "causal":
         raise SystemExit(f"pretrain.py trains AR models; this checkpoint has attn={model.config.attn!r}")
+    loss_kw, starts = {}, dict(train=None, val=None)  # every token of random windows
+    if args.loss_after is not None:  # the answers of windows that begin at a document's start
+        sep = tok.encode(args.loss_after)
+        if len(sep) != 1 or not (train_data == sep[0]).any():
+            raise SystemExit(f"pretrain: --loss_after {args.loss_after!r} is {len(sep)} tokens of the data's "
+                             f"tokenizer and must be one that occurs in the training data; pass one such token's text")
+        loss_kw = dict(sep_id=sep[0], eos_id=tok.eos_id)
+        starts = dict(train=data.document_starts(train_data, tok.eos_id, args.seq_len + 1),
+                      val=data.document_starts(val_data, tok.eos_id, args.seq_len + 1))
     model.model.gradient_checkpointing = args.grad_checkpoint
     opt = training.optimizer(model, args, device, state)
     fwd = torch.compile(model) if args.compile else model
-    val_batches = list(data.eval_batches(val_data, args.batch_size, args.seq_len + 1, args.eval_batches, device))
+    val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len + 1, args.eval_batches, device,
+                                    starts=starts["val"])
     log = training.Log(out_dir, args.resume)
     print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.config.num_hidden_layers} layers; "
           f"tokens: {len(train_data):,} train / {len(val_data):,} val; device {device}")
@@ -89,9 +123,9 @@ if __name__ == "__main__":
     for step in bar:
         lr = training.set_lr(opt, step, args)
         for _ in range(args.grad_accum):
-            x = data.get_batch(train_data, args.batch_size, args.seq_len + 1, device, gen)
+            x = data.get_batch(train_data, args.batch_size, args.seq_len + 1, device, gen, starts=starts["train"])
             with ctx:
-                loss = ar_loss(fwd, x)
+                loss = ar_loss(fwd, x, **loss_kw)
             (loss / args.grad_accum).backward()
         training.check_finite(loss, step, out_dir)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -103,23 +137,32 @@ if __name__ == "__main__":
         if (m := training.mfu(model, rec["tokens_per_s"], args.seq_len, device)) is not None:
             rec["mfu"] = m
         if step % args.eval_interval == 0 or step == args.max_iters - 1:
-            rec["val_loss"] = last_val = evaluate(fwd, val_batches, ctx)
+            rec["val_loss"] = last_val = evaluate(fwd, val_batches, ctx, **loss_kw)
             training.save_checkpoint(out_dir, model, tok, opt, step, gen, extra=vars(args))
             t = time.time()  # evaluation and saving are not training time
         log(**rec)
         bar.set_postfix(loss=f"{rec['loss']:.3f}", val=f"{last_val:.3f}",
                         tok_s=f"{rec['tokens_per_s']:.0f}")
 
-    val = evaluate(fwd, val_batches, ctx)
+    val = evaluate(fwd, val_batches, ctx, **loss_kw)
     h = unigram_entropy(val_data) * math.log(2)  # nats, like the loss
-    print(f"\nvalidation loss {val:.3f} nats/token ({val / math.log(2):.3f} bits) vs unigram entropy "
-          f"{h:.3f} nats ({h / math.log(2):.3f} bits) of the validation tokens")
+    against = f"vs unigram entropy {h:.3f} nats ({h / math.log(2):.3f} bits) of the validation tokens"
+    if loss_kw:  # the answer-only loss has no frequency baseline: a model that knows the task reaches 0
+        against = f"on the tokens after {args.loss_after!r}"
+    print(f"\nvalidation loss {val:.3f} nats/token ({val / math.log(2):.3f} bits) {against}")
     results = dict(val_loss=val, unigram_entropy=h, steps=args.max_iters, params=model.num_params(),
                    train_seconds_this_run=time.time() - t_start, tokens_seen=args.max_iters * tokens_per_step)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # also: "this run finished"
-    prompts = data.code_prompts(val_data, tok, args.samples, 48)
+    if loss_kw:  # validation documents up to their separator: the model answers them
+        docs = [d.tolist() for d in data.documents(val_data, tok.eos_id)]
+        prompts = [d[:d.index(loss_kw["sep_id"]) + 1] for d in docs if loss_kw["sep_id"] in d][:args.samples]
+    else:
+        prompts = data.code_prompts(val_data, tok, args.samples, 48)
     for temperature in (0.0, 0.8) if prompts else ():  # greedy, then sampled, with sample.py's cached AR sampler
         gen = sample.ar_generate(model.eval(), prompts, 96, temperature, vocab_limit=tok.vocab_size,
                                  generator=torch.Generator(device).manual_seed(args.seed))
         for b, ids in enumerate(prompts):
-            print(f"--- temperature {temperature}, prompt {tok.decode(ids)!r}\n{tok.decode(gen.sequence(b).tolist())}")
+            text = tok.decode(gen.sequence(b).tolist())
+            if loss_kw:  # the answer and its eos: only they were trained
+                text = text.split(EOS)[0] + EOS
+            print(f"--- temperature {temperature}, prompt {tok.decode(ids)!r}\n{text}")

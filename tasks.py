@@ -5,7 +5,8 @@ as documents for data.py: one {"text": prompt + answer} per line of train.jsonl)
 
     python tasks.py --out_dir data/tasks                                  # train.jsonl, heldout.jsonl
     python data.py --source data/tasks/train.jsonl --out_dir data/tasks   # a BPE learnt on them, token files
-    python pretrain.py --data data/tasks --out_dir out/ar-tasks
+    python pretrain.py --data data/tasks --out_dir out/ar-tasks --loss_after " =" --seq_len 16 --batch_size 64 \
+        --max_iters 1200 --eval_interval 300                             # answer-only loss, rows of whole prompts
     python tasks.py --out_dir data/tasks --ckpt out/ar-tasks              # exact match on heldout.jsonl
 
 The families (digits are space-separated, so the learnt BPE gives each digit one token and the byte tokenizer

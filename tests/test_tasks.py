@@ -147,6 +147,20 @@ def test_tokenization_splits_at_the_answer():
     assert bpe.vocab_size < 300  # a small world: the bytes, a few merges, the special tokens
 
 
+def test_separator_marks_exactly_the_answers():
+    """pretrain.py --loss_after: the separator (" =" in the learnt BPE, "=" in the byte tokenizer: one token each)
+    marks, in packed documents, exactly each answer's tokens and its eos (data.after_separator)."""
+    train, _ = tasks.build(seed=0, n_train=300, n_heldout=1, **SIZES)
+    for tok, sep in ((Tokenizer.train(train, 1024), " ="), (Tokenizer.byte_level(), "=")):
+        assert len(tok.encode(sep)) == 1
+        ids, want = [], []
+        for t in train[:60]:
+            prompt, answer = tok.encode(t[:t.index("=") + 1]), tok.encode(t[t.index("=") + 1:])
+            ids += prompt + answer + [tok.eos_id]
+            want += [False] * len(prompt) + [True] * (len(answer) + 1)
+        assert data.after_separator(torch.tensor([ids]), tok.encode(sep)[0], tok.eos_id)[0].tolist() == want
+
+
 def test_cli_writes_files_data_py_reads(tmp_path):
     small = ("--n_train", 400, "--n_heldout", 7, "--max_len", 5)
     r = run_script("tasks.py", "--out_dir", tmp_path, *small)
