@@ -1,5 +1,5 @@
 """
-AR-MAP (methods.md §4): teach the AR model a preference with DPO, then carry it into the DLM converted from
+AR-MAP (docs/methods.md §4): teach the AR model a preference with DPO, then carry it into the DLM converted from
 that AR model by adding the preference task vector τ_pref = W_AR_aligned − W_AR to the DLM's weights.
 
     python merge.py pairs    --data data/stdlib --out_dir data/pairs          # the synthetic preference data
@@ -304,7 +304,7 @@ def cmd_dpo(args):
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     gen = torch.Generator().manual_seed(args.seed)  # draws the batches
-    load_ar = lambda: training.load_model(args.ar, device, "merge: --ar")
+    load_ar = lambda: training.load_model(args.ar, device, "merge dpo: --ar", attn="causal")
     policy, state, start = training.resume_or_start(out_dir, args.resume, device, gen, load_ar)
     if args.lora_rank:
         if state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with the saved A, B
@@ -315,8 +315,6 @@ def cmd_dpo(args):
         ref = policy  # π_ref: the base under the adapters, i.e. the policy inside adapters_off (one copy)
     else:
         ref = load_ar().requires_grad_(False).eval()  # π_ref: the initial AR model, frozen
-    if ref.config.attn != "causal":
-        raise SystemExit(f"merge dpo: --ar {args.ar} is not an AR checkpoint (attn={ref.config.attn!r})")
     tok = training.load_tokenizer(args.ar, ref.config)
     train, heldout = read_pairs(args.pairs, tok, args.seq_len), read_pairs(args.heldout, tok, args.seq_len)
     opt = training.optimizer(policy, args, device, state)

@@ -351,7 +351,7 @@ def test_cli_end_to_end(world, tmp_path, monkeypatch):
     log = [json.loads(l) for l in (tmp_path / "dpo/log.jsonl").read_text().splitlines()]
     assert len(log) == 6 and {"loss", "reward_acc", "margin", "reward_chosen", "tokens_per_s", "mfu"} <= set(log[0])
     loads, load = [], merge.training.load_model
-    monkeypatch.setattr(merge.training, "load_model", lambda *a: loads.append(a) or load(*a))
+    monkeypatch.setattr(merge.training, "load_model", lambda *a, **kw: loads.append(a) or load(*a, **kw))
     r = run(*dpo_args(world, tmp_path / "lora", "--max_iters", 3, "--eval_interval", 2, "--lora_rank", 2))
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(loads) == 1  # LoRA: the reference is the policy with its adapters off, not a second copy
