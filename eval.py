@@ -6,6 +6,7 @@ checkpoints alike. Each subcommand prints a short table and writes --out FILE (J
     python eval.py generate   --ckpt out/dlm-tiny --ref out/ar-tiny --data data/stdlib
     python eval.py humaneval  --ckpt out/ar-tiny --n_samples 10 --temperature 0.8 --limit 20
     python eval.py humaneval  --completions samples.jsonl            # score given completions, no model
+    python eval.py tasks      --ckpt out/dlm-tasks --data data/tasks --thresholds 0.5,0.7,0.9,0.95
 
 What is notable here:
 - likelihood: an AR checkpoint gets perplexity and bits/token; a DLM the negative ELBO in bits/token (Monte
@@ -24,6 +25,10 @@ What is notable here:
   row (each row's tokens up to its eos over the forwards it needed, as if decoded alone; mean, std, min, max
   over rows), tokens/s up to each row's eos and raw (every generated slot of the batch). The results carry the
   temperature (0: greedy).
+- tasks: exact match on tasks.py's held-out prompts (the prompt -> answer world with a checker per task), per
+  family and overall, with tokens per forward counted per row as in generate (mean ± std, min, max over rows).
+  A DLM is decoded once per --thresholds value (Fast-dLLM parallel decoding: the accuracy-versus-parallelism
+  curve), an AR model once. The checkpoint must have the task data's tokenizer.
 - humaneval: generated code is untrusted. Each program runs in its own `python -I -B` process in a fresh
   temporary directory (its cwd) with a minimal environment, stdin closed, rlimits (CPU, address space, file
   size, core, processes), a wall-clock limit, and the whole process group killed afterwards. stdout+stderr
@@ -222,6 +227,66 @@ def generate(args):
     for s in res["samples"]:
         print(f"--- {s['prompt']!r}\n{s['completion']}")
     return res
+
+
+# ---- tasks: exact match on the task world ----------------------------------------------------------
+
+def thresholds(text):
+    """--thresholds: "0.5,0.9" -> [0.5, 0.9], each in (0, 1]."""
+    try:
+        ts = [float(t) for t in text.split(",")]
+    except ValueError:
+        ts = []
+    if not ts or not all(0 < t <= 1 for t in ts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers in (0, 1]")
+    return ts
+
+
+def task_table(sampler, runs):
+    """The markdown table of task_curve's runs: a row per threshold and family, then the threshold's overall row."""
+    lines = ["| sampler | threshold | family | n | exact match | tokens/forward (mean ± std) | min | max |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for run in runs:
+        t = "—" if run["threshold"] is None else f"{run['threshold']:g}"
+        for f, r in [*run["families"].items(), ("all", run)]:
+            lines.append(f"| {sampler} | {t} | {f} | {r['n']} | {r['accuracy']:.3f} | {r['tokens_per_forward']:.2f} ± "
+                         f"{r['tokens_per_forward_std']:.2f} | {r['tokens_per_forward_min']:.2f} | "
+                         f"{r['tokens_per_forward_max']:.2f} |")
+    return "\n".join(lines)
+
+
+def task_curve(args):
+    """tasks.py's held-out prompts (the first --num_prompts of each family) scored by exact match (tasks.exact_match),
+    per family and overall, with each row's tokens per forward; a DLM once per threshold (the accuracy-versus-
+    parallelism curve), an AR model once (thresholds do not apply). -> dict(sampler, prompts, runs=[dict(threshold,
+    accuracy, families, **sample.throughput)]); the rows themselves are not kept."""
+    import data
+    import sample
+    import tasks
+    import torch
+    import training
+    from tokenizer import fingerprint_of
+    path = Path(args.data) / "heldout.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"eval: no {path}; write one with: python tasks.py --out_dir {args.data}")
+    items = data.read_jsonl(path, ("prompt", "answer", "family"))
+    by_family = {}
+    for it in items:
+        by_family.setdefault(it["family"], []).append(it)
+    items = [it for rows in by_family.values() for it in rows[:args.num_prompts]]  # None: all of them
+    model, tok, device, _ = load(args.ckpt, args.device, args.seed)
+    training.same_tokenizer(fingerprint_of(args.data), f"eval: the task data {args.data}",
+                            model.config.tokenizer_sha256, f"the checkpoint {args.ckpt}",
+                            "score a checkpoint trained on this data (pretrain.py --data DIR) or converted from one")
+    sampler = sample.SAMPLERS[model.config.attn]
+    runs = []
+    for t in [None] if model.config.attn == "causal" else args.thresholds:
+        g = torch.Generator(device).manual_seed(args.seed)
+        res = tasks.exact_match(model, tok, items, batch_size=args.batch_size, threshold=t,
+                                block_length=args.block_length, generator=g)
+        runs.append(dict(threshold=t, **{k: v for k, v in res.items() if k != "rows"}))
+    print(task_table(sampler, runs))
+    return dict(sampler=sampler, prompts=len(items), runs=runs)
 
 
 # ---- HumanEval: sandboxed execution --------------------------------------------------------------
@@ -429,7 +494,16 @@ def parser():
     he.add_argument("--memory_mb", type=int, default=1024, help="address-space limit per program")
     sampler_args(he, 256)
     he.set_defaults(temperature=0.8)
-    for s in (lk, gn, he):
+    tk = sub.add_parser("tasks", help="exact match on tasks.py's held-out prompts: accuracy versus parallelism")
+    tk.add_argument("--ckpt", required=True)
+    tk.add_argument("--data", default="data/tasks", help="tasks.py's --out_dir (heldout.jsonl), prepared by data.py")
+    tk.add_argument("--thresholds", type=thresholds, default=[0.5, 0.7, 0.9, 0.95],
+                    help="DLMs: parallel decoding thresholds in (0, 1], comma-separated (one run each); AR: unused")
+    tk.add_argument("--num_prompts", type=int, default=None, help="at most this many prompts per family")
+    tk.add_argument("--block_length", type=int, default=None,
+                    help="masked diffusion: semi-AR block (default the whole answer, one block)")
+    tk.add_argument("--batch_size", type=int, default=64, help="rows per sampler call")
+    for s in (lk, gn, he, tk):
         s.add_argument("--out", default=None, help="write the results here (JSON)")
         s.add_argument("--seed", type=int, default=1337)
         s.add_argument("--device", default="auto")
@@ -440,14 +514,15 @@ def main():
     p = parser()
     args = p.parse_args()
     for k in ("batch_size", "seq_len", "n_batches", "n_draws", "num_prompts", "prompt_len", "max_new_tokens",
-              "n_samples", "workers", "limit", "timeout", "memory_mb"):
+              "n_samples", "workers", "limit", "timeout", "memory_mb", "block_length"):
         if getattr(args, k, 1) is not None and getattr(args, k, 1) <= 0:
             p.error(f"--{k} must be positive")
     if args.cmd == "humaneval" and (args.ckpt is None) == (args.completions is None):
         p.error("humaneval: give exactly one of --ckpt and --completions")
     t0 = time.time()
     try:
-        res = {"likelihood": likelihood, "generate": generate, "humaneval": humaneval}[args.cmd](args)
+        run = {"likelihood": likelihood, "generate": generate, "humaneval": humaneval, "tasks": task_curve}[args.cmd]
+        res = run(args)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"eval: {e}")
     print(f"\n{args.cmd}: {args.ckpt or args.completions}")

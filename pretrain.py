@@ -18,7 +18,7 @@ Prompt -> answer documents (tasks.py's exact-answer world) are learnt with an an
     python data.py --source data/tasks/train.jsonl --out_dir data/tasks
     python pretrain.py --data data/tasks --out_dir out/ar-tasks --loss_after " =" --seq_len 16 --batch_size 64 \
         --max_iters 1200 --eval_interval 300
-    python tasks.py --out_dir data/tasks --ckpt out/ar-tasks
+    python eval.py tasks --ckpt out/ar-tasks --data data/tasks
 
 `--loss_after TEXT` (one token of the data's tokenizer: " =" in the learnt BPE, "=" in the byte one) scores only
 the tokens after TEXT in their own document, the answer and its eos (data.after_separator), and every window

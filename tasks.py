@@ -7,7 +7,7 @@ as documents for data.py: one {"text": prompt + answer} per line of train.jsonl)
     python data.py --source data/tasks/train.jsonl --out_dir data/tasks   # a BPE learnt on them, token files
     python pretrain.py --data data/tasks --out_dir out/ar-tasks --loss_after " =" --seq_len 16 --batch_size 64 \
         --max_iters 1200 --eval_interval 300                             # answer-only loss, rows of whole prompts
-    python tasks.py --out_dir data/tasks --ckpt out/ar-tasks              # exact match on heldout.jsonl
+    python eval.py tasks --ckpt out/ar-tasks --data data/tasks            # exact match on heldout.jsonl
 
 The families (digits are space-separated, so the learnt BPE gives each digit one token and the byte tokenizer
 two; the answer ends where the document does, at eos). Default sizes: lists of 2-4 digits, operands of 1-2.
@@ -24,16 +24,16 @@ What is notable here:
   as it is, and --n_heldout train.jsonl.
 - check(family, prompt, completion) solves the prompt itself (solve) and compares whitespace-normalised
   digit strings up to the first eos text: exact, and independent of any stored answer.
-- exact_match scores a checkpoint with the sampler its config.attn picks (causal: AR, bidirectional: masked
-  diffusion, block: block diffusion) and counts each row's model forwards up to its eos as if it had been
-  decoded alone: AR, one per token; block, Σ over its blocks of their rounds (block_generate's `rounds`);
-  masked diffusion, the forwards in which its current block still held a mask (threshold decoding) or the
-  schedule's steps per block (LLaDA). Tokens per forward = the row's tokens up to and including eos / those
-  forwards.
+- exact_match scores a checkpoint with the sampler its config.attn picks (sample.generate: causal -> AR,
+  bidirectional -> masked diffusion, block -> block diffusion) and takes each row's tokens and forwards up to
+  its eos from the sampler's own per-row counts (Generation.row_tokens, row_nfe), as if it had been decoded
+  alone: tokens per forward is their ratio, per row, then summarised per family (sample.throughput).
+  `eval.py tasks` is its command line: the accuracy-versus-parallelism curve over decoding thresholds.
 """
 import argparse
 import json
 import random
+import time
 from pathlib import Path
 
 import torch
@@ -127,75 +127,57 @@ def round_up(n, k):
 @torch.no_grad()
 def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temperature=0.0, threshold=None,
                 block_length=None, steps=None, block_size=None, generator=None):
-    """Score items ({"prompt", "answer", "family"}) with the checkpoint's own sampler -> dict(accuracy,
-    families={family: dict(n, accuracy, tokens_per_forward)}, rows=[dict(family, prompt, completion, correct,
-    tokens, forwards)]). max_new_tokens: default the longest answer + eos, rounded up to the block size (block)
-    or block_length (masked diffusion; default one block of that length); steps: LLaDA's, default one token a
-    step; threshold: Fast-dLLM parallel decoding (block: default 0.9). Rows are scored by `check`."""
+    """Score items ({"prompt", "answer", "family"}) with the checkpoint's own sampler (sample.generate) -> dict(n,
+    accuracy, families={family: dict(n, accuracy, **throughput)}, rows=[dict(family, prompt, completion, correct,
+    tokens, forwards)], **throughput), throughput being sample.throughput of those rows: tokens per forward per
+    row (mean, std, min, max), forwards per row, tokens/s. A row's tokens and forwards are the sampler's own
+    per-row counts (Generation.row_tokens, row_nfe: up to and including its eos, as if decoded alone).
+    Each family is decoded in batches of its own, timed apart. max_new_tokens: default the longest answer + eos,
+    rounded up to the block size (block) or block_length (masked diffusion; default one block of that length);
+    steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9).
+    Rows are scored by `check`."""
     c, dev = model.config, model.model.embed_tokens.weight.device
     N = max_new_tokens or max(len(tok.encode(it["answer"])) for it in items) + 1
     if c.attn == "block":
-        bs = block_size or c.block_size
-        N, unit, threshold = round_up(N, bs), bs, 0.9 if threshold is None else threshold
+        N = round_up(N, block_size or c.block_size)
     elif c.attn == "bidirectional":
-        unit = block_length or N
-        N = round_up(N, unit)
-        steps = steps or N
+        block_length = block_length or N
+        N = round_up(N, block_length)
     if generator is None:
         generator = torch.Generator(dev).manual_seed(1337)
-    kw = dict(temperature=temperature, eos_id=tok.eos_id, vocab_limit=tok.vocab_size, generator=generator)
-    rows = []
-    for i in range(0, len(items), batch_size):
-        batch = items[i:i + batch_size]
-        prompts = [tok.encode(it["prompt"]) for it in batch]
-        if c.attn == "causal":
-            gen = sample.ar_generate(model, prompts, N, **kw)
-        elif c.attn == "block":
-            gen = sample.block_generate(model, prompts, N, bs, threshold, record=True, **kw)
-        else:
-            masks = []  # threshold decoding: (B, L) "still masked" at the input of every forward
-            hook = model.register_forward_pre_hook(lambda m, args: masks.append(args[0] == c.mask_token_id))
-            try:
-                gen = sample.diffusion_generate(model, prompts, N, unit, steps, threshold=threshold, **kw)
-            finally:
-                hook.remove()
-        out = gen.generated  # (B, N)
-        is_eos = out == tok.eos_id
-        first = torch.where(is_eos.any(1), is_eos.long().argmax(1), N)  # (B,) index of the first eos, N if none
-        tokens = (first + 1).clamp(max=N)  # the row's tokens up to and including eos
-        if c.attn == "causal":
-            forwards = tokens  # one forward per token
-        else:
-            B, nb = len(batch), N // unit
-            if c.attn == "block":  # a block's forwards = its rounds = its last round + 1
-                per_block = gen.rounds.view(B, nb, unit).amax(-1) + 1  # (B, nb); 0 for blocks never reached
-            elif threshold is None:  # LLaDA: the schedule's steps on every block
-                per_block = torch.full((B, nb), steps // nb, device=out.device)
-            else:  # the batch works on its lowest block with a mask; a row counts the forward if it has one there
-                m = torch.stack(masks)[:, :, gen.start:].view(len(masks), B, nb, unit).any(-1)  # (K, B, nb)
-                cur = m.any(1).long().argmax(-1)  # (K,) the current block of each forward
-                per_block = torch.zeros(B, nb, dtype=torch.long, device=out.device)
-                per_block.scatter_add_(1, cur[None].expand(B, -1), m[torch.arange(len(masks)), :, cur].T.long())
-            upto = torch.arange(nb, device=out.device) <= ((tokens - 1) // unit)[:, None]  # (B, nb) blocks to eos
-            forwards = (per_block * upto).sum(1)
-        for b, it in enumerate(batch):
-            text = tok.decode(out[b, :first[b]].tolist())
-            rows.append(dict(family=it["family"], prompt=it["prompt"], completion=text,
-                             correct=check(it["family"], it["prompt"], text), tokens=int(tokens[b]),
-                             forwards=int(forwards[b])))
+    rows, gens, secs = [None] * len(items), {}, {}
+    for f in dict.fromkeys(it["family"] for it in items):  # in order of first appearance
+        idx = [i for i, it in enumerate(items) if it["family"] == f]
+        gens[f], t0 = [], time.perf_counter()
+        for j in range(0, len(idx), batch_size):
+            batch = idx[j:j + batch_size]
+            gen = sample.generate(model, [tok.encode(items[i]["prompt"]) for i in batch], N, temperature=temperature,
+                                  eos_id=tok.eos_id, generator=generator, vocab_limit=tok.vocab_size,
+                                  block_length=block_length, steps=steps, threshold=threshold, block_size=block_size)
+            gens[f].append(gen)
+            for b, i in enumerate(batch):
+                ids = gen.generated[b].tolist()
+                text = tok.decode(ids[:ids.index(tok.eos_id)] if tok.eos_id in ids else ids)
+                rows[i] = dict(family=f, prompt=items[i]["prompt"], completion=text,
+                               correct=check(f, items[i]["prompt"], text), tokens=int(gen.row_tokens[b]),
+                               forwards=int(gen.row_nfe[b]))
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        secs[f] = time.perf_counter() - t0
     families = {}
-    for f in dict.fromkeys(r["family"] for r in rows):  # in order of first appearance
+    for f in gens:
         rs = [r for r in rows if r["family"] == f]
         families[f] = dict(n=len(rs), accuracy=sum(r["correct"] for r in rs) / len(rs),
-                           tokens_per_forward=sum(r["tokens"] / r["forwards"] for r in rs) / len(rs))
-    return dict(accuracy=sum(r["correct"] for r in rows) / len(rows), families=families, rows=rows)
+                           **sample.throughput(gens[f], secs[f]))
+    return dict(n=len(rows), accuracy=sum(r["correct"] for r in rows) / len(rows), families=families, rows=rows,
+                **sample.throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out_dir", default="data/tasks", help="where train.jsonl and heldout.jsonl are written (read)")
+    p.add_argument("--out_dir", default="data/tasks", help="where train.jsonl and heldout.jsonl are written")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, from " + ", ".join(FAMILIES))
     p.add_argument("--n_train", type=int, default=100_000, help="training documents")
@@ -204,39 +186,17 @@ def main():
     p.add_argument("--min_len", type=int, default=2, help="sort, rev: the shortest list")
     p.add_argument("--max_len", type=int, default=4, help="sort, rev: the longest list")
     p.add_argument("--max_digits", type=int, default=2, help="add: the longest operand")
-    p.add_argument("--ckpt", default=None, help="instead: score this checkpoint on --out_dir/heldout.jsonl")
-    p.add_argument("--batch_size", type=int, default=64, help="with --ckpt: prompts per sampler call")
-    p.add_argument("--threshold", type=float, default=None, help="with --ckpt, DLMs: parallel decoding threshold")
-    p.add_argument("--block_length", type=int, default=None, help="with --ckpt, masked diffusion: semi-AR block")
-    p.add_argument("--steps", type=int, default=None, help="with --ckpt, masked diffusion: LLaDA steps")
-    p.add_argument("--device", default="auto")
     args = p.parse_args()
-    if args.ckpt is None:
-        families = tuple(args.families.split(","))
-        if set(families) - set(FAMILIES) or not 1 <= args.min_len <= args.max_len or args.max_digits < 1:
-            p.error(f"--families must be from {', '.join(FAMILIES)}; 1 <= --min_len <= --max_len; --max_digits >= 1")
-        if not 0 < args.heldout_fraction < 1:
-            p.error("--heldout_fraction must be in (0, 1)")
-        train, items = build(seed=args.seed, n_train=args.n_train, n_heldout=args.n_heldout, families=families,
-                             heldout_fraction=args.heldout_fraction, min_len=args.min_len, max_len=args.max_len,
-                             max_digits=args.max_digits)
-        write(args.out_dir, train, items)
-        print(f"wrote {args.out_dir}/train.jsonl ({len(train):,} documents) and heldout.jsonl ({len(items)} prompts)")
-        return
-    import eval as evaluation  # after argument parsing: loading a checkpoint needs torch and the model
-    path = Path(args.out_dir) / "heldout.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"tasks: no {path}; write one with: python tasks.py --out_dir {args.out_dir}")
-    items = data.read_jsonl(path, ("prompt", "answer", "family"))
-    model, tok, _, _ = evaluation.load(args.ckpt, args.device, args.seed)
-    res = exact_match(model, tok, items, batch_size=args.batch_size, threshold=args.threshold,
-                      block_length=args.block_length, steps=args.steps)
-    print(f"{'family':8} {'n':>5} {'exact match':>12} {'tokens/forward':>15}   ({model.config.attn}, {args.ckpt})")
-    for f, r in res["families"].items():
-        print(f"{f:8} {r['n']:5d} {r['accuracy']:12.3f} {r['tokens_per_forward']:15.2f}")
-    print(f"{'all':8} {len(res['rows']):5d} {res['accuracy']:12.3f}")
-    for r in res["rows"][:6]:
-        print(f"--- {r['prompt']!r} -> {r['completion']!r} ({'right' if r['correct'] else 'wrong'})")
+    families = tuple(args.families.split(","))
+    if set(families) - set(FAMILIES) or not 1 <= args.min_len <= args.max_len or args.max_digits < 1:
+        p.error(f"--families must be from {', '.join(FAMILIES)}; 1 <= --min_len <= --max_len; --max_digits >= 1")
+    if not 0 < args.heldout_fraction < 1:
+        p.error("--heldout_fraction must be in (0, 1)")
+    train, items = build(seed=args.seed, n_train=args.n_train, n_heldout=args.n_heldout, families=families,
+                         heldout_fraction=args.heldout_fraction, min_len=args.min_len, max_len=args.max_len,
+                         max_digits=args.max_digits)
+    write(args.out_dir, train, items)
+    print(f"wrote {args.out_dir}/train.jsonl ({len(train):,} documents) and heldout.jsonl ({len(items)} prompts)")
 
 
 if __name__ == "__main__":

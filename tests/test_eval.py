@@ -3,7 +3,10 @@ plain block-attention forward per row and block) and against the uniform model (
 perplexity = V); the HumanEval harness on the canonical solutions (pass@1 = 1),
 empty completions (0) and hostile completions (each caught, bounded time, nothing written outside, no secret
 leaked, no process left behind); the 4-gram repetition rate against a slow count; generate (from the data and from a
-prompts file) and humaneval end to end on micro checkpoints."""
+prompts file) and humaneval end to end on micro checkpoints; tasks through its command line: the oracle stand-in
+scores 1.0 and the wrong one 0.0 at every threshold, an AR model gets one run, a checkpoint with another tokenizer
+than the task data's is refused."""
+import contextlib
 import json
 import math
 import os
@@ -22,8 +25,10 @@ import convert
 import data
 import diffusion
 import eval as E
+import tasks
 from conftest import ROOT, run_script, tiny_world
 from model import Qwen3, preset
+from test_tasks import Oracle, wrong
 from tokenizer import Tokenizer
 
 
@@ -346,3 +351,77 @@ def test_hostile_completions_are_contained(tmp_path):
     assert "PermissionError" in by_name["kill parent"]["output"]
     survivors = subprocess.run(["pgrep", "-f", "eval-sandbox-"], capture_output=True, text=True).stdout.split()
     assert not survivors
+
+
+# ---- tasks ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def task_data(tmp_path_factory):
+    """Task worlds as tasks.py and data.py leave them: heldout.jsonl (4 prompts per family, answers of
+    different lengths), train.jsonl, token files and the tokenizer; "bpe" (learnt on them) and "byte"."""
+    out = {}
+    for kind in ("bpe", "byte"):
+        root = tmp_path_factory.mktemp(f"tasks-{kind}")
+        train, items = tasks.build(seed=0, n_train=2000, n_heldout=4, min_len=2, max_len=6, max_digits=3)
+        tasks.write(root, train, items)
+        data.prepare(str(root), source=str(root / "train.jsonl"), tokenizer=kind)
+        out[kind] = root
+    return out
+
+
+def eval_tasks(monkeypatch, capsys, model, tok, *args):
+    """eval.py tasks through its command line (eval.main), with `model` as the checkpoint that load() returns."""
+    monkeypatch.setattr(E, "load", lambda *a, **k: (model, tok, torch.device("cpu"), contextlib.nullcontext()))
+    monkeypatch.setattr(sys, "argv", ["eval.py", "tasks", "--ckpt", "stand-in", *map(str, args)])
+    E.main()
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("attn, block_size", [("causal", None), ("bidirectional", None), ("block", 4)])
+def test_tasks_oracle_scores_one_and_wrong_zero(task_data, tmp_path, monkeypatch, capsys, attn, block_size):
+    root = task_data["bpe"]
+    tok = Tokenizer.from_pretrained(root)
+    items = data.read_jsonl(root / "heldout.jsonl")
+    thresholds = [None] if attn == "causal" else [0.5, 0.9, 1.0]  # AR: one run, whatever --thresholds says
+    for answer, want in ((lambda a: a, 1.0), (wrong, 0.0)):
+        model = Oracle(tok, {it["prompt"]: answer(it["answer"]) for it in items}, attn, block_size)
+        model.config.tokenizer_sha256 = tok.fingerprint  # trained on this data
+        out = eval_tasks(monkeypatch, capsys, model, tok, "--data", root, "--thresholds", "0.5,0.9,1",
+                         "--num_prompts", 3, "--batch_size", 2, "--out", tmp_path / "t.json")
+        saved = json.loads((tmp_path / "t.json").read_text())
+        res = saved["results"]
+        assert saved["command"] == "tasks" and saved["settings"]["seed"] == 1337 and res["prompts"] == 9
+        assert [run["threshold"] for run in res["runs"]] == thresholds
+        for run in res["runs"]:
+            assert run["accuracy"] == want and run["n"] == 9 and "rows" not in run
+            assert {f: (r["n"], r["accuracy"]) for f, r in run["families"].items()} == {
+                f: (3, want) for f in tasks.FAMILIES}
+            # a confident oracle: AR one token a forward; a DLM commits a whole block per forward
+            assert (run["tokens_per_forward"] == 1.0) == (attn == "causal")
+        # the table: a row per run and family, and the run's overall row
+        rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+        assert [[c.strip() for c in r[1:5]] for r in rows[1:]] == [
+            ["—" if t is None else f"{t:g}", f, str(n), f"{want:.3f}"]
+            for t in thresholds for f, n in (*((f, 3) for f in tasks.FAMILIES), ("all", 9))]
+
+
+def test_tasks_on_checkpoints_and_bad_input(world, task_data, tmp_path, monkeypatch, capsys):
+    """Real (untrained, byte-tokenizer) micro checkpoints end to end; the refusals, each in one line."""
+    for ckpt, runs in (("ar", 1), ("block", 2)):
+        r = run_script("eval.py", "tasks", "--ckpt", world / ckpt, "--data", task_data["byte"], "--num_prompts", 2,
+                       "--thresholds", "0.7,0.95", "--device", "cpu", "--out", tmp_path / f"{ckpt}.json")
+        assert r.returncode == 0, r.stderr[-2000:]
+        res = json.loads((tmp_path / f"{ckpt}.json").read_text())["results"]
+        assert len(res["runs"]) == runs and all(0 <= run["accuracy"] <= 1 for run in res["runs"])
+        assert all(1 <= run["tokens_per_forward_min"] <= run["tokens_per_forward_max"] for run in res["runs"])
+    r = run_script("eval.py", "tasks", "--ckpt", world / "ar", "--data", task_data["bpe"])  # byte model, BPE data
+    assert r.returncode == 1 and r.stderr.startswith("tokenizer mismatch: eval: the task data") and \
+        len(r.stderr.strip().splitlines()) == 1
+    r = run_script("eval.py", "tasks", "--ckpt", world / "ar", "--data", tmp_path)
+    assert r.returncode == 1 and "heldout.jsonl" in r.stderr and "python tasks.py" in r.stderr
+    for bad in ("0.5,x", "0", "1.5", ""):
+        r = run_script("eval.py", "tasks", "--ckpt", world / "dlm", "--data", task_data["byte"], "--thresholds", bad)
+        assert r.returncode == 2 and "--thresholds" in r.stderr
+    r = run_script("eval.py", "tasks", "--ckpt", world / "ar", "--data", task_data["byte"], "--block_length", 4)
+    assert r.returncode == 1 and r.stderr.strip().endswith("block_length: not used by the AR sampler "
+                                                           "(config.attn 'causal'); drop it")

@@ -1,8 +1,9 @@
 """tasks.py: the answers against slow schoolbook re-implementations written here; the checkers accept the right
 answer and reject near misses; the held-out split is disjoint by construction and deterministic; the text format
 tokenizes the same with and without its answer; exact_match scores an oracle stand-in checkpoint (its logits put
-the right next token first) at 1.0 and a wrong one at 0 under all three samplers, and counts each row's
-forwards as the sampler spends them on that row decoded alone."""
+the right next token first) at 1.0 and a wrong one at 0 under all three samplers, summarises each family over its
+own rows, and counts each row's forwards as the sampler spends them on that row decoded alone (eval.py tasks, its
+command line, is tested in test_eval.py)."""
 import json
 import random
 
@@ -13,7 +14,7 @@ import data
 import sample
 import tasks
 from conftest import run_script
-from model import Qwen3, Qwen3Config, preset
+from model import Qwen3Config
 from tokenizer import EOS, Tokenizer
 
 SIZES = dict(min_len=2, max_len=6, max_digits=3)
@@ -251,6 +252,13 @@ def test_exact_match_oracle_right_and_wrong(world, attn, kw):
     bad = Oracle(tok, {it["prompt"]: wrong(it["answer"]) for it in items}, attn, bs)
     res_bad = tasks.exact_match(bad, tok, items, batch_size=4, **kw)
     assert res_bad["accuracy"] == 0.0 and all(not r["correct"] for r in res_bad["rows"])
+    for f, fam in res["families"].items():  # each family's summary is over its own rows
+        ratios = [r["tokens"] / r["forwards"] for r in res["rows"] if r["family"] == f]
+        assert fam["tokens_per_forward"] == pytest.approx(sum(ratios) / len(ratios))
+        extremes = [fam["tokens_per_forward_min"], fam["tokens_per_forward_max"]]
+        assert extremes == pytest.approx([min(ratios), max(ratios)])
+    assert res["n"] == 15 and res["tokens_per_forward"] == pytest.approx(
+        sum(r["tokens"] / r["forwards"] for r in res["rows"]) / 15)
     tpf = [f["tokens_per_forward"] for f in res["families"].values()]
     if attn == "causal":
         assert tpf == [1.0, 1.0, 1.0]
@@ -263,8 +271,11 @@ def test_exact_match_oracle_right_and_wrong(world, attn, kw):
 @pytest.mark.parametrize("attn, kw", [("bidirectional", dict(block_length=4)), *KINDS[2:]])
 def test_forwards_per_row_equal_the_row_decoded_alone(world, attn, kw):
     """Rows of one batch finish in different blocks and take different numbers of rounds (the oracle is unsure
-    at one position in three): each row's count must be the sampler's nfe on that row's prompt alone."""
+    at one position in three): each row's count must be the sampler's nfe on that row's prompt alone. The
+    families are interleaved: each is decoded in batches of its own, and the rows come back in the items' order."""
     tok, items = world
+    by_family = [[it for it in items if it["family"] == f] for f in tasks.FAMILIES]
+    items = [it for trio in zip(*by_family) for it in trio]  # sort, rev, add, sort, rev, add, ...
     kw = dict(kw)
     bs = kw.pop("block_size", None)
     unsure = Oracle(tok, {it["prompt"]: it["answer"] for it in items}, attn, bs, sharp=lambda j: 12 if j % 3 else 1.5)
@@ -279,18 +290,6 @@ def test_forwards_per_row_equal_the_row_decoded_alone(world, attn, kw):
         else:
             bl = kw.get("block_length", 12)
             alone.append(sample.diffusion_generate(unsure, p, 12, bl, 12, threshold=kw.get("threshold"), **common).nfe)
+    assert [r["prompt"] for r in res["rows"]] == [it["prompt"] for it in items]
     assert [r["forwards"] for r in res["rows"]] == alone
     assert len(set(alone)) > 1  # the check has teeth: the rows differ
-
-
-def test_cli_scores_a_checkpoint(tmp_path):
-    """End to end on a saved (untrained, byte-tokenizer) micro checkpoint: a table per family."""
-    r = run_script("tasks.py", "--out_dir", tmp_path, "--ckpt", tmp_path / "ar")
-    assert r.returncode == 1 and "heldout.jsonl" in r.stderr and "Traceback" not in r.stderr
-    assert run_script("tasks.py", "--out_dir", tmp_path, "--n_heldout", 3, "--n_train", 10).returncode == 0
-    Qwen3(preset("micro")).init_weights(0).save_pretrained(tmp_path / "ar")
-    Tokenizer.byte_level().save_pretrained(tmp_path / "ar")
-    r = run_script("tasks.py", "--out_dir", tmp_path, "--ckpt", tmp_path / "ar", "--device", "cpu")
-    assert r.returncode == 0, r.stderr[-2000:]
-    lines = r.stdout.splitlines()
-    assert all(any(line.startswith(f) for line in lines) for f in (*tasks.FAMILIES, "all"))
