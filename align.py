@@ -46,17 +46,18 @@ import diffusion
 import training
 from model import Qwen3
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
 p.add_argument("--init", default="out/dlm-tiny", help="the student: a bidirectional DLM checkpoint (convert.py)")
 p.add_argument("--teacher", default=None, help="the AR checkpoint (default: the student's config.converted_from)")
 p.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
-p.add_argument("--out_dir", default="out/align")
+p.add_argument("--out_dir", default="out/align", help="checkpoints, log.jsonl and results.json go here")
 p.add_argument("--scratch", action="store_true", help="baseline: random weights of the --init shape (init_weights)")
 p.add_argument("--lambda_align", type=float, default=10.0, help="λ; 0 = the AR fine-tuning baseline (no teacher)")
 p.add_argument("--loss_norm", default="mean", choices=diffusion.NORMS, help="mean CE over masked tokens, or the ELBO")
 p.add_argument("--eps", type=float, default=1 / 500, help="t ~ U(eps, 1-eps)")
 p.add_argument("--align_layers", default="all", help="all | mid (middle third) | top (last third) | indices, e.g. 0,3,-1")
-p.add_argument("--align_positions", default="masked", choices=["masked", "all"])
+p.add_argument("--align_positions", default="masked", choices=["masked", "all"],
+               help="masked: the rows that carry the denoising loss; all: every position")
 p.add_argument("--align_metric", default="cos", choices=["cos", "l2"], help="l2: mean over (ℓ, i) of |h_s - h_t|^2 / C")
 p.add_argument("--extra_ce", action="store_true", help="add the public code's exp(-CE)·CE per masked token (detached weight)")
 p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_head (published: embed,lm_head)")
@@ -65,7 +66,7 @@ training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=256, lr=1e-3, min
 p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N steps (and at the last step); "
                "independent of --eval_interval")
 p.add_argument("--samples", type=int, default=3, help="diffusion samples printed at the end")
-p.add_argument("--sample_len", type=int, default=64)
+p.add_argument("--sample_len", type=int, default=64, help="tokens per printed sample")
 
 EVAL_RATIOS, EVAL_SEED, ELBO_EPS, COS_RATIO = (0.15, 0.5, 0.9), 1234, 1e-3, 0.5
 

@@ -334,13 +334,15 @@ if __name__ == "__main__":
     vocab_size = 1024    # ids of the learnt BPE (256 bytes + merges + 3 special tokens)
     val_fraction = 0.05
     max_mb = None        # stop after this many MB of source text
-    p = argparse.ArgumentParser(description="Tokenize a corpus into train.bin / val.bin / meta.json.")
-    p.add_argument("--out_dir", default=out_dir)
-    p.add_argument("--source", default=source, help="folder of text files or .jsonl with a 'text' field (default: stdlib)")
+    import training  # here, not at the top: training imports this module
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
+    p.add_argument("--out_dir", default=out_dir, help="train.bin, val.bin, meta.json and the tokenizer go here")
+    p.add_argument("--source", default=source, help="folder of text files or .jsonl with a 'text' field (None: the standard library)")
     p.add_argument("--tokenizer", default=tokenizer, help="'bpe', 'byte', or a tokenizer dir / .tiktoken file")
     p.add_argument("--vocab_size", type=int, default=vocab_size, help="with --tokenizer bpe: the number of ids")
-    p.add_argument("--val_fraction", type=float, default=val_fraction)
-    p.add_argument("--max_mb", type=float, default=max_mb)
+    p.add_argument("--val_fraction", type=float, default=val_fraction,
+                   help="share of documents in the validation split (by a hash of their name)")
+    p.add_argument("--max_mb", type=float, default=max_mb, help="stop after this many MB of source text (None: all)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a dataset in --out_dir that was made with another tokenizer")
     args = p.parse_args()

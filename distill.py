@@ -52,16 +52,17 @@ import training
 from diffusion import block_logits, layout, per_block_logits
 from sample import attend, block_generate, prepare
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
 p.add_argument("--init", default="out/dlm-block", help="the student: a block DLM checkpoint (convert.py --attn block)")
 p.add_argument("--teacher", default=None, help="the AR checkpoint (default: the student's config.converted_from)")
 p.add_argument("--data", default="data/stdlib", help="prompts are cut from its validation split")
 p.add_argument("--prompts", default=None, help="a JSONL of {\"prompt\"} records instead (not with --policy data)")
 p.add_argument("--num_prompts", type=int, default=1024, help="size of the prompt pool cut from the data")
-p.add_argument("--out_dir", default="out/distill")
+p.add_argument("--out_dir", default="out/distill", help="checkpoints, log.jsonl and results.json go here")
 p.add_argument("--policy", default="on", choices=["on", "off", "data"],
                help="on: states of the student's rollouts; off: random masks of its rollouts; data: of data windows")
-p.add_argument("--divergence", default="fkl", choices=["fkl", "rkl", "jsd"])
+p.add_argument("--divergence", default="fkl", choices=["fkl", "rkl", "jsd"],
+               help="KL(teacher || student), KL(student || teacher), or Jensen-Shannon")
 p.add_argument("--kl_reduction", default="seq", choices=["seq", "token"],
                help="seq (published): mean per sequence over its positions, then over sequences; token: over all")
 p.add_argument("--teacher_top_k", type=int, default=None,

@@ -75,41 +75,46 @@ def gamma_list(text):
     return gammas
 
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
 sub = p.add_subparsers(dest="cmd", required=True)
-s = sub.add_parser("pairs", help="synthetic preference pairs: prefer single-quoted strings")
+s = sub.add_parser("pairs", formatter_class=training.HelpFormatter,
+                   help="synthetic preference pairs: prefer single-quoted strings")
 s.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
-s.add_argument("--out_dir", default="data/pairs")
-for name, default in (("n_train", 512), ("n_heldout", 128), ("prompt_chars", 192), ("response_chars", 96),
-                      ("seed", 1337)):
-    s.add_argument(f"--{name}", type=int, default=default)
-s = sub.add_parser("dpo", help="DPO on the AR model")
+s.add_argument("--out_dir", default="data/pairs", help="train.jsonl and heldout.jsonl go here")
+for name, default, help in (("n_train", 512, "training pairs"), ("n_heldout", 128, "held-out pairs"),
+                            ("prompt_chars", 192, "characters of text before the response"),
+                            ("response_chars", 96, "characters of each response"),
+                            ("seed", 1337, "which corpus windows are cut")):
+    s.add_argument(f"--{name}", type=int, default=default, help=help)
+s = sub.add_parser("dpo", formatter_class=training.HelpFormatter, help="DPO on the AR model")
 s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint; also the frozen reference")
-s.add_argument("--pairs", default="data/pairs/train.jsonl")
+s.add_argument("--pairs", default="data/pairs/train.jsonl", help="training pairs ({prompt, chosen, rejected} JSONL)")
 s.add_argument("--heldout", default="data/pairs/heldout.jsonl", help="every pair is scored at each evaluation")
-s.add_argument("--out_dir", default="out/ar-dpo")
-s.add_argument("--beta", type=float, default=0.1)
+s.add_argument("--out_dir", default="out/ar-dpo", help="the DPO-trained AR checkpoint goes here")
+s.add_argument("--beta", type=float, default=0.1, help="DPO's β: the strength of the pull away from π_ref")
 s.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning")
-s.add_argument("--lora_alpha", type=float, default=16.0)
+s.add_argument("--lora_alpha", type=float, default=16.0, help="LoRA scale α (the update is (α/r)·BA)")
 training.add_loop_args(s, max_iters=30, batch_size=8, seq_len=SEQ_LEN, lr=2e-4, min_lr=2e-5, warmup=3,
                        eval_interval=10, eval_batches=16)  # eval_batches: unused, the whole held-out set is scored
 s.set_defaults(weight_decay=0.0)  # decay would add -η·λ·W to τ_pref, which is not the preference
-s = sub.add_parser("spectrum", help="spectral norms of τ_diff and τ_pref per weight, by layer type")
-s.add_argument("--ar", default="out/ar-tiny")
-s.add_argument("--ar_aligned", default="out/ar-dpo")
-s.add_argument("--dlm", default="out/repro/lambda10")
+s = sub.add_parser("spectrum", formatter_class=training.HelpFormatter,
+                   help="spectral norms of τ_diff and τ_pref per weight, by layer type")
+s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint (W_AR)")
+s.add_argument("--ar_aligned", default="out/ar-dpo", help="the AR checkpoint after DPO (W_AR_aligned)")
+s.add_argument("--dlm", default="out/repro/lambda10", help="the DLM converted from --ar and trained (W_DLM)")
 s.add_argument("--out", default=None, help="default: spectrum.json in the --ar_aligned directory")
-s.add_argument("--device", default="auto")
-s = sub.add_parser("merge", help="W = W_DLM + γ·Δ, γ chosen on training pairs, reported on held-out pairs")
-s.add_argument("--ar", default="out/ar-tiny")
-s.add_argument("--ar_aligned", default="out/ar-dpo")
-s.add_argument("--dlm", default="out/repro/lambda10")
+s.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
+s = sub.add_parser("merge", formatter_class=training.HelpFormatter,
+                   help="W = W_DLM + γ·Δ, γ chosen on training pairs, reported on held-out pairs")
+s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint (W_AR)")
+s.add_argument("--ar_aligned", default="out/ar-dpo", help="the AR checkpoint after DPO (W_AR_aligned)")
+s.add_argument("--dlm", default="out/repro/lambda10", help="the DLM to merge into (W_DLM)")
 s.add_argument("--pairs", default="data/pairs/train.jsonl", help="training pairs: a sample of them chooses γ")
 s.add_argument("--heldout", default="data/pairs/heldout.jsonl",
                help="held-out pairs: the reported reward accuracy per γ, and the win rate's prompts")
 s.add_argument("--n_select", type=int, default=128, help="training pairs (a seeded sample) that score each γ")
-s.add_argument("--out_dir", default="out/dlm-merged")
-s.add_argument("--method", default="linear", choices=["linear", "ties", "dare"])
+s.add_argument("--out_dir", default="out/dlm-merged", help="the merged DLM at the chosen γ, and merge.json")
+s.add_argument("--method", default="linear", choices=["linear", "ties", "dare"], help="how Δ is formed from τ_pref")
 s.add_argument("--density", type=float, default=0.2, help="ties: the fraction of entries kept")
 s.add_argument("--drop", type=float, default=0.9, help="dare: the drop probability p")
 s.add_argument("--gammas", type=gamma_list, default="0,0.5,1,2,3,4,6,8", help="the γ grid (one value: no search)")
@@ -117,12 +122,12 @@ s.add_argument("--select", default="accuracy", choices=SELECTORS,
                help="how the training pairs choose γ (see pick_gamma)")
 s.add_argument("--masks", default="shared", choices=["shared", "independent"],
                help="shared: the merged models' ELBO draws are the reference DLM's; independent: drawn apart")
-s.add_argument("--beta", type=float, default=0.1)
+s.add_argument("--beta", type=float, default=0.1, help="β of the implicit reward β(ELBO_γ − ELBO_DLM)")
 s.add_argument("--n_masks", type=int, default=4, help="ELBO draws (t, mask) per pair")
 s.add_argument("--samples", type=int, default=32, help="win rate: completions per model (0: none)")
 s.add_argument("--win_rate_at", default="chosen", choices=["chosen", "all"],
                help="the win rate at the chosen γ, or at every γ of the grid (a measurement: one sampling per γ)")
-s.add_argument("--device", default="auto")
+s.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
 s.add_argument("--seed", type=int, default=1337, help="the training-pair sample, masks, DARE, samples")
 
 

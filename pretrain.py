@@ -45,9 +45,9 @@ from eval import unigram_entropy
 from model import PRESETS, Qwen3, preset
 from tokenizer import EOS, Tokenizer
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
 p.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
-p.add_argument("--out_dir", default="out/ar-tiny")
+p.add_argument("--out_dir", default="out/ar-tiny", help="checkpoints, log.jsonl and results.json go here")
 p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape when starting from scratch")
 p.add_argument("--init", default=None, help="start from this Qwen3 checkpoint instead of random weights")
 training.add_loop_args(p, max_iters=600, batch_size=16, seq_len=256, lr=6e-3, min_lr=6e-4, warmup=20,

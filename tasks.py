@@ -40,6 +40,7 @@ import torch
 
 import data
 import sample
+import training
 from tokenizer import EOS
 
 FAMILIES = ("sort", "rev", "add")
@@ -176,9 +177,9 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
 # ---- CLI -----------------------------------------------------------------------------------------
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
     p.add_argument("--out_dir", default="data/tasks", help="where train.jsonl and heldout.jsonl are written")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, default=1337, help="draws the prompts (the split is by prompt hash)")
     p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, from " + ", ".join(FAMILIES))
     p.add_argument("--n_train", type=int, default=100_000, help="training documents")
     p.add_argument("--n_heldout", type=int, default=200, help="held-out prompts per family")

@@ -18,6 +18,7 @@ Bad input ends a run with one line, not a traceback, and loses nothing:
 The scripts need not pass anything for this: the run's settings, its last logged step and its last checkpoint are
 kept in RUN by parse_loop_args, resume_or_start, Log and save_checkpoint.
 """
+import argparse
 import contextlib
 import json
 import math
@@ -42,18 +43,28 @@ RESUMABLE = {"max_iters", "resume", "allow_changed_settings", "device", "compile
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Every script's --help: its docstring as written, and each flag's default after its help text."""
+
+
 def add_loop_args(p, **defaults):
     """The training-loop flags every training script shares, with that script's defaults (max_iters, batch_size,
     seq_len, lr, min_lr, warmup, eval_interval, eval_batches)."""
     d = dict(grad_accum=1, weight_decay=0.1, grad_clip=1.0, **defaults)
+    helps = dict(max_iters="optimizer steps in all", batch_size="sequences per micro-batch",
+                 seq_len="tokens per training sequence", grad_accum="micro-batches per optimizer step",
+                 warmup="steps of linear learning-rate warmup", eval_interval="steps between evaluations",
+                 eval_batches="batches per evaluation", lr="peak learning rate (AdamW)",
+                 min_lr="the cosine schedule's floor", weight_decay="AdamW weight decay (matrices only)",
+                 grad_clip="clip the gradient's global norm to this")
     for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "warmup", "eval_interval", "eval_batches"):
-        p.add_argument(f"--{name}", type=int, default=d[name])
+        p.add_argument(f"--{name}", type=int, default=d[name], help=helps[name])
     for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
-        p.add_argument(f"--{name}", type=float, default=d[name])
+        p.add_argument(f"--{name}", type=float, default=d[name], help=helps[name])
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, default=1337, help="seeds the data order, masks and rollouts (CPU runs repeat)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
     p.add_argument("--allow_changed_settings", action="store_true",
                    help="--resume even where settings differ from the checkpoint's (the new values are used)")
