@@ -55,11 +55,13 @@ p.add_argument("--scratch", action="store_true", help="baseline: random weights 
 p.add_argument("--lambda_align", type=float, default=10.0, help="λ; 0 = the AR fine-tuning baseline (no teacher)")
 p.add_argument("--loss_norm", default="mean", choices=diffusion.NORMS, help="mean CE over masked tokens, or the ELBO")
 p.add_argument("--eps", type=float, default=1 / 500, help="t ~ U(eps, 1-eps)")
-p.add_argument("--align_layers", default="all", help="all | mid (middle third) | top (last third) | indices, e.g. 0,3,-1")
+p.add_argument("--align_layers", default="all",
+               help="all | mid (middle third) | top (last third) | indices, e.g. 0,3,-1")
 p.add_argument("--align_positions", default="masked", choices=["masked", "all"],
                help="masked: the rows that carry the denoising loss; all: every position")
 p.add_argument("--align_metric", default="cos", choices=["cos", "l2"], help="l2: mean over (ℓ, i) of |h_s - h_t|^2 / C")
-p.add_argument("--extra_ce", action="store_true", help="add the public code's exp(-CE)·CE per masked token (detached weight)")
+p.add_argument("--extra_ce", action="store_true",
+               help="add the public code's exp(-CE)·CE per masked token (detached weight)")
 p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_head (published: embed,lm_head)")
 training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=256, lr=1e-3, min_lr=1e-4, warmup=10,
                        eval_interval=50, eval_batches=8)
@@ -158,7 +160,8 @@ def loss_step(student, teacher, x0, generator, *, layers, lambda_align=10.0, eps
     l_diff, hs = diffusion.diffusion_loss(student, x0, xt, masked, t, norm, extra_ce=extra_ce,
                                           output_hidden_states=True)
     with torch.no_grad():
-        _, ht = teacher.model(x0, "causal", output_hidden_states=True)  # the clean x0, same positions; no lm_head needed
+        # the clean x0, same positions; no lm_head needed
+        _, ht = teacher.model(x0, "causal", output_hidden_states=True)
     l_align, per_layer = repr_align_loss(hs, ht, align_rows(masked, c.shift, positions), layers=layers, metric=metric)
     return l_diff + lambda_align * l_align, dict(diff_loss=l_diff, align_loss=l_align, align_per_layer=per_layer)
 

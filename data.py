@@ -337,7 +337,8 @@ if __name__ == "__main__":
     import training  # here, not at the top: training imports this module
     p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
     p.add_argument("--out_dir", default=out_dir, help="train.bin, val.bin, meta.json and the tokenizer go here")
-    p.add_argument("--source", default=source, help="folder of text files or .jsonl with a 'text' field (None: the standard library)")
+    p.add_argument("--source", default=source,
+                   help="folder of text files or .jsonl with a 'text' field (None: the standard library)")
     p.add_argument("--tokenizer", default=tokenizer, help="'bpe', 'byte', or a tokenizer dir / .tiktoken file")
     p.add_argument("--vocab_size", type=int, default=vocab_size, help="with --tokenizer bpe: the number of ids")
     p.add_argument("--val_fraction", type=float, default=val_fraction,

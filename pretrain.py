@@ -1,7 +1,7 @@
 """
 Train the tiny AR teacher of the embedded default: a Qwen3-shaped model on the prepared corpus
-(the Python standard library, in a BPE vocabulary data.py learnt on it), with the plain next-token loss. nanoGPT's train.py in
-miniature, on the shared machinery of training.py.
+(the Python standard library, in a BPE vocabulary data.py learnt on it), with the plain next-token loss.
+nanoGPT's train.py in miniature, on the shared machinery of training.py.
 
     python data.py --out_dir data/stdlib
     python pretrain.py --data data/stdlib --out_dir out/ar-tiny

@@ -68,7 +68,8 @@ def slow_align(hs, ht, masked, layers, shift, mode):
 @pytest.mark.parametrize("mode", ["masked", "all"])
 def test_align_loss_matches_slow_loops(shift, mode):
     g = torch.Generator().manual_seed(0)
-    hs, ht = [torch.randn(2, 7, 5, generator=g) for _ in range(4)], [torch.randn(2, 7, 5, generator=g) for _ in range(4)]
+    hs = [torch.randn(2, 7, 5, generator=g) for _ in range(4)]
+    ht = [torch.randn(2, 7, 5, generator=g) for _ in range(4)]
     masked = torch.rand(2, 7, generator=g) < 0.5
     masked[:, 0] = False if shift else masked[:, 0]
     for layers in ([0, 1, 2, 3], [1, 3]):
@@ -254,7 +255,8 @@ def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     for n, q in frozen.items():
         assert teacher.get_parameter(n) is q and teacher.get_parameter(n).data_ptr() == q.data_ptr()
     assert teacher.lm_head.weight is student.model.embed_tokens.weight  # tied: the head too
-    assert student.model.layers[0].self_attn.q_proj.weight.data_ptr() != teacher.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    q_proj = lambda m: m.model.layers[0].self_attn.q_proj.weight
+    assert q_proj(student).data_ptr() != q_proj(teacher).data_ptr()
     before_t = {k: v.clone() for k, v in teacher.state_dict().items()}
     before_s = {k: v.clone() for k, v in student.state_dict().items()}
     seen = []
@@ -334,7 +336,8 @@ def test_learns_writes_results_and_samples(world, tmp_path):
     r = run(*common(world, out), "--max_iters", "30", "--eval_interval", "29", "--lr", "3e-3")
     assert r.returncode == 0, r.stderr[-2000:]
     recs = log(out)
-    assert len(recs) == 30 and all({"diff_loss", "align_loss", "align_per_layer", "tokens_per_s"} <= set(x) for x in recs)
+    keys = {"diff_loss", "align_loss", "align_per_layer", "tokens_per_s"}
+    assert len(recs) == 30 and all(keys <= set(x) for x in recs)
     assert len(recs[0]["align_per_layer"]) == 3  # micro: embedding output, 1 block, final norm
     first, last = recs[0], recs[-1]
     assert last["val_loss@0.5"] < first["val_loss@0.5"] - 0.5 and last["val_nelbo"] < first["val_nelbo"] - 0.5

@@ -213,8 +213,8 @@ def test_off_policy_states_are_random_masks_of_the_rollout(world):
     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1]) and on[2] == off[2] == 8
     assert off[4]["tokens_per_forward"] == on[4]["tokens_per_forward"] == 4  # the same rollout: one round a block
     g2 = torch.Generator().manual_seed(3)
-    gen = block_generate(student, [i for i, _ in items], 16, 4, threshold=0.001, temperature=1.0, record=True,
-                         eos_id=EOS, generator=g2, vocab_limit=256)
+    block_generate(student, [i for i, _ in items], 16, 4, threshold=0.001, temperature=1.0, record=True,
+                   eos_id=EOS, generator=g2, vocab_limit=256)  # replays the rollout's draws on g2
     assert torch.equal(off[3], distill.random_states(2, 16, 4, g2, "cpu"))  # the next draw of the same generator
     assert not torch.equal(off[3], on[3])
     x, lens, P, masked, st = distill.make_batch(student, items, 16, "data", torch.Generator().manual_seed(3), **kw)

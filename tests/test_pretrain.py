@@ -36,7 +36,8 @@ def losses(out):
 
 def test_learns_and_writes_hf_checkpoint(corpus, tmp_path):
     out = tmp_path / "ar"
-    r = run("--data", str(corpus), "--out_dir", str(out), "--max_iters", "40", "--eval_interval", "20", "--lr", "3e-3", *SMALL)
+    r = run("--data", str(corpus), "--out_dir", str(out), "--max_iters", "40", "--eval_interval", "20", "--lr", "3e-3",
+            *SMALL)
     assert r.returncode == 0, r.stderr[-2000:]
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert len(log) == 40 and all("tokens_per_s" in rec for rec in log)
