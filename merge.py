@@ -26,8 +26,12 @@ What is notable here:
 - The ELBO draws (t, M) are shared by chosen and rejected, and by default (--masks shared) also by every γ and
   the reference DLM (common random numbers). Then r_γ(y_w) − r_γ(y_l) ≈ βγ·∇(ELBO(y_w) − ELBO(y_l))·Δ to first
   order: its sign, hence the reward accuracy, does not depend on γ until the merge is far from linear, and
-  --select accuracy (the paper's rule, ties to the smallest γ) returns the grid's smallest γ > 0.
-  merge.json records per γ the accuracy, the mean margin and margin/γ on both pair sets, so this can be seen.
+  --select accuracy (the paper's rule, ties to the smallest γ) picks among near-equal accuracies by chance.
+  --masks independent makes the accuracy rise with γ for another reason: the reference's Monte Carlo noise stays
+  while the margin grows. --select dpo (this project's rule, not the paper's) minimises the DPO loss of the
+  training pairs along W_DLM + γ·Δ instead. merge.json records per γ, on both pair sets, the accuracy, the mean
+  margin, margin/γ, the DPO loss and the mean chosen / rejected rewards, the γ each rule picks, and with
+  --win_rate_at all the win rate at every γ.
 """
 import argparse
 import contextlib
@@ -57,7 +61,7 @@ TYPES = LORA_TARGETS + ("embed_tokens", "lm_head", "norms")  # spectrum's rows, 
 SEQ_LEN = 512  # merge: max tokens of prompt + response (dpo: --seq_len)
 BATCH = 16  # merge: pairs per forward (ELBOs) and prompts per sampler call (win rate)
 GEN_LEN, GEN_BLOCK = 64, 32  # win rate: tokens sampled per prompt; the bidirectional sampler's block length
-SELECTORS = ("accuracy",)  # merge --select: see pick_gamma
+SELECTORS = ("accuracy", "dpo")  # merge --select: see pick_gamma
 
 
 def gamma_list(text):
@@ -116,6 +120,8 @@ s.add_argument("--masks", default="shared", choices=["shared", "independent"],
 s.add_argument("--beta", type=float, default=0.1)
 s.add_argument("--n_masks", type=int, default=4, help="ELBO draws (t, mask) per pair")
 s.add_argument("--samples", type=int, default=32, help="win rate: completions per model (0: none)")
+s.add_argument("--win_rate_at", default="chosen", choices=["chosen", "all"],
+               help="the win rate at the chosen γ, or at every γ of the grid (a measurement: one sampling per γ)")
 s.add_argument("--device", default="auto")
 s.add_argument("--seed", type=int, default=1337, help="the training-pair sample, masks, DARE, samples")
 
@@ -544,23 +550,30 @@ def rewards(model, W0, delta, items, gammas, *, beta, n_masks, seed, masks="shar
 
 def reward_stats(r, gammas):
     """Per γ, from rewards (G, n, 2): the reward accuracy (the fraction of pairs with r_γ(y_w) > r_γ(y_l)), the mean
-    margin r_γ(y_w) − r_γ(y_l) and margin / γ (None at γ = 0), the mean chosen and rejected rewards, and the
-    fraction of pairs whose margin has the same sign as at the grid's smallest γ > 0 (first order: all of them)."""
+    margin r_γ(y_w) − r_γ(y_l) and margin / γ (None at γ = 0), the mean DPO loss, the mean chosen and rejected
+    rewards, and the fraction of pairs whose margin has the same sign as at the grid's smallest γ > 0 (first order:
+    all of them)."""
     m = r[..., 0] - r[..., 1]  # (G, n) margins
     pos = [k for k, g in enumerate(gammas) if g > 0]
     first = min(pos, key=lambda k: gammas[k]) if pos else None
     mean = m.mean(1).tolist()
     return dict(reward_accuracy=(m > 0).float().mean(1).tolist(), margin=mean,
                 margin_per_gamma=[x / g if g else None for x, g in zip(mean, gammas)],
+                dpo_loss=(-F.logsigmoid(m)).mean(1).tolist(),  # −log σ(r_γ(x, y_w) − r_γ(x, y_l))
                 reward_chosen=r[..., 0].mean(1).tolist(), reward_rejected=r[..., 1].mean(1).tolist(),
                 same_sign=None if first is None else (torch.sign(m) == torch.sign(m[first])).float().mean(1).tolist())
 
 
 def pick_gamma(gammas, stats, *, select="accuracy"):
-    """The γ that the statistics of the training pairs (reward_stats) choose.
-    accuracy (the paper's rule): the highest reward accuracy; ties go to the smallest γ."""
-    accs = stats["reward_accuracy"]
-    return min(zip(gammas, accs), key=lambda ga: (-ga[1], ga[0]))[0]
+    """The γ that the statistics of the training pairs (reward_stats) choose; ties go to the smallest γ.
+    accuracy (the paper's rule): the highest reward accuracy. With shared masks it is flat in γ up to noise until
+        the merge stops being linear in γ, so what it picks among near-equal values is mostly chance.
+    dpo (this project's rule, not the paper's): the lowest DPO loss −log σ(r_γ(y_w) − r_γ(y_l)), i.e. DPO's own
+        objective, with ELBOs for log π, minimised along the line W_DLM + γ·Δ. The margins grow linearly with γ
+        and then bend (the merge's curvature), so its optimum is set by the data, not by ties or noise. It weighs
+        the preference only: it does not see what the larger γ costs in likelihood (see reward_chosen)."""
+    key = {"accuracy": [-a for a in stats["reward_accuracy"]], "dpo": stats["dpo_loss"]}[select]
+    return min(zip(gammas, key), key=lambda gk: (gk[1], gk[0]))[0]
 
 
 @torch.no_grad()
@@ -606,35 +619,49 @@ def cmd_merge(args):
     held = score(heldout)  # reported per γ; never read by the selection
     print(f"\n{args.method}, {args.masks} masks ({args.n_masks} draws per pair): γ chosen by {args.select} on "
           f"{len(train)} training pairs, reported on {len(heldout)} held-out pairs\n"
-          "| γ | train: reward accuracy | train: mean margin | held-out: reward accuracy | held-out: mean margin "
-          "| held-out: margin / γ |\n|---|---|---|---|---|---|")
+          "| γ | train: reward accuracy | train: mean margin | train: DPO loss | held-out: reward accuracy "
+          "| held-out: mean margin | held-out: margin / γ |\n|---|---|---|---|---|---|---|")
     for k, g in enumerate(gammas):
-        tr = "— | —" if sel is None else f"{sel['reward_accuracy'][k]:.3f} | {sel['margin'][k]:.4f}"
+        tr = "— | — | —"
+        if sel is not None:
+            tr = f"{sel['reward_accuracy'][k]:.3f} | {sel['margin'][k]:.4f} | {sel['dpo_loss'][k]:.4f}"
         per = held["margin_per_gamma"][k]
         print(f"| {g:g}{' (chosen)' * (g == best)} | {tr} | {held['reward_accuracy'][k]:.3f} | "
               f"{held['margin'][k]:.4f} | {'—' if per is None else f'{per:.4f}'} |")
+    if sel is not None:
+        print("γ by each rule: " + ", ".join(f"{k} {pick_gamma(gammas, sel, select=k):g}" for k in SELECTORS))
 
     out_dir = Path(args.out_dir)
     apply(model, W0, delta, best)
     model.save_pretrained(out_dir)  # the DLM's config (attn, shift, mask token, converted_from) kept
     tok.save_pretrained(out_dir)
-    win = None
+    revert(model, W0)
+    wins = {}  # γ -> (win rate against the DLM, mean rule score)
     if args.samples:
         prompts = [heldout[k % len(heldout)][0] for k in range(args.samples)]
-        mine = completions(model, prompts, tok, args.seed, ctx)
-        revert(model, W0)
-        base = completions(model, prompts, tok, args.seed, ctx)  # the same seeds
-        a, b = [rule_score(x) for x in mine], [rule_score(x) for x in base]
-        win = sum(1.0 if x > y else 0.5 if x == y else 0.0 for x, y in zip(a, b)) / len(a)  # ties count half
-        print(f"win rate of the merged DLM (γ = {best:g}) against the DLM by rule_score, {len(a)} held-out prompts, "
-              f"temperature 1.0, threshold 0.9: {win:.3f} (mean score {statistics.mean(a):+.3f} vs "
-              f"{statistics.mean(b):+.3f})")
+        base = [rule_score(x) for x in completions(model, prompts, tok, args.seed, ctx)]  # the DLM itself
+        for g in tqdm(gammas if args.win_rate_at == "all" else [best], desc="win rate", leave=False):
+            apply(model, W0, delta, g)
+            mine = [rule_score(x) for x in completions(model, prompts, tok, args.seed, ctx)]  # the same seeds
+            revert(model, W0)
+            wins[g] = (sum((x > y) + 0.5 * (x == y) for x, y in zip(mine, base)) / len(base),  # ties count half
+                       statistics.mean(mine))
+        print(f"win rate against the DLM by rule_score (mean score of the DLM {statistics.mean(base):+.3f}), "
+              f"{len(base)} held-out prompts, temperature 1.0, threshold 0.9:\n"
+              "| γ | win rate | mean score |\n|---|---|---|")
+        for g, (w, sc) in wins.items():
+            print(f"| {g:g}{' (chosen)' * (g == best)} | {w:.3f} | {sc:+.3f} |")
     res = dict(method=args.method, density=args.density if args.method == "ties" else None,
                drop=args.drop if args.method == "dare" else None, beta=args.beta, n_masks=args.n_masks,
                masks=args.masks, select=args.select, seed=args.seed, gammas=gammas, best_gamma=best,
+               chosen_by=None if sel is None else {k: pick_gamma(gammas, sel, select=k) for k in SELECTORS},
                train=dict(pairs=args.pairs, n_pairs=len(train), **(sel or {})),
                heldout=dict(pairs=args.heldout, n_pairs=len(heldout), **held),
-               win_rate=win, samples=args.samples, ar=args.ar, ar_aligned=args.ar_aligned, dlm=args.dlm)
+               win_rate=wins[best][0] if wins else None, samples=args.samples,
+               win_rates=[wins[g][0] if g in wins else None for g in gammas],
+               rule_scores=[wins[g][1] if g in wins else None for g in gammas],
+               rule_score_dlm=statistics.mean(base) if wins else None,
+               ar=args.ar, ar_aligned=args.ar_aligned, dlm=args.dlm)
     atomic_write(out_dir / "merge.json", lambda f: Path(f).write_text(json.dumps(res, indent=2) + "\n"))
 
 

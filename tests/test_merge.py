@@ -253,6 +253,8 @@ def test_rewards_and_margins_match_a_slow_loop(masks):
             if gamma:
                 assert stats["margin_per_gamma"][k] == pytest.approx(sum(margins) / len(margins) / gamma, abs=1e-3)
             assert stats["reward_chosen"][k] == pytest.approx(r[k, :, 0].mean().item())
+            dpo = sum(math.log(1 + math.exp(-m)) for m in margins) / len(margins)  # −log σ(m) = log(1 + e^−m)
+            assert stats["dpo_loss"][k] == pytest.approx(dpo, abs=1e-4)
     assert stats["margin_per_gamma"][0] is None
     if masks == "shared":  # common random numbers: at γ = 0 the merged model is the reference, every reward 0
         assert torch.equal(r[0], torch.zeros_like(r[0])) and stats["reward_accuracy"][0] == 0
@@ -293,13 +295,18 @@ def test_reward_stats_by_hand():
     assert st["reward_accuracy"] == [0.0, 0.5, 1.0] and st["margin"] == pytest.approx([0.0, 0.0, 0.25], abs=1e-6)
     assert st["margin_per_gamma"][0] is None and st["margin_per_gamma"][1:] == pytest.approx([0.0, 0.125], abs=1e-6)
     assert st["reward_chosen"] == pytest.approx([0.0, 0.15, 0.3]) and st["same_sign"] == [0.0, 1.0, 0.5]
+    sp = lambda m: math.log(1 + math.exp(-m))  # −log σ(m)
+    assert st["dpo_loss"] == pytest.approx([math.log(2), (sp(0.2) + sp(-0.2)) / 2, (sp(0.4) + sp(0.1)) / 2])
 
 
 def test_pick_gamma():
-    acc = lambda *a: dict(reward_accuracy=list(a))
+    acc = lambda *a: dict(reward_accuracy=list(a), dpo_loss=[0.5] * len(a))
     assert merge.pick_gamma([0, 1, 2, 3], acc(0.0, 0.5, 0.9, 0.7)) == 2
     assert merge.pick_gamma([0, 0.5, 1, 2], acc(0.0, 0.8, 0.8, 0.8)) == 0.5  # ties: the smallest γ
     assert merge.pick_gamma([4, 2, 3], acc(0.6, 0.6, 0.5)) == 2
+    st = dict(reward_accuracy=[0.0, 0.95, 0.9, 0.8], dpo_loss=[0.69, 0.5, 0.3, 0.4])
+    assert merge.pick_gamma([0, 1, 2, 3], st) == 1 and merge.pick_gamma([0, 1, 2, 3], st, select="dpo") == 2
+    assert merge.pick_gamma([0, 3, 1], dict(reward_accuracy=[0, 1, 1], dpo_loss=[0.7, 0.2, 0.2]), select="dpo") == 1
 
 
 # ---- pairs -----------------------------------------------------------------------------------------
@@ -360,17 +367,23 @@ def test_cli_end_to_end(world, tmp_path, monkeypatch):
     spec = json.loads((tmp_path / "dpo/spectrum.json").read_text())  # --out defaults into the --ar_aligned directory
     assert spec["summary"]["q_proj"]["diff"] == 0 and spec["summary"]["q_proj"]["pref"] > 0  # conversion: τ_diff = 0
 
-    for method in ("linear", "ties", "dare"):
+    for method, extra in (("linear", ["--win_rate_at", "all"]), ("ties", ["--select", "dpo"]), ("dare", [])):
         out = tmp_path / f"m-{method}"
         r = run(*merge_args(world, tmp_path / "dpo", out, "--method", method, "--gammas", "0,1,4", "--n_masks", 2,
-                            "--samples", 2, "--density", 0.5, "--drop", 0.5))
+                            "--samples", 2, "--density", 0.5, "--drop", 0.5, *extra))
         assert r.returncode == 0, r.stderr[-2000:]
         res = json.loads((out / "merge.json").read_text())
         tr, held = res["train"], res["heldout"]
         assert res["gammas"] == [0, 1, 4] and tr["n_pairs"] == 8 and held["n_pairs"] == n_heldout
         assert tr["reward_accuracy"][0] == held["reward_accuracy"][0] == 0 and len(held["margin"]) == 3
-        assert res["best_gamma"] == merge.pick_gamma(res["gammas"], tr)
+        assert res["chosen_by"] == {k: merge.pick_gamma(res["gammas"], tr, select=k) for k in ("accuracy", "dpo")}
+        assert res["best_gamma"] == res["chosen_by"][res["select"]]
         assert 0 <= res["win_rate"] <= 1 and "win rate" in r.stdout and "| γ |" in r.stdout
+        k = res["gammas"].index(res["best_gamma"])
+        assert res["win_rate"] == res["win_rates"][k]
+        assert sum(w is not None for w in res["win_rates"]) == (3 if method == "linear" else 1)
+        if method == "linear":  # γ = 0 is the DLM itself: the same samples, every comparison a tie
+            assert res["win_rates"][0] == 0.5 and res["rule_scores"][0] == res["rule_score_dlm"]
         m = Qwen3.from_pretrained(out)
         assert (m.config.attn, m.config.shift, m.config.mask_token_id) == ("bidirectional", True, MASK)
         assert Tokenizer.from_pretrained(out).vocab_size == 259
