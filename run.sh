@@ -42,8 +42,8 @@ stage pairs     data/pairs/heldout.jsonl  "$PYTHON" merge.py pairs --data data/s
 stage dpo       out/ar-dpo/results.json   "$PYTHON" merge.py dpo --ar out/ar-tiny --pairs data/pairs/train.jsonl \
                                             --heldout data/pairs/heldout.jsonl --out_dir out/ar-dpo $(resume out/ar-dpo)
 stage merge     out/dlm-merged/merge.json "$PYTHON" merge.py merge --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/align \
-                                            --pairs data/pairs/heldout.jsonl --out_dir out/dlm-merged --gammas 0,1,2,4,8 \
-                                            --n_masks 2 --samples 16
+                                            --pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl \
+                                            --out_dir out/dlm-merged --gammas 0,1,2,4,8 --n_masks 2 --samples 16
 
 # Every model on the same validation batches and prompts. Sampling: temperature 0.8; the DLMs commit every token
 # whose confidence reaches 0.9 (Fast-dLLM / the block sampler's threshold), hence their tokens per forward.
@@ -67,7 +67,8 @@ what = {"ar-tiny": "AR teacher (pretrain.py)", "ar-dpo": "AR after DPO (merge.py
 merge = json.loads(Path("out/dlm-merged/merge.json").read_text())
 dpo = json.loads(Path("out/ar-dpo/results.json").read_text())
 reward = {"ar-dpo": f"{dpo['heldout_reward_acc']:.3f}",
-          "dlm-merged": f"{merge['reward_accuracy'][merge['gammas'].index(merge['best_gamma'])]:.3f} (γ = {merge['best_gamma']:g})"}
+          "dlm-merged": f"{merge['heldout']['reward_accuracy'][merge['gammas'].index(merge['best_gamma'])]:.3f} "
+                        f"(γ = {merge['best_gamma']:g}, chosen on training pairs)"}
 print("| model | likelihood: bits/token (AR: exact; DLM: −ELBO ± s.e.) | masked acc @0.5 | gen. perplexity "
       "(under the teacher) | sample entropy (bits) | tokens per forward | held-out reward accuracy |")
 print("|---|---|---|---|---|---|---|")
