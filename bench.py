@@ -264,20 +264,25 @@ def bench_sample(args, device, dtype):
     mask = c.mask_token_id if c.mask_token_id is not None else c.vocab_size - 1
     shift = c.shift if c.shift is not None else True
     bl = 32
+    B = len(prompts)
     print(f"\nMasked diffusion (LLaDA), batch 1, block length {bl}, shift {shift}: Fast-dLLM's approximate KV cache "
           "(refreshed at each block's first step) against none; one token per step (steps = new tokens) or "
-          "threshold 0.9; the forwards are the same for all three; same tokens: the share of generated tokens "
-          "equal to none's\n")
-    print("| new tokens | decoding | cache | tokens/s | forwards | speed-up vs none | same tokens as none |")
-    print("|---|---|---|---|---|---|---|")
+          "threshold 0.9; no stop at eos; the forwards are the same for all three; same tokens: the share of "
+          "generated tokens equal to none's" + f", and (--ckpt) over a batch of all {B} prompts" * bool(args.ckpt) + "\n")
+    head = "| new tokens | decoding | cache | tokens/s | forwards | speed-up vs none | same tokens as none |"
+    head += f" same tokens, {B} prompts |" * bool(args.ckpt)
+    print(head + "\n" + "|---" * (head.count("|") - 1) + "|")
     for n in (args.seq_len // 2, args.seq_len):
         for thr in (None, 0.9):
             kw = dict(threshold=thr, mask_token_id=mask, shift=shift)
-            r = race({k: (lambda k=k: diffusion_generate(model, prompts[:1], n, min(bl, n), n, cache=k, **kw))
-                      for k in ("none", "prefix", "dual")}, warmup=0)
+            runs = {k: (lambda p, k=k: diffusion_generate(model, p, n, min(bl, n), n, cache=k, **kw))
+                    for k in ("none", "prefix", "dual")}
+            r = race({k: (lambda fn=fn: fn(prompts[:1])) for k, fn in runs.items()}, warmup=0)
+            batch = {k: fn(prompts) for k, fn in runs.items()} if args.ckpt else {}
             for k, (t, g) in r.items():
-                print(f"| {n} | {'1 token/step' if thr is None else f'threshold {thr}'} | {k} | {n / t:,.0f} | "
-                      f"{g.nfe} | {r['none'][0] / t:.2f}x | {same(g, r['none'][1]):.1%} |")
+                line = (f"| {n} | {'1 token/step' if thr is None else f'threshold {thr}'} | {k} | {n / t:,.0f} | "
+                        f"{g.nfe} | {r['none'][0] / t:.2f}x | {same(g, r['none'][1]):.1%} |")
+                print(line + (f" {same(batch[k], batch['none']):.1%} |" if batch else ""))
 
     bs, n = c.block_size or 4, args.seq_len // 2
     runs = {"cached": dict(), "recompute": dict(use_cache=False)}
@@ -299,7 +304,7 @@ def bench_sample(args, device, dtype):
         agree = all(torch.equal(g.tokens, v[1].tokens) for v in r.values())
         print(line + f" {g.tokens_per_forward.mean():.2f} | {'yes' if agree else 'NO'} |")
 
-    B = min(args.batch_size, len(prompts))
+    B = min(args.batch_size, B)
     print(f"\nBlock diffusion, batch {B} (ragged prompts, left-padded), {n} tokens, block {bs}, stopping at eos "
           f"{c.eos_token_id}, with the KV cache: tokens per forward per row (each row's tokens up to its eos / the "
           "forwards it needed) and per batch (N / batched forwards); tokens/s up to each row's eos and raw\n")
