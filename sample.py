@@ -6,6 +6,8 @@ checkpoint's config (attn: causal -> AR, bidirectional -> masked diffusion, bloc
     python sample.py --ckpt out/dlm-tiny --prompt "def fib(n):" --max_new_tokens 64 --block_length 32 --steps 64
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --max_new_tokens 64 --threshold 0.9
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --show_rounds   # which round committed what
+    python sample.py --ckpt out/dlm-tiny --prompt "def fib(n):" --max_new_tokens 256 --cache dual  # Fast-dLLM
+    python sample.py --ckpt out/ar-tiny --prompt "def fib(n):" --max_new_tokens 256 --compile
 
 What is notable here:
 - ar_generate: a static KV cache allocated once for prompt + new tokens and written in place slot by slot
@@ -13,7 +15,9 @@ What is notable here:
   and RoPE positions count from each row's first real token, so a row of a batch equals that prompt alone.
 - diffusion_generate: LLaDA's semi-autoregressive sampler with low-confidence (or random) remasking, the
   number of tokens committed per step precomputed; `threshold` switches to Fast-dLLM's parallel decoding
-  (commit every prediction at or above it, at least one per step, until the block is done).
+  (commit every prediction at or above it, at least one per step, until the block is done). cache="prefix"
+  or "dual" is Fast-dLLM's approximate KV cache: a full forward at each block's first step fills a static
+  cache, the block's later steps feed the block and what follows it (prefix) or the block alone (dual).
 - block_generate: block diffusion with an exact KV cache. The first forward on block b also carries block
   b-1 with its final tokens, so each finished block enters the cache once, inside a forward that was
   needed anyway: the cached sampler uses exactly as many forwards as the slow no-cache reference.
@@ -29,12 +33,19 @@ What is notable here:
   sequence decoded alone would get. Generation.nfe is the batch's forwards (each block lasts as long as
   its slowest row needs).
 - `generate` picks the sampler from config.attn for sample.py's CLI and eval.py alike.
+- compile=True (sample.py --compile): every model call goes through one function, `forward`, which builds
+  the step's mask and runs the model; compiled (`stepper`), it is one graph per kind of step, replayed: the
+  loops keep each step's shapes fixed (AR: one token against the whole static cache; block: the block
+  alone, or with the previous block in round 0) and the sizes are symbolic, so neither the prompt's nor
+  the generation's length recompiles. On CUDA it is mode="reduce-overhead" (CUDA graphs) with the cache at
+  a static address. AR and block: the prompt's forward stays eager (one call, of a varying length).
 - No host sync inside the loops but the stopping checks: "block done" in the threshold modes (once per
   forward: that is what parallel decoding saves), "every row has produced eos" (once per block; AR: once
   every STOP_EVERY tokens).
 
 Common arguments: `prompt`, a (B, T) LongTensor or a list of token lists (ragged: left-padded with pad_id,
-default eos_id, else 0); temperature (0: greedy), top_k, top_p; eos_id; generator (a torch.Generator on the
+default the first end id, else 0); temperature (0: greedy), top_k, top_p; eos_id (an id, or a list/tuple of
+ids: a row stops at the first of any, and its later slots repeat it); generator (a torch.Generator on the
 model's device; default: freshly seeded); mask_token_id and shift (default: the model's config);
 vocab_limit (ids >= it are never emitted; the CLI passes the tokenizer's size, so unused embedding rows
 never come out). Each sampler returns a Generation; `throughput` summarises one or more.
@@ -216,7 +227,7 @@ def forward(model, x, q, pos, real, rule, cache=None, block_size=None):
     return model(x, attn=mask, pos=pos, cache=cache, slots=None if cache is None else q)
 
 
-COMPILE = dict(dynamic=True)  # every size symbolic from the start: one graph per rule, whatever the lengths
+COMPILE = dict(dynamic=True)  # sizes symbolic from the start (but 0 and 1): no length ever recompiles
 COMPILED = {}  # torch.compile(forward) per mode, made on first use and kept for the process
 
 
