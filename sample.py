@@ -56,6 +56,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.fx.experimental._config
 
 from model import Qwen3, attention_mask
 
@@ -247,7 +248,10 @@ def stepper(model, compile):
     compiled = COMPILED[mode]
 
     def step(model, x, q, pos, *args):
-        return compiled(model, x.clone(), q.clone(), pos.clone(), *args)
+        fresh = dict(memory_format=torch.contiguous_format)
+        with torch.fx.experimental._config.patch(use_duck_shape=False):  # a length that happens to equal another
+            # size when first traced (L = head_dim = 32, block 4 = batch 4) gets its own symbol, not that size's
+            return compiled(model, x.clone(**fresh), q.clone(**fresh), pos.clone(**fresh), *args)
     return step
 
 
@@ -255,9 +259,9 @@ def new_cache(model, B, L, compile):
     """model.new_cache(B, L); compiled on CUDA, its tensors are marked static (written in place at a fixed
     address: CUDA graphs read and write them where they are instead of copying them in each replay)."""
     cache = model.new_cache(B, L)
-    if compile and cache.k.is_cuda:
-        torch._dynamo.mark_static_address(cache.k)
-        torch._dynamo.mark_static_address(cache.v)
+    if compile and model.model.embed_tokens.weight.is_cuda:
+        for t in cache.k + cache.v:  # one tensor per layer
+            torch._dynamo.mark_static_address(t)
     return cache
 
 
