@@ -17,26 +17,36 @@ so that noise from other processes on the machine hits both alike. How to read t
 
 Example: python bench.py --preset tiny --batch_size 8 --seq_len 256
 
---what sample: the samplers of sample.py on --preset's random weights or --ckpt DIR's trained ones, 16-token
-prompts, runs interleaved, median of --iters (default 3 here) after 1 warmup. Three tables: (1) AR greedy
-with the static KV cache against recomputing the whole sequence for every token, at --seq_len/4, /2 and
---seq_len new tokens (the cache's advantage grows with the length); (2) our ar_generate against transformers'
-generate(do_sample=False) on the same weights, batch 1 and --batch_size (ragged, left-padded prompts),
---seq_len/2 new tokens, with whether the tokens agree; (3) block diffusion (block 4 unless the checkpoint
-has one; shift and mask token from the checkpoint, else shifted, the last embedding row) with and without
-its KV cache at several thresholds, --seq_len/2 tokens; (4) the same sampler on a batch of --batch_size
-ragged prompts that stops at the checkpoint's eos: tokens per forward counted per row (each row's tokens up
-to its eos over the forwards it needed: what it would get decoded alone) against the batch's figure (N new
-tokens over the batched forwards, which wait for the slowest row and count tokens after eos), and tokens/s
-up to each row's eos against raw (every slot of the batch). Random weights give near-uniform predictions,
-so every threshold commits one token per round there: use --ckpt for meaningful tokens per forward.
+--what sample: the samplers of sample.py on --preset's random weights (`--preset mid`: hidden 512, 8 layers,
+26M parameters, a CPU's mid-size shape) or --ckpt DIR's trained ones, 16-token prompts (random ids, or with
+--data the start of validation documents), runs interleaved, median of --iters (default 3 here) after 1
+warmup. Five tables: (1) AR greedy with the static KV cache against recomputing the whole sequence for every
+token, at --seq_len/4, /2 and --seq_len new tokens (the cache's advantage grows with the length); (2) our
+ar_generate, eager and (--compile) compiled, against transformers' generate(do_sample=False) on the same
+weights, batch 1 and --batch_size (ragged, left-padded prompts), --seq_len/2 new tokens, with whether the
+tokens agree; (3) masked diffusion (block length 32, one token per step or threshold 0.9, no stop at eos)
+without a cache and with Fast-dLLM's prefix and dual caches, at --seq_len/2 and --seq_len new tokens, batch
+1: tokens/s, forwards, and the share of tokens equal to the uncached sampler's (with --ckpt, also over a
+batch of all 8 prompts); no warmup there (these runs are long and need no compiling); (4) block diffusion
+(block 4 unless the checkpoint has one; shift and mask token from the checkpoint, else shifted, the last
+embedding row) with and without its KV cache, and compiled, at several thresholds, --seq_len/2 tokens; (5)
+the same sampler on a batch of --batch_size ragged prompts that stops at the checkpoint's eos: tokens per
+forward counted per row (each row's tokens up to its eos over the forwards it needed: what it would get
+decoded alone) against the batch's figure (N new tokens over the batched forwards, which wait for the
+slowest row and count tokens after eos), and tokens/s up to each row's eos against raw (every slot of the
+batch). Random weights give near-uniform predictions, so every threshold commits one token per round there
+and the caches' agreement is that of a model without preferences: use --ckpt for meaningful tokens per
+forward and agreement. On a machine shared with other jobs, run with OMP_NUM_THREADS=1 (two threads that
+wait on each other under load can be 20x slower) and compare within a table, not across runs.
 
 --what align: one align.py training step for λ = 0 (the "AR fine-tuning" baseline: no teacher), λ = 10, and
 λ = 10 with embed+mlp frozen (shared with the teacher), interleaved; step-time ratios against λ = 0 (the
 teacher's forward is the overhead) and the throughput gain from freezing. On a GPU:
 `python bench.py --what align --preset qwen3-0.6b --seq_len 2048 --batch_size 1` adds MFU and peak memory.
 
-Example: python bench.py --what sample --ckpt out/ar-tiny
+Examples: python bench.py --what sample --ckpt out/ar-tiny
+          python bench.py --what sample --preset mid --compile --iters 1
+          python bench.py --what sample --ckpt out/align --data data/stdlib --no_hf   # the caches' agreement
 
 --what distill: one distill.py iteration on --preset's random weights (OPDLM's student: block 4, unshifted;
 the teacher a second copy), batch --batch_size, 16-token prompts, a --seq_len-token rollout at threshold 0.9,
