@@ -17,26 +17,36 @@ so that noise from other processes on the machine hits both alike. How to read t
 
 Example: python bench.py --preset tiny --batch_size 8 --seq_len 256
 
---what sample: the samplers of sample.py on --preset's random weights or --ckpt DIR's trained ones, 16-token
-prompts, runs interleaved, median of --iters (default 3 here) after 1 warmup. Three tables: (1) AR greedy
-with the static KV cache against recomputing the whole sequence for every token, at --seq_len/4, /2 and
---seq_len new tokens (the cache's advantage grows with the length); (2) our ar_generate against transformers'
-generate(do_sample=False) on the same weights, batch 1 and --batch_size (ragged, left-padded prompts),
---seq_len/2 new tokens, with whether the tokens agree; (3) block diffusion (block 4 unless the checkpoint
-has one; shift and mask token from the checkpoint, else shifted, the last embedding row) with and without
-its KV cache at several thresholds, --seq_len/2 tokens; (4) the same sampler on a batch of --batch_size
-ragged prompts that stops at the checkpoint's eos: tokens per forward counted per row (each row's tokens up
-to its eos over the forwards it needed: what it would get decoded alone) against the batch's figure (N new
-tokens over the batched forwards, which wait for the slowest row and count tokens after eos), and tokens/s
-up to each row's eos against raw (every slot of the batch). Random weights give near-uniform predictions,
-so every threshold commits one token per round there: use --ckpt for meaningful tokens per forward.
+--what sample: the samplers of sample.py on --preset's random weights (`--preset mid`: hidden 512, 8 layers,
+26M parameters, a CPU's mid-size shape) or --ckpt DIR's trained ones, 16-token prompts (random ids, or with
+--data the start of validation documents), runs interleaved, median of --iters (default 3 here) after 1
+warmup. Five tables: (1) AR greedy with the static KV cache against recomputing the whole sequence for every
+token, at --seq_len/4, /2 and --seq_len new tokens (the cache's advantage grows with the length); (2) our
+ar_generate, eager and (--compile) compiled, against transformers' generate(do_sample=False) on the same
+weights, batch 1 and --batch_size (ragged, left-padded prompts), --seq_len/2 new tokens, with whether the
+tokens agree; (3) masked diffusion (block length 32, one token per step or threshold 0.9, no stop at eos)
+without a cache and with Fast-dLLM's prefix and dual caches, at --seq_len/2 and --seq_len new tokens, batch
+1: tokens/s, forwards, and the share of tokens equal to the uncached sampler's (with --ckpt, also over a
+batch of all 8 prompts); no warmup there (these runs are long and need no compiling); (4) block diffusion
+(block 4 unless the checkpoint has one; shift and mask token from the checkpoint, else shifted, the last
+embedding row) with and without its KV cache, and compiled, at several thresholds, --seq_len/2 tokens; (5)
+the same sampler on a batch of --batch_size ragged prompts that stops at the checkpoint's eos: tokens per
+forward counted per row (each row's tokens up to its eos over the forwards it needed: what it would get
+decoded alone) against the batch's figure (N new tokens over the batched forwards, which wait for the
+slowest row and count tokens after eos), and tokens/s up to each row's eos against raw (every slot of the
+batch). Random weights give near-uniform predictions, so every threshold commits one token per round there
+and the caches' agreement is that of a model without preferences: use --ckpt for meaningful tokens per
+forward and agreement. On a machine shared with other jobs, run with OMP_NUM_THREADS=1 (two threads that
+wait on each other under load can be 20x slower) and compare within a table, not across runs.
 
 --what align: one align.py training step for λ = 0 (the "AR fine-tuning" baseline: no teacher), λ = 10, and
 λ = 10 with embed+mlp frozen (shared with the teacher), interleaved; step-time ratios against λ = 0 (the
 teacher's forward is the overhead) and the throughput gain from freezing. On a GPU:
 `python bench.py --what align --preset qwen3-0.6b --seq_len 2048 --batch_size 1` adds MFU and peak memory.
 
-Example: python bench.py --what sample --ckpt out/ar-tiny
+Examples: python bench.py --what sample --ckpt out/ar-tiny
+          python bench.py --what sample --preset mid --compile --iters 1
+          python bench.py --what sample --ckpt out/align --data data/stdlib --no_hf   # the caches' agreement
 
 --what distill: one distill.py iteration on --preset's random weights (OPDLM's student: block 4, unshifted;
 the teacher a second copy), batch --batch_size, 16-token prompts, a --seq_len-token rollout at threshold 0.9,
@@ -57,8 +67,13 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from model import PRESETS, Qwen3, preset
+from model import PRESETS, Qwen3, Qwen3Config
 from training import mfu, peak_flops, setup
+
+
+# the presets, and a mid-size shape for CPU timing: the tiny teacher's vocabulary, hidden 512, 8 layers (26M params)
+SHAPES = {**PRESETS, "mid": dict(PRESETS["tiny"], hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                 num_attention_heads=8, num_key_value_heads=4, head_dim=64)}
 
 
 def timeit(fn, warmup, iters):
@@ -88,7 +103,7 @@ def build_ours(args, device, dtype):
     """Our model in `dtype` directly on `device` (no fp32 copy first, so big presets fit), random weights."""
     torch.set_default_dtype(dtype)
     with torch.device(device):
-        model = Qwen3(preset(args.preset))
+        model = Qwen3(Qwen3Config(**SHAPES[args.preset]))
     torch.set_default_dtype(torch.float32)
     return model.init_weights(seed=0).train()
 
@@ -162,19 +177,30 @@ def bench_model(args, device, dtype):
 
 # ---- --what sample -------------------------------------------------------------------------------
 
-def bench_sample(args, device, dtype):
-    from sample import ar_generate, block_generate, throughput
+def sample_model(args, device, dtype):
+    """--ckpt's trained weights, or --preset's random ones (seed 0), for inference."""
     if args.ckpt:
-        model = Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
-    else:
-        torch.set_default_dtype(dtype)
-        with torch.device(device):
-            model = Qwen3(preset(args.preset)).init_weights(seed=0).eval()
-        torch.set_default_dtype(torch.float32)
+        return Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        model = Qwen3(Qwen3Config(**SHAPES[args.preset])).init_weights(seed=0).eval()
+    torch.set_default_dtype(torch.float32)
+    return model
+
+
+def bench_sample(args, device, dtype):
+    from sample import ar_generate, block_generate, diffusion_generate, throughput
+    model = sample_model(args, device, dtype)
     c, iters = model.config, args.iters or 3
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, min(256, c.vocab_size), (n,), generator=g).tolist()
-               for n in (16, 9, 12, 16, 5, 16, 11, 3)]  # ragged: left-padded in a batch
+    if args.data:  # real prompts: the first 16 tokens of validation documents, from their first function
+        import data
+        import training
+        tok = training.load_tokenizer(args.ckpt, c)
+        prompts = data.code_prompts(data.load_split(args.data, "val"), tok, 8, 16)
+    else:
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, min(256, c.vocab_size), (n,), generator=g).tolist()
+                   for n in (16, 9, 12, 16, 5, 16, 11, 3)]  # ragged: left-padded in a batch
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def race(runs, warmup=1):
@@ -190,9 +216,12 @@ def bench_sample(args, device, dtype):
                     times[k].append(time.perf_counter() - t0)
         return {k: (statistics.median(times[k]), out[k]) for k in runs}
 
-    src = args.ckpt or f"preset {args.preset}, random weights"
+    def same(a, b):  # the share of generated tokens two runs agree on
+        return (a.generated == b.generated).double().mean().item()
+
+    src = args.ckpt or f"preset {args.preset} ({model.num_params() / 1e6:.1f}M params), random weights"
     print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}; {src}; "
-          f"median of {iters} after 1 warmup, interleaved\n")
+          f"{'validation' if args.data else 'random'} prompts; median of {iters} after 1 warmup, interleaved\n")
     print("AR greedy, batch 1, 16-token prompt: static KV cache vs recomputing the whole sequence per token\n")
     print("| new tokens | cached tokens/s | recompute tokens/s | cached speed-up | tokens per forward | same tokens |")
     print("|---|---|---|---|---|---|")
@@ -202,6 +231,10 @@ def bench_sample(args, device, dtype):
         print(f"| {n} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {gc.tokens_per_forward.mean():.2f} | "
               f"{'yes' if torch.equal(gc.tokens, gr.tokens) else 'NO'} |")
 
+    n = args.seq_len // 2
+    runs = {"ours": lambda B: ar_generate(model, prompts[:B], n)}
+    if args.compile:
+        runs["ours compiled"] = lambda B: ar_generate(model, prompts[:B], n, compile=True)
     if not args.no_hf:
         import transformers
         with tempfile.TemporaryDirectory() as tmp:
@@ -209,38 +242,79 @@ def bench_sample(args, device, dtype):
             hf = transformers.Qwen3ForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=dtype).to(device)
         hf.eval()
         hf.generation_config.eos_token_id = None  # both run the full length
-        n = args.seq_len // 2
-        print(f"\nAR greedy, {n} new tokens: ours (static cache) vs transformers generate(do_sample=False), "
-              "same weights; batch > 1: ragged prompts, left-padded\n")
-        print("| batch | ours tokens/s | HF tokens/s | ours speed-up | same tokens |")
-        print("|---|---|---|---|---|")
-        for B in sorted({1, args.batch_size}):
+
+        def hf_generate(B):
             pad = ar_generate(model, prompts[:B], 1)  # for the left-padded prompts and their attention mask
             x = pad.tokens[:, :pad.start]
             real = (torch.arange(pad.start, device=device) >= (pad.start - pad.prompt_lens)[:, None]).long()
-            r = race({"ours": lambda: ar_generate(model, prompts[:B], n),
-                      "hf": lambda: hf.generate(input_ids=x, attention_mask=real, max_new_tokens=n, do_sample=False,
-                                                pad_token_id=0)})
-            (to, go), (th, gh) = r["ours"], r["hf"]
-            same = int((go.generated == gh[:, x.shape[1]:]).all(1).sum())
-            print(f"| {B} | {B * n / to:,.0f} | {B * n / th:,.0f} | {th / to:.2f}x | {same}/{B} rows |")
+            out = hf.generate(input_ids=x, attention_mask=real, max_new_tokens=n, do_sample=False, pad_token_id=0)
+            return SimpleNamespace(generated=out[:, x.shape[1]:])
+        runs["transformers"] = hf_generate
+    print(f"\nAR greedy, {n} new tokens: ours (static cache), eager{' and compiled' * args.compile}, "
+          f"{'vs transformers generate(do_sample=False) on the same weights' * (not args.no_hf)}; batch > 1: "
+          "ragged prompts, left-padded; a compiled run's first (warmup) call compiles\n")
+    names = list(runs)
+    head = "| batch | " + " | ".join(f"{k} tokens/s" for k in names) + " |"
+    if "ours compiled" in runs:
+        head += " compiled / eager |"
+    if "transformers" in runs:
+        head += " " + " | ".join(f"{k} / HF" for k in names[:-1]) + " |"
+    print(head + " same tokens as eager |\n" + "|---" * (head.count("|")) + "|")
+    for B in sorted({1, args.batch_size}):
+        r = race({k: (lambda fn=fn: fn(B)) for k, fn in runs.items()})
+        t = {k: v[0] for k, v in r.items()}
+        line = f"| {B} | " + " | ".join(f"{B * n / t[k]:,.0f}" for k in names) + " |"
+        if "ours compiled" in runs:
+            line += f" {t['ours'] / t['ours compiled']:.2f}x |"
+        if "transformers" in runs:
+            line += " " + " | ".join(f"{t['transformers'] / t[k]:.2f}x" for k in names[:-1]) + " |"
+        agree = [f"{k} {int((r[k][1].generated == r['ours'][1].generated).all(1).sum())}/{B}" for k in names[1:]]
+        print(line + f" {', '.join(agree) or '-'} rows |")
 
-    bs, n = c.block_size or 4, args.seq_len // 2
     mask = c.mask_token_id if c.mask_token_id is not None else c.vocab_size - 1
     shift = c.shift if c.shift is not None else True
+    bl = 32
+    B = len(prompts)
+    print(f"\nMasked diffusion (LLaDA), batch 1, block length {bl}, shift {shift}: Fast-dLLM's approximate KV cache "
+          "(refreshed at each block's first step) against none; one token per step (steps = new tokens) or "
+          "threshold 0.9; no stop at eos; the forwards are the same for all three; same tokens: the share of "
+          "generated tokens equal to none's" + f", and (--ckpt) over a batch of all {B} prompts" * bool(args.ckpt) + "\n")
+    head = "| new tokens | decoding | cache | tokens/s | forwards | speed-up vs none | same tokens as none |"
+    head += f" same tokens, {B} prompts |" * bool(args.ckpt)
+    print(head + "\n" + "|---" * (head.count("|") - 1) + "|")
+    for n in (args.seq_len // 2, args.seq_len):
+        for thr in (None, 0.9):
+            kw = dict(threshold=thr, mask_token_id=mask, shift=shift)
+            runs = {k: (lambda p, k=k: diffusion_generate(model, p, n, min(bl, n), n, cache=k, **kw))
+                    for k in ("none", "prefix", "dual")}
+            r = race({k: (lambda fn=fn: fn(prompts[:1])) for k, fn in runs.items()}, warmup=0)
+            batch = {k: fn(prompts) for k, fn in runs.items()} if args.ckpt else {}
+            for k, (t, g) in r.items():
+                line = (f"| {n} | {'1 token/step' if thr is None else f'threshold {thr}'} | {k} | {n / t:,.0f} | "
+                        f"{g.nfe} | {r['none'][0] / t:.2f}x | {same(g, r['none'][1]):.1%} |")
+                print(line + (f" {same(batch[k], batch['none']):.1%} |" if batch else ""))
+
+    bs, n = c.block_size or 4, args.seq_len // 2
+    runs = {"cached": dict(), "recompute": dict(use_cache=False)}
+    if args.compile:
+        runs["cached, compiled"] = dict(compile=True)
     print(f"\nBlock diffusion, batch 1, {n} tokens, block {bs}, shift {shift}: KV cache vs recomputing everything "
-          "each round\n")
-    print("| threshold | cached tokens/s | recompute tokens/s | cached speed-up | tokens per forward | same tokens |")
-    print("|---|---|---|---|---|---|")
+          f"each round{', eager and compiled' * args.compile}\n")
+    head = "| threshold | " + " | ".join(f"{k} tokens/s" for k in runs) + " | cached speed-up |"
+    head += " compiled / eager |" * args.compile
+    print(head + " tokens per forward | same tokens |\n" + "|---" * (head.count("|") + 1) + "|")
     for thr in (0.5, 0.7, 0.9, 1.01):
         kw = dict(block_size=bs, threshold=thr, mask_token_id=mask, shift=shift)
-        r = race({c_: (lambda c_=c_: block_generate(model, prompts[:1], n, use_cache=c_, **kw))
-                  for c_ in (True, False)})
-        (tc, gc), (tr, gr) = r[True], r[False]
-        print(f"| {thr} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {gc.tokens_per_forward.mean():.2f} | "
-              f"{'yes' if torch.equal(gc.tokens, gr.tokens) else 'NO'} |")
+        r = race({k: (lambda v=v: block_generate(model, prompts[:1], n, **v, **kw)) for k, v in runs.items()})
+        t, g = {k: v[0] for k, v in r.items()}, r["cached"][1]
+        line = f"| {thr} | " + " | ".join(f"{n / t[k]:,.0f}" for k in runs)
+        line += f" | {t['recompute'] / t['cached']:.2f}x |"
+        if args.compile:
+            line += f" {t['cached'] / t['cached, compiled']:.2f}x |"
+        agree = all(torch.equal(g.tokens, v[1].tokens) for v in r.values())
+        print(line + f" {g.tokens_per_forward.mean():.2f} | {'yes' if agree else 'NO'} |")
 
-    B = min(args.batch_size, len(prompts))
+    B = min(args.batch_size, B)
     print(f"\nBlock diffusion, batch {B} (ragged prompts, left-padded), {n} tokens, block {bs}, stopping at eos "
           f"{c.eos_token_id}, with the KV cache: tokens per forward per row (each row's tokens up to its eos / the "
           "forwards it needed) and per batch (N / batched forwards); tokens/s up to each row's eos and raw\n")
@@ -397,7 +471,7 @@ def bench_distill(args, device, dtype):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--what", default="model", choices=["model", "sample", "align", "distill"], help="which benchmark to run")
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--preset", default="tiny", choices=sorted(SHAPES), help="mid: hidden 512, 8 layers, tiny's vocabulary")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seq_len", type=int, default=256)
     p.add_argument("--iters", type=int, default=None, help="timed runs of each (the median is reported); default "
@@ -406,10 +480,13 @@ def main():
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="weights' dtype, same for both models; auto: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--compile", action="store_true", help="add a row for torch.compile(ours)")
+    p.add_argument("--compile", action="store_true", help="add a row for torch.compile(ours); sample: columns for "
+                   "the compiled AR and block samplers")
     p.add_argument("--no_hf", action="store_true", help="skip transformers (two copies of a big model may not fit)")
     p.add_argument("--grad_checkpoint", action="store_true", help="gradient checkpointing in both models")
     p.add_argument("--ckpt", default=None, help="sample: trained weights from this checkpoint instead of --preset")
+    p.add_argument("--data", default=None, help="sample, with --ckpt: prompts from this prepared dataset's "
+                   "validation split (the start of its documents' first functions) instead of random ids")
     args = p.parse_args()
     if args.iters is not None and args.iters < 1:
         p.error("--iters must be at least 1")

@@ -162,13 +162,15 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Static pre-allocated cache for all layers: k, v of shape (layers, B, kv_heads, max_len, head_dim).
-    A forward writes its keys/values at the cache slots it is given (index_copy_, no reallocation)."""
+    """Static pre-allocated cache: per layer, k and v of shape (B, kv_heads, max_len, head_dim), each layer's its
+    own tensor (gpt-fast), so that under torch.compile the in-place write stays in place (writing into a view of
+    one (layers, ...) tensor makes the compiled step copy the whole cache every call). A forward writes its
+    keys/values at the cache slots it is given (index_copy_, no reallocation)."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
-        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (batch_size, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
         self.max_len = max_len
 
     def update(self, layer, slots, k, v):

@@ -6,6 +6,8 @@ checkpoint's config (attn: causal -> AR, bidirectional -> masked diffusion, bloc
     python sample.py --ckpt out/dlm-tiny --prompt "def fib(n):" --max_new_tokens 64 --block_length 32 --steps 64
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --max_new_tokens 64 --threshold 0.9
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --show_rounds   # which round committed what
+    python sample.py --ckpt out/dlm-tiny --prompt "def fib(n):" --max_new_tokens 256 --cache dual  # Fast-dLLM
+    python sample.py --ckpt out/ar-tiny --prompt "def fib(n):" --max_new_tokens 256 --compile
 
 What is notable here:
 - ar_generate: a static KV cache allocated once for prompt + new tokens and written in place slot by slot
@@ -13,7 +15,9 @@ What is notable here:
   and RoPE positions count from each row's first real token, so a row of a batch equals that prompt alone.
 - diffusion_generate: LLaDA's semi-autoregressive sampler with low-confidence (or random) remasking, the
   number of tokens committed per step precomputed; `threshold` switches to Fast-dLLM's parallel decoding
-  (commit every prediction at or above it, at least one per step, until the block is done).
+  (commit every prediction at or above it, at least one per step, until the block is done). cache="prefix"
+  or "dual" is Fast-dLLM's approximate KV cache: a full forward at each block's first step fills a static
+  cache, the block's later steps feed the block and what follows it (prefix) or the block alone (dual).
 - block_generate: block diffusion with an exact KV cache. The first forward on block b also carries block
   b-1 with its final tokens, so each finished block enters the cache once, inside a forward that was
   needed anyway: the cached sampler uses exactly as many forwards as the slow no-cache reference.
@@ -29,12 +33,19 @@ What is notable here:
   sequence decoded alone would get. Generation.nfe is the batch's forwards (each block lasts as long as
   its slowest row needs).
 - `generate` picks the sampler from config.attn for sample.py's CLI and eval.py alike.
+- compile=True (sample.py --compile): every model call goes through one function, `forward`, which builds
+  the step's mask and runs the model; compiled (`stepper`), it is one graph per kind of step, replayed: the
+  loops keep each step's shapes fixed (AR: one token against the whole static cache; block: the block
+  alone, or with the previous block in round 0) and the sizes are symbolic, so neither the prompt's nor
+  the generation's length recompiles. On CUDA it is mode="reduce-overhead" (CUDA graphs) with the cache at
+  a static address. AR and block: the prompt's forward stays eager (one call, of a varying length).
 - No host sync inside the loops but the stopping checks: "block done" in the threshold modes (once per
   forward: that is what parallel decoding saves), "every row has produced eos" (once per block; AR: once
   every STOP_EVERY tokens).
 
 Common arguments: `prompt`, a (B, T) LongTensor or a list of token lists (ragged: left-padded with pad_id,
-default eos_id, else 0); temperature (0: greedy), top_k, top_p; eos_id; generator (a torch.Generator on the
+default the first end id, else 0); temperature (0: greedy), top_k, top_p; eos_id (an id, or a list/tuple of
+ids: a row stops at the first of any, and its later slots repeat it); generator (a torch.Generator on the
 model's device; default: freshly seeded); mask_token_id and shift (default: the model's config);
 vocab_limit (ids >= it are never emitted; the CLI passes the tokenizer's size, so unused embedding rows
 never come out). Each sampler returns a Generation; `throughput` summarises one or more.
@@ -45,6 +56,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.fx.experimental._config
 
 from model import Qwen3, attention_mask
 
@@ -158,7 +170,8 @@ def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
 
 def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, temperature, top_k, top_p):
     """The shared arguments, checked: ban (V,) (-inf at the mask token and ids >= vocab_limit), the generator,
-    pad id."""
+    pad id (default the first end id, else 0) and the end ids: None, or a LongTensor (E,) from eos_id (an int or
+    a list/tuple of ids: a row stops at the first of any)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
     if (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
@@ -172,9 +185,15 @@ def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, 
     if generator is None:
         generator = torch.Generator(dev)
         generator.seed()  # fresh randomness, never the global RNG; pass a seeded generator to reproduce
+    eos = None
+    if eos_id is not None:
+        ids = [eos_id] if isinstance(eos_id, int) else list(eos_id)
+        if not ids or not all(isinstance(i, int) for i in ids):
+            raise ValueError(f"eos_id must be an int or a non-empty list/tuple of ints, got {eos_id!r}")
+        eos = torch.tensor(ids, device=dev)
     if pad_id is None:
-        pad_id = 0 if eos_id is None else eos_id
-    return ban, generator, pad_id
+        pad_id = 0 if eos is None else int(eos[0])
+    return ban, generator, pad_id, eos
 
 
 def dlm_fields(model, mask_token_id, shift):
@@ -187,62 +206,129 @@ def dlm_fields(model, mask_token_id, shift):
     return mask_id, int(shift)
 
 
-def finish(x, lens, P, nfe, row_nfe, eos_id, rounds=None):
-    """The Generation: every generated position after a row's first eos becomes eos (in place), and each row's
-    tokens up to and including that eos are counted (all N without one)."""
+def finish(x, lens, P, nfe, row_nfe, eos, rounds=None):
+    """The Generation: every generated position after a row's first end token (any of eos (E,)) becomes that
+    token (in place), and each row's tokens up to and including it are counted (all N without one)."""
     gen, N = x[:, P:], x.shape[1] - P
     row_tokens = torch.full_like(row_nfe, N)
-    if eos_id is not None:
-        hit = gen == eos_id  # (B, N)
-        x[:, P:] = gen.masked_fill(hit.cumsum(1) > 0, eos_id)
-        row_tokens = torch.where(hit.any(1), hit.int().argmax(1) + 1, N)  # argmax: the first eos
+    if eos is not None:
+        hit = torch.isin(gen, eos)  # (B, N)
+        first = hit.int().argmax(1)  # (B,) the first end token's index (0 when none: then unused)
+        x[:, P:] = torch.where(hit.cumsum(1) > 0, gen.gather(1, first[:, None]), gen)
+        row_tokens = torch.where(hit.any(1), first + 1, N)
     return Generation(x, lens, P, nfe, row_nfe, row_tokens, rounds)
+
+
+def forward(model, x, q, pos, real, rule, cache=None, block_size=None):
+    """One model call of a sampler: tokens x (B, T) at slots q (T,) with RoPE positions pos (B, T), attending
+    under `rule` ("causal" | "bidirectional" | "block") to key slots 0..S-1, pads (real (B, S) False) hidden.
+    With a cache the keys are its S slots and this call writes its own keys/values at q first; without one
+    they are the first S slots of the sequence, x being all of them. -> logits (B, T, V)."""
+    mask = attend(rule, q, real, block_size)  # (B, 1, T, S)
+    return model(x, attn=mask, pos=pos, cache=cache, slots=None if cache is None else q)
+
+
+COMPILE = dict(dynamic=True)  # sizes symbolic from the start (but 0 and 1): no length ever recompiles
+COMPILED = {}  # torch.compile(forward) per mode, made on first use and kept for the process
+
+
+def stepper(model, compile):
+    """The function the sampling loops call for their steps: `forward`, or with compile=True
+    torch.compile(forward) (on CUDA mode="reduce-overhead": CUDA graphs, recorded once per shape and
+    replayed), compiled once per process. The loops feed each step the same shapes (the same query length,
+    the mask over the whole static cache, the positions as tensors) and the compiled step gets fresh
+    contiguous copies of the slices it is fed, so one graph serves every step; sizes are symbolic, so prompt
+    and generation lengths are no reason to recompile either (sizes 0 and 1 are specialised: batch 1 and the
+    AR step get their own graphs)."""
+    if not compile:
+        return forward
+    mode = "reduce-overhead" if model.model.embed_tokens.weight.is_cuda else None
+    if mode not in COMPILED:
+        COMPILED[mode] = torch.compile(forward, mode=mode, **COMPILE)
+    compiled = COMPILED[mode]
+
+    def step(model, x, q, pos, *args):
+        fresh = dict(memory_format=torch.contiguous_format)
+        with torch.fx.experimental._config.patch(use_duck_shape=False):  # a length that happens to equal another
+            # size when first traced (L = head_dim = 32, block 4 = batch 4) gets its own symbol, not that size's
+            return compiled(model, x.clone(**fresh), q.clone(**fresh), pos.clone(**fresh), *args)
+    return step
+
+
+def new_cache(model, B, L, compile):
+    """model.new_cache(B, L); compiled on CUDA, its tensors are marked static (written in place at a fixed
+    address: CUDA graphs read and write them where they are instead of copying them in each replay)."""
+    cache = model.new_cache(B, L)
+    if compile and model.model.embed_tokens.weight.is_cuda:
+        for t in cache.k + cache.v:  # one tensor per layer
+            torch._dynamo.mark_static_address(t)
+    return cache
 
 
 @torch.no_grad()
 def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None, pad_id=None,
-                generator=None, mask_token_id=None, vocab_limit=None, use_cache=True):
-    """Causal decoding (greedy when temperature == 0) with a static KV cache; rows that produced eos_id emit
-    pad_id (default eos_id) from then on. use_cache=False recomputes the whole sequence per token (reference)."""
+                generator=None, mask_token_id=None, vocab_limit=None, use_cache=True, *, compile=False):
+    """Causal decoding (greedy when temperature == 0) with a static KV cache; rows that produced an end token
+    (eos_id: an id or several) emit pad_id (default the first end id) from then on. use_cache=False recomputes
+    the whole sequence per token (reference). compile: the one-token steps through torch.compile (`stepper`);
+    the prompt's forward stays eager."""
     mask_id = model.config.mask_token_id if mask_token_id is None else mask_token_id
-    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
-                                           top_k, top_p)
+    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
+                                                top_k, top_p)
     x, lens, P, real, pos = prepare(model, prompt, max_new_tokens, pad_id, pad_id)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
-    cache = model.new_cache(B, L) if use_cache else None  # (layers, B, kv_heads, L, head_dim), written by slot
+    step = stepper(model, compile)
+    cache = new_cache(model, B, L, compile) if use_cache else None  # (layers, B, kv_heads, L, head_dim) by slot
     done = torch.zeros(B, dtype=torch.bool, device=x.device)
     row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
     nfe = 0
     for t in range(P, L):  # t: the slot being generated
-        a = t - 1 if use_cache and t > P else 0  # the cache holds slots < t-1: feed only the newest token
-        kw = dict(cache=cache, slots=slots[a:t]) if use_cache else {}
-        mask = attend("causal", slots[a:t], real[:, :L if use_cache else t])  # (B, 1, t-a, L or t)
-        logits = model(x[:, a:t], attn=mask, pos=pos[:, a:t], **kw)  # (B, t-a, V)
+        if not use_cache:
+            logits = step(model, x[:, :t], slots[:t], pos[:, :t], real[:, :t], "causal")  # (B, t, V)
+        elif t == P:  # the prompt enters the cache
+            logits = forward(model, x[:, :t], slots[:t], pos[:, :t], real, "causal", cache)  # (B, P, V)
+        else:  # the cache holds slots < t-1: feed the newest token alone, every step the same shapes
+            logits = step(model, x[:, t - 1:t], slots[t - 1:t], pos[:, t - 1:t], real, "causal", cache)  # (B, 1, V)
         nfe += 1
         row_nfe += ~done  # a forward counts for the rows still generating
         tok, _ = sample(logits[:, -1], temperature, top_k, top_p, generator, ban)  # (B,)
         x[:, t] = torch.where(done, pad_id, tok)
-        if eos_id is not None:
-            done |= tok == eos_id
+        if eos is not None:
+            done |= torch.isin(tok, eos)
             if (t - P) % STOP_EVERY == STOP_EVERY - 1 and done.all():  # a host sync, once per STOP_EVERY
                 break
-    return finish(x, lens, P, nfe, row_nfe, eos_id)
+    return finish(x, lens, P, nfe, row_nfe, eos)
+
+
+CACHES = ("none", "prefix", "dual")
 
 
 @torch.no_grad()
 def diffusion_generate(model, prompt, gen_length, block_length, steps, temperature=0.0, top_k=None, top_p=None,
                        remasking="low_confidence", threshold=None, eos_id=None, pad_id=None, generator=None,
-                       mask_token_id=None, shift=None, vocab_limit=None):
+                       mask_token_id=None, shift=None, vocab_limit=None, *, cache="none", compile=False):
     """LLaDA: the response starts fully masked and is denoised block by block (block_length), `steps` spread
     evenly over the blocks; each step commits the most confident predictions of the current block
     ("low_confidence") or random ones ("random"). With `threshold` (Fast-dLLM), each step instead commits
     every prediction with confidence >= threshold, plus the most confident, until the block is done (`steps`
     unused; threshold <= 0 commits a whole block per forward, > 1 one token per forward). Confidence: the
-    raw softmax probability of the chosen token (see `sample`)."""
+    raw softmax probability of the chosen token (see `sample`).
+
+    cache (Fast-dLLM's approximate block-wise KV cache; the forwards are as many as without it):
+    "none": every step is a full forward over prompt + response (exact, LLaDA).
+    "prefix": each block's first step is a full forward that also writes every slot's keys/values into a
+      static cache; the block's later steps feed the block and everything after it, reading the keys/values
+      before the block from the cache, as they were at the block's first step.
+    "dual": the same, and the later steps feed the block alone: the masked blocks after it are read from the
+      cache too. Approximate because this model is bidirectional: a cached slot's keys would change as the
+      block is decided. Shifted models (the prediction for slot s read at s-1) also feed slot s-1 each step.
+    compile: every forward through torch.compile (`stepper`)."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     if remasking not in ("low_confidence", "random"):
         raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
     if gen_length % block_length:
         raise ValueError(f"gen_length {gen_length} is not a multiple of block_length {block_length}")
     n_blocks = gen_length // block_length
@@ -250,12 +336,13 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
         raise ValueError(f"steps {steps} must be a positive multiple of the number of blocks {n_blocks}")
     if threshold is not None and remasking != "low_confidence":
         raise ValueError("threshold decoding needs remasking='low_confidence'")
-    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
-                                           top_k, top_p)
+    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
+                                                top_k, top_p)
     x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id)
-    B = x.shape[0]
-    slots = torch.arange(x.shape[1], device=x.device)
-    attn = "bidirectional" if real.all() else attend("bidirectional", slots, real)  # (B, 1, L, L) with pads
+    B, L = x.shape
+    slots = torch.arange(L, device=x.device)
+    step = stepper(model, compile)
+    kv = None if cache == "none" else new_cache(model, B, L, compile)
     # LLaDA's schedule: a block's block_length tokens over its steps, evenly, the remainder first. (spb,)
     spb = block_length if threshold is not None else steps // n_blocks
     n_commit = block_length // spb + (torch.arange(spb, device=x.device) < block_length % spb).long()
@@ -264,25 +351,29 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     nfe = 0
     for b in range(n_blocks):
         s, e = P + b * block_length, P + (b + 1) * block_length  # the block's slots
+        a, z = s - shift, e if cache == "dual" else L  # the slots a cached step feeds: its first predicts s
         for i in range(spb):
             masked = x[:, s:e] == mask_id  # (B, block_length)
-            logits = model(x, attn=attn, pos=pos)  # (B, L, V)
+            if cache == "none" or i == 0:  # a full forward (with a cache: the refresh, every slot written)
+                logits = step(model, x, slots, pos, real, "bidirectional", kv)[:, a:e - shift]  # (B, bl, V)
+            else:  # the cached slots before a (and, dual, from e on) are as the block's first step left them
+                logits = step(model, x[:, a:z], slots[a:z], pos[:, a:z], real, "bidirectional", kv)[:, :e - s]
             nfe += 1
             # fixed steps: every step of the block counts (the row alone would take them all); threshold: only
             # the rounds in which the row still had masked positions
             row_nfe += ~finished if threshold is None else masked.any(1) & ~finished
-            tok, conf = sample(logits[:, s - shift:e - shift], temperature, top_k, top_p, generator, ban)
+            tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
             if remasking == "random":
                 conf = torch.rand(conf.shape, generator=generator, device=x.device)
             commit = choose(conf, masked, n_commit[i], threshold)
             x[:, s:e] = torch.where(commit, tok, x[:, s:e])
             if threshold is not None and not (masked & ~commit).any():  # block done: a host sync per forward
                 break
-        if eos_id is not None:
-            finished |= (x[:, s:e] == eos_id).any(1)
+        if eos is not None:
+            finished |= torch.isin(x[:, s:e], eos).any(1)
             if finished.all():  # every row has produced eos: a host sync per block
                 break
-    return finish(x, lens, P, nfe, row_nfe, eos_id)
+    return finish(x, lens, P, nfe, row_nfe, eos)
 
 
 def first_fed(b, r, s, bs, use_cache):
@@ -297,28 +388,30 @@ def first_fed(b, r, s, bs, use_cache):
 @torch.no_grad()
 def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, temperature=0.0, top_k=None,
                    top_p=None, use_cache=True, record=False, eos_id=None, pad_id=None, generator=None,
-                   mask_token_id=None, shift=None, vocab_limit=None):
+                   mask_token_id=None, shift=None, vocab_limit=None, *, compile=False):
     """Block diffusion for block-attention DLMs: blocks of block_size are denoised one after the other, each
     round committing every prediction with confidence >= threshold plus the most confident (the raw softmax
     probability of the chosen token, see `sample`; threshold <= 0 commits a block per forward, > 1 one token
     per forward). Finished blocks are written into the KV cache once (exact: later blocks cannot change
     them); use_cache=False recomputes the whole sequence every round (the slow reference, same results).
-    record=True fills Generation.rounds."""
+    record=True fills Generation.rounds. compile: the rounds through torch.compile (`stepper`), all of one
+    shape but round 0 (two blocks fed) and the prompt's first forward (eager)."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     bs = block_size or model.config.block_size
     if not bs:
         raise ValueError("block_generate needs a block size (argument or the checkpoint's config.block_size)")
     if gen_length % bs or threshold is None:
         raise ValueError(f"gen_length {gen_length} must be a multiple of the block size {bs}, and a threshold set")
-    ban, generator, pad_id = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
-                                           top_k, top_p)
+    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
+                                                top_k, top_p)
     # Alignment: the prompt is left-padded to P, a multiple of bs, so generated block b occupies the slots
     # [P + b*bs, P + (b+1)*bs) and the model's block rule (slot // bs) applies in slot coordinates, prompt
     # blocks included (pads hidden). distill.py trains with the same convention.
     x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id, multiple=bs)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
-    cache = model.new_cache(B, L) if use_cache else None
+    step = stepper(model, compile)
+    cache = new_cache(model, B, L, compile) if use_cache else None
     rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
     finished = torch.zeros(B, dtype=torch.bool, device=x.device)  # the row's eos is in an earlier block
     row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
@@ -330,17 +423,17 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
             # along with the masked block: their keys/values enter the cache once, here. Later rounds feed
             # the block alone. Without the cache every round feeds slots 0..e-1.
             a = first_fed(b, r, s, bs, use_cache)
-            kw = dict(cache=cache, slots=slots[a:e]) if use_cache else {}
-            mask = attend("block", slots[a:e], real[:, :L if use_cache else e], bs)  # (B, 1, e-a, L or e)
-            logits = model(x[:, a:e], attn=mask, pos=pos[:, a:e], **kw)  # (B, e-a, V)
+            keys = real if use_cache else real[:, :e]  # (B, L or e)
+            fn = forward if use_cache and a == 0 else step  # the prompt's forward (its length varies) eager
+            logits = fn(model, x[:, a:e], slots[a:e], pos[:, a:e], keys, "block", cache, bs)  # (B, e-a, V)
             nfe += 1
             masked = x[:, s:e] == mask_id  # (B, bs)
             row_nfe += masked.any(1) & ~finished  # a row whose block is done waits for the others uncharged
             if shift and a == s:  # slot s-1 (the previous block's last token) is not in this forward: its
                 # logits are round 0's, unchanged since then because slot s-1 cannot see block b
                 logits = torch.cat([edge, logits[:, :-1]], 1)
-            else:
-                edge = logits[:, s - a - 1:s - a]  # (B, 1, V): slot s-1's logits, kept for the later rounds
+            else:  # slot s-1's logits (B, 1, V), kept (a copy: a compiled step may reuse its output's memory)
+                edge = logits[:, s - a - 1:s - a].clone()
                 logits = logits[:, s - a - shift:e - a - shift]  # (B, bs, V): the predictions for slots s..e-1
             tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
             commit = choose(conf, masked, threshold=threshold)
@@ -349,11 +442,11 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
                 rounds[:, s - P:e - P] = torch.where(commit, r, rounds[:, s - P:e - P])
             if not (masked & ~commit).any():  # block done: a host sync per forward
                 break
-        if eos_id is not None:
-            finished |= (x[:, s:e] == eos_id).any(1)
+        if eos is not None:
+            finished |= torch.isin(x[:, s:e], eos).any(1)
             if finished.all():  # every row has produced eos: a host sync per block
                 break
-    return finish(x, lens, P, nfe, row_nfe, eos_id, rounds)
+    return finish(x, lens, P, nfe, row_nfe, eos, rounds)
 
 
 SAMPLERS = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block diffusion"}
@@ -361,32 +454,33 @@ SAMPLERS = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block
 
 def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, eos_id=None, generator=None,
              vocab_limit=None, shift=None, block_length=None, steps=None, remasking="low_confidence", threshold=None,
-             block_size=None, use_cache=True, record=False):
+             block_size=None, use_cache=True, cache="none", record=False, compile=False):
     """The checkpoint's own sampler, picked by model.config.attn (sample.py's CLI and eval.py both use this):
     "causal" -> ar_generate (max_new_tokens at most); "bidirectional" -> diffusion_generate (block_length
-    default min(32, N), steps default N: one token a step; threshold: Fast-dLLM); "block" -> block_generate
-    (threshold default 0.9, record: Generation.rounds). Raises ValueError for an argument that sampler would
-    ignore (a threshold for an AR model, ...) and for a threshold outside (0, 1]."""
+    default min(32, N), steps default N: one token a step; threshold: Fast-dLLM; cache: "none" | "prefix" |
+    "dual"); "block" -> block_generate (threshold default 0.9, record: Generation.rounds). compile: every
+    sampler's steps through torch.compile. Raises ValueError for an argument that sampler would ignore (a
+    threshold for an AR model, ...) and for a threshold outside (0, 1]."""
     kind, N = model.config.attn, max_new_tokens
     if kind not in SAMPLERS:
         raise ValueError(f"config.attn {kind!r} has no sampler (one of {', '.join(SAMPLERS)})")
     given = dict(threshold=threshold is not None, block_length=block_length is not None, steps=steps is not None,
                  remasking=remasking != "low_confidence", block_size=block_size is not None, shift=shift is not None,
-                 no_cache=not use_cache, record=record)
-    uses = {"causal": {"no_cache"}, "bidirectional": {"threshold", "block_length", "steps", "remasking", "shift"},
-            "block": {"threshold", "block_size", "shift", "no_cache", "record"}}[kind]
+                 no_cache=not use_cache, cache=cache != "none", record=record)
+    uses = {"causal": {"no_cache"}, "block": {"threshold", "block_size", "shift", "no_cache", "record"},
+            "bidirectional": {"threshold", "block_length", "steps", "remasking", "shift", "cache"}}[kind]
     if unused := [k for k, v in given.items() if v and k not in uses]:
         raise ValueError(f"{', '.join(unused)}: not used by the {SAMPLERS[kind]} sampler (config.attn {kind!r}); "
                          "drop it")
     if threshold is not None and not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     common = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
-                  vocab_limit=vocab_limit)
+                  vocab_limit=vocab_limit, compile=compile)
     if kind == "causal":
         return ar_generate(model, prompt, N, use_cache=use_cache, **common)
     if kind == "bidirectional":
         return diffusion_generate(model, prompt, N, block_length or min(32, N), steps or N, remasking=remasking,
-                                  threshold=threshold, shift=shift, **common)
+                                  threshold=threshold, shift=shift, cache=cache, **common)
     return block_generate(model, prompt, N, block_size, 0.9 if threshold is None else threshold, use_cache=use_cache,
                           record=record, shift=shift, **common)
 
@@ -468,13 +562,16 @@ def main():
                    "probability reaches it; diffusion: Fast-dLLM parallel decoding (default off); block: default 0.9")
     p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
     p.add_argument("--no_cache", action="store_true", help="AR, block: recompute everything each step (reference)")
+    p.add_argument("--cache", default="none", choices=CACHES, help="diffusion: Fast-dLLM's approximate KV cache, "
+                   "refreshed once per block: prefix (the slots before the block), dual (and after it)")
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
     p.add_argument("--show_rounds", action="store_true",
                    help="block: mark each generated token with the round that committed it (colours on a terminal)")
     p.add_argument("--ignore_eos", action="store_true", help="do not stop at <|endoftext|>")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model's forward")
+    p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile (CUDA: with "
+                   "CUDA graphs); the first steps of each shape include compiling")
     args = p.parse_args()
     if args.num_samples < 1 or args.max_new_tokens < 1:
         p.error("--num_samples and --max_new_tokens must be positive")
@@ -494,16 +591,15 @@ def main():
                          f"{args.ckpt} has {model.config.attn!r}")
     prompt = torch.tensor([ids] * args.num_samples, device=device)
     eos_id = None if args.ignore_eos else tok.eos_id
-    fwd = torch.compile(model) if args.compile else model  # OptimizedModule forwards .config, .new_cache
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     try:
-        gen = generate(fwd, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        gen = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, eos_id=eos_id, generator=torch.Generator(device).manual_seed(args.seed),
                        vocab_limit=tok.vocab_size, shift=None if args.shift is None else args.shift == "true",
                        block_length=args.block_length, steps=args.steps, remasking=args.remasking,
                        threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
-                       record=args.show_rounds)
+                       cache=args.cache, record=args.show_rounds, compile=args.compile)
     except ValueError as e:
         raise SystemExit(f"sample: {e}")
     sync()

@@ -243,6 +243,38 @@ def test_block_eos_stops_early():
     assert (gen.rounds[:, :8] == 0).all() and (gen.rounds[:, 8:] == -1).all()  # blocks 2, 3 never generated
 
 
+# ---- several end ids ------------------------------------------------------------------------------
+
+E2 = 2  # a second end id (Qwen instruct checkpoints declare <|im_end|> and <|endoftext|>)
+
+
+@pytest.mark.parametrize("name", ["ar", "diffusion", "block"])
+def test_several_end_ids(name):
+    """eos_id a list/tuple: a row stops at the first of any; what follows repeats the end token it met; pad_id
+    defaults to the first id; per-row counts as with one id. The model predicts E2 at RoPE position 9 and EOS at
+    11 (prompt lengths 3, 7, 1: each row meets them at its own generated index), confidently, so the threshold
+    samplers commit a block per round."""
+    f = lambda p: torch.where(p == 9, E2, torch.where(p == 11, EOS, p % 40 + 3))  # noqa: E731
+    m = oracle(make({"ar": "causal", "diffusion": "bidirectional", "block": "block"}[name], shift=True,
+                    block_size=4), f, by="pos")
+    run = {"ar": lambda e: ar_generate(m, PROMPTS, 16, eos_id=e),
+           "diffusion": lambda e: diffusion_generate(m, PROMPTS, 16, 4, 16, eos_id=e),
+           "block": lambda e: block_generate(m, PROMPTS, 16, eos_id=e)}[name]
+    for eos_id, ends in (([EOS, E2], {EOS, E2}), ((E2, EOS), {EOS, E2}), (EOS, {EOS}), ((E2,), {E2})):
+        gen = run(eos_id)
+        first = eos_id if isinstance(eos_id, int) else eos_id[0]
+        assert (gen.tokens[0, :gen.start - 3] == first).all(), eos_id  # row 0's left pads: the first end id
+        for b, ids in enumerate(PROMPTS):
+            want = f(torch.arange(len(ids) - 1, len(ids) + 15)).tolist()  # generated j from position len - 1 + j
+            j = next(i for i, t in enumerate(want) if t in ends)  # the first end token the row meets
+            want[j:] = [want[j]] * (16 - j)
+            assert gen.generated[b].tolist() == want and int(gen.row_tokens[b]) == j + 1, (eos_id, b)
+            per_block = {"ar": None, "diffusion": 4, "block": 1}[name]  # steps a block takes (AR: one a token)
+            assert int(gen.row_nfe[b]) == (j + 1 if per_block is None else per_block * (j // 4 + 1)), (eos_id, b)
+    with pytest.raises(ValueError, match="eos_id must be an int or a non-empty list/tuple of ints"):
+        run([])
+
+
 # ---- every sampler: shift, the mask token, seeds ------------------------------------------------
 
 def run_all(m_for, **kw):
@@ -324,6 +356,14 @@ def test_cli_each_kind(ckpts, attn, sampler):
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("--- sample") == 2 and r.stdout.count("def fib(n):") == 2
     assert f"{sampler}: 2 x 8 tokens" in r.stdout and "tokens/s" in r.stdout and "tokens per forward" in r.stdout
+
+
+def test_cli_cache(ckpts):
+    r = run_script("sample.py", "--ckpt", ckpts / "bidirectional", "--prompt", "def f", "--max_new_tokens", 8,
+                   "--cache", "dual", "--threshold", 0.9, "--device", "cpu")
+    assert r.returncode == 0 and "masked diffusion: 1 x 8 tokens" in r.stdout, r.stderr
+    r = run_script("sample.py", "--ckpt", ckpts / "block", "--cache", "prefix", "--device", "cpu")
+    assert r.returncode == 1 and "cache: not used by the block diffusion sampler" in r.stderr
 
 
 def test_cli_errors(ckpts, tmp_path):

@@ -88,12 +88,13 @@ def test_block_rows_counted_alone(shift):
             assert int(gen.row_nfe[b]) == int((r[b, :last + 1].max(-1).values + 1).sum())
 
 
+@pytest.mark.parametrize("cache", ["none", "dual"])
 @pytest.mark.parametrize("shift", [False, True])
-def test_diffusion_rows_counted_alone(shift):
-    m = positional(make("bidirectional", shift=shift))
-    check_rows(lambda p: diffusion_generate(m, p, 16, 4, 16, threshold=0.9, eos_id=EOS), 4, 0.9, shift)
+def test_diffusion_rows_counted_alone(shift, cache):
+    m = positional(make("bidirectional", shift=shift))  # its logits depend on the position alone: any cache is exact
+    check_rows(lambda p: diffusion_generate(m, p, 16, 4, 16, threshold=0.9, eos_id=EOS, cache=cache), 4, 0.9, shift)
     for steps in (16, 8):  # fixed steps: every step of a block counts, through the row's eos block
-        check_rows(lambda p: diffusion_generate(m, p, 16, 4, steps, eos_id=EOS), 4, None, shift,
+        check_rows(lambda p: diffusion_generate(m, p, 16, 4, steps, eos_id=EOS, cache=cache), 4, None, shift,
                    steps_per_block=steps // 4)
 
 
