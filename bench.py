@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 
 from model import PRESETS, Qwen3, Qwen3Config
-from training import mfu, peak_flops, setup
+from training import HelpFormatter, mfu, peak_flops, setup
 
 
 # the presets, and a mid-size shape for CPU timing: the tiny teacher's vocabulary, hidden 512, 8 layers (26M params)
@@ -469,11 +469,13 @@ def bench_distill(args, device, dtype):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--what", default="model", choices=["model", "sample", "align", "distill"], help="which benchmark to run")
-    p.add_argument("--preset", default="tiny", choices=sorted(SHAPES), help="mid: hidden 512, 8 layers, tiny's vocabulary")
-    p.add_argument("--batch_size", type=int, default=8)
-    p.add_argument("--seq_len", type=int, default=256)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--what", default="model", choices=["model", "sample", "align", "distill"],
+                   help="which benchmark to run")
+    p.add_argument("--preset", default="tiny", choices=sorted(SHAPES),
+                   help="mid: hidden 512, 8 layers, tiny's vocabulary")
+    p.add_argument("--batch_size", type=int, default=8, help="sequences per call")
+    p.add_argument("--seq_len", type=int, default=256, help="tokens per sequence (sample: the longest generation, also run at 1/4 and 1/2)")
     p.add_argument("--iters", type=int, default=None, help="timed runs of each (the median is reported); default "
                    "10 (model), 3 (sample)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")

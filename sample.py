@@ -547,14 +547,15 @@ def show_rounds(pieces, rounds, *, width=100, colour=False):
 # ---- CLI -----------------------------------------------------------------------------------------
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    import training
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
     p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory; its config.attn picks the sampler")
-    p.add_argument("--prompt", default="def ")
+    p.add_argument("--prompt", default="def ", help="the text to continue (encoded with the checkpoint's tokenizer)")
     p.add_argument("--num_samples", type=int, default=1, help="rows of one batch, all from --prompt")
     p.add_argument("--max_new_tokens", type=int, default=64, help="AR: at most; DLMs: the generation length")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top_k", type=int, default=None)
-    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--top_k", type=int, default=None, help="sample among the k most likely tokens only")
+    p.add_argument("--top_p", type=float, default=None, help="sample within the smallest set of mass >= p only")
     p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
     p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N, one token a step)")
     p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"], help="diffusion")
@@ -568,14 +569,13 @@ def main():
     p.add_argument("--show_rounds", action="store_true",
                    help="block: mark each generated token with the round that committed it (colours on a terminal)")
     p.add_argument("--ignore_eos", action="store_true", help="do not stop at <|endoftext|>")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, default=1337, help="seeds the sampler's generator (runs repeat exactly)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile (CUDA: with "
                    "CUDA graphs); the first steps of each shape include compiling")
     args = p.parse_args()
     if args.num_samples < 1 or args.max_new_tokens < 1:
         p.error("--num_samples and --max_new_tokens must be positive")
-    import training  # after argument parsing, so that --help stays fast
     device, _ = training.setup(args.device, args.seed)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
