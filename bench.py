@@ -278,7 +278,8 @@ def bench_sample(args, device, dtype):
     print(f"\nMasked diffusion (LLaDA), batch 1, block length {bl}, shift {shift}: Fast-dLLM's approximate KV cache "
           "(refreshed at each block's first step) against none; one token per step (steps = new tokens) or "
           "threshold 0.9; no stop at eos; the forwards are the same for all three; same tokens: the share of "
-          "generated tokens equal to none's" + f", and (--ckpt) over a batch of all {B} prompts" * bool(args.ckpt) + "\n")
+          "generated tokens equal to none's"
+          + f", and (--ckpt) over a batch of all {B} prompts" * bool(args.ckpt) + "\n")
     head = "| new tokens | decoding | cache | tokens/s | forwards | speed-up vs none | same tokens as none |"
     head += f" same tokens, {B} prompts |" * bool(args.ckpt)
     print(head + "\n" + "|---" * (head.count("|") - 1) + "|")
@@ -338,14 +339,17 @@ def bench_align(args, device, dtype):
     import align
     from training import configure_optimizer
     B, T = args.batch_size, args.seq_len
-    variants = {"λ=0 (AR fine-tuning)": (0.0, []), "λ=10": (10.0, []), "λ=10, freeze embed,mlp": (10.0, ["embed", "mlp"])}
+    variants = {"λ=0 (AR fine-tuning)": (0.0, []), "λ=10": (10.0, []),
+                "λ=10, freeze embed,mlp": (10.0, ["embed", "mlp"])}
     steps = {}
     for name, (lam, freeze) in variants.items():
         student = build_ours(args, device, dtype)  # same seed: student and teacher start equal, as after convert.py
         c = student.config
         c.attn, c.mask_token_id, c.shift = "bidirectional", c.vocab_size - 1, True  # the last row: never a token
         student.freeze(freeze)
-        teacher = align.share_frozen(student, build_ours(args, device, dtype).requires_grad_(False).eval()) if lam else None
+        teacher = None
+        if lam:
+            teacher = align.share_frozen(student, build_ours(args, device, dtype).requires_grad_(False).eval())
         opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
         layers = list(range(c.num_hidden_layers + 1))
         g = torch.Generator(device).manual_seed(0)
@@ -378,7 +382,8 @@ def bench_align(args, device, dtype):
         line = f"| {name} | {med[name] * 1e3:.1f} | {B * T / med[name]:,.0f} | {med[name] / base:.2f}x |"
         if cuda:
             peak = peak_flops(device)
-            line += f" {'n/a' if peak is None else f'{fpt * B * T / med[name] / peak:.1%}'} | {peaks[name] / 2**30:.2f} |"
+            util = "n/a" if peak is None else f"{fpt * B * T / med[name] / peak:.1%}"
+            line += f" {util} | {peaks[name] / 2**30:.2f} |"
         print(line)
     print(f"\nfreezing embed+mlp: {med['λ=10'] / med['λ=10, freeze embed,mlp']:.2f}x the throughput of λ=10 unfrozen")
 
@@ -462,8 +467,10 @@ def bench_distill(args, device, dtype):
     print(f"| per-block reference: {N // bs} forwards | {m[False] * 1e3:.1f} | {loss[False]:.6f} |")
     if "dense" in m:
         print(f"| vectorised, dense (B, 1, T, T) mask to SDPA | {m['dense'] * 1e3:.1f} | {loss['dense']:.6f} |")
-    print("\nvectorised: " + ("a FlexAttention BlockMask (the dense-mask row: the same forward with SDPA)" if "dense" in m
-                             else "the dense mask to SDPA (FlexAttention is used on CUDA only: no backward on CPU)"))
+    how = "the dense mask to SDPA (FlexAttention is used on CUDA only: no backward on CPU)"
+    if "dense" in m:
+        how = "a FlexAttention BlockMask (the dense-mask row: the same forward with SDPA)"
+    print("\nvectorised: " + how)
     print(f"vectorised: {m[False] / m[True]:.2f}x faster than per-block; |loss difference| "
           f"{abs(loss[True] - loss[False]):.2e}")
 
@@ -475,7 +482,8 @@ def main():
     p.add_argument("--preset", default="tiny", choices=sorted(SHAPES),
                    help="mid: hidden 512, 8 layers, tiny's vocabulary")
     p.add_argument("--batch_size", type=int, default=8, help="sequences per call")
-    p.add_argument("--seq_len", type=int, default=256, help="tokens per sequence (sample: the longest generation, also run at 1/4 and 1/2)")
+    p.add_argument("--seq_len", type=int, default=256,
+                   help="tokens per sequence (sample: the longest generation, also run at 1/4 and 1/2)")
     p.add_argument("--iters", type=int, default=None, help="timed runs of each (the median is reported); default "
                    "10 (model), 3 (sample)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")

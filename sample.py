@@ -415,7 +415,7 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
     rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
     finished = torch.zeros(B, dtype=torch.bool, device=x.device)  # the row's eos is in an earlier block
     row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
-    nfe = 0
+    nfe, edge = 0, None  # edge: slot s-1's logits, set by each block's round 0 before the later rounds read them
     for b in range(gen_length // bs):
         s, e = P + b * bs, P + (b + 1) * bs  # the block's slots
         for r in range(bs):  # every round commits at least one token of each unfinished row

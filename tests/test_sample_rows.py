@@ -10,7 +10,7 @@ import torch
 
 import sample as S
 from sample import Generation, ar_generate, block_generate, diffusion_generate
-from test_sample import EOS, MASK, PROMPTS, V, make
+from test_sample import EOS, PROMPTS, V, make
 from tokenizer import Tokenizer
 
 P_EOS = 13  # the RoPE position whose prediction is eos
