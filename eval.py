@@ -337,7 +337,8 @@ def count_processes(uid):
 def limiter(cpu_s, mem_mb, fsize_mb, nproc):
     def set_limits():  # runs in the child between fork and exec
         for lim, v in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, mem_mb << 20),
-                       (resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, nproc)):
+                       (resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_CORE, 0),
+                       (resource.RLIMIT_NPROC, nproc)):
             resource.setrlimit(lim, (v, v))
     return set_limits
 

@@ -93,7 +93,8 @@ class Qwen3Config:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"{source}: num_attention_heads must be a multiple of num_key_value_heads")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"{source}: mask_token_id {self.mask_token_id} outside the {self.vocab_size} embedding rows")
+            raise ValueError(f"{source}: mask_token_id {self.mask_token_id} outside the {self.vocab_size} "
+                             f"embedding rows")
 
     def to_dict(self):
         d = {k: v for k, v in asdict(self).items() if k not in ("extra", "path")}
@@ -197,7 +198,8 @@ class Qwen3Attention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         c = config
-        self.layer_idx, self.n_head, self.n_kv, self.head_dim = layer_idx, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.layer_idx, self.head_dim = layer_idx, c.head_dim
+        self.n_head, self.n_kv = c.num_attention_heads, c.num_key_value_heads
         self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=c.attention_bias)
         self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
@@ -406,7 +408,8 @@ class Qwen3(nn.Module):
         keys = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
         missing, unexpected = sorted(keys - set(state)), sorted(set(state) - keys)
         if missing or unexpected:
-            raise ValueError(f"{path}: weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            raise ValueError(f"{path}: weights do not match the config: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
         expected = {k: v.shape for k, v in model.state_dict().items()}
         for k, v in state.items():
             if v.shape != expected[k]:
@@ -428,7 +431,8 @@ class Qwen3(nn.Module):
         if self.config.tie_word_embeddings:
             del state["lm_head.weight"]
         self.config.torch_dtype = str(dtype).removeprefix("torch.")
-        atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata={"format": "pt", **(metadata or {})}))
+        meta = {"format": "pt", **(metadata or {})}
+        atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata=meta))
         if (path / "model.safetensors.index.json").exists():
             os.remove(path / "model.safetensors.index.json")  # a stale shard index would shadow the new file
         save_config(self.config, path)

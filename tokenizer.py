@@ -284,7 +284,8 @@ class Tokenizer:
             return "".join(u[c] for c in b)
 
         merges = [(text(t[:k]), text(t[k:])) for t, _ in sorted(self._ranks.items(), key=lambda kv: kv[1])
-                  for k in sorted(range(1, len(t)), key=lambda k: (self._ranks.get(t[:k], -1), self._ranks.get(t[k:], -1)))
+                  for k in sorted(range(1, len(t)),
+                                  key=lambda k: (self._ranks.get(t[:k], -1), self._ranks.get(t[k:], -1)))
                   if t[:k] in self._ranks and t[k:] in self._ranks]
         byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                       "use_regex": self._pattern == GPT2_PATTERN}

@@ -333,8 +333,10 @@ def test_hostile_completions_are_contained(tmp_path):
     recs.append(dict(task_id="HumanEval/0", completion=top("import os\nprint(dict(os.environ))"), name="env"))
     env = dict(os.environ, EVAL_SECRET="s3cr3t-" + "x" * 8, OMP_NUM_THREADS="1")
     t0 = time.time()
-    p = subprocess.run([sys.executable, "eval.py", "humaneval", "--completions", write_jsonl(tmp_path / "h.jsonl", recs),
-                        "--limit", "1", "--workers", "2", "--timeout", "3", "--memory_mb", "512", "--out", tmp_path / "h.json"],
+    completions = write_jsonl(tmp_path / "h.jsonl", recs)
+    p = subprocess.run([sys.executable, "eval.py", "humaneval", "--completions", completions,
+                        "--limit", "1", "--workers", "2", "--timeout", "3", "--memory_mb", "512",
+                        "--out", tmp_path / "h.json"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     elapsed = time.time() - t0
     assert p.returncode == 0, p.stderr[-2000:]

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tokenizer import Tokenizer  # noqa: E402
 
 QWEN_TIKTOKEN = Path(dashscope.__file__).parent / "resources" / "qwen.tiktoken"
-QWEN_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+              r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 QWEN3_ADDED = {  # id -> (text, special?) as in Qwen3's tokenizer.json
     151643: ("<|endoftext|>", True), 151644: ("<|im_start|>", True), 151645: ("<|im_end|>", True),
     151646: ("<|object_ref_start|>", True), 151647: ("<|object_ref_end|>", True),
