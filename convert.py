@@ -23,13 +23,15 @@ import json
 import shutil
 from pathlib import Path
 
+import training
 from model import atomic_write, load_config, save_config, weight_files
 from tokenizer import Tokenizer
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
 p.add_argument("--ar", required=True, help="the AR (causal) Qwen3 checkpoint directory")
-p.add_argument("--out_dir", required=True)
-p.add_argument("--attn", required=True, choices=["bidirectional", "block"])
+p.add_argument("--out_dir", required=True, help="the DLM checkpoint directory to write (not inside --ar)")
+p.add_argument("--attn", required=True, choices=["bidirectional", "block"],
+               help="bidirectional: masked diffusion (REPR-ALIGN); block: block diffusion (OPDLM)")
 p.add_argument("--block_size", type=int, default=None, help="block length, required for --attn block")
 p.add_argument("--mask_token_id", type=int, default=None, help="default: the first id past the tokenizer's tokens")
 p.add_argument("--shift", choices=["true", "false"], default=None,

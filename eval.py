@@ -451,33 +451,37 @@ def humaneval(args):
 def sampler_args(p, max_new_tokens):
     p.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="AR: at most; DLMs: the length")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top_k", type=int, default=None)
-    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--top_k", type=int, default=None, help="sample among the k most likely tokens only")
+    p.add_argument("--top_p", type=float, default=None, help="sample within the smallest set of mass >= p only")
     p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
     p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N)")
-    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
+    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"],
+                   help="diffusion without threshold: commit the most confident predictions, or random ones")
     p.add_argument("--threshold", type=float, default=None,
                    help="in (0, 1], on the raw probability; diffusion: Fast-dLLM (off); block: default 0.9")
     p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
     p.add_argument("--no_cache", action="store_true", help="AR, block: recompute every step (reference)")
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
-    p.add_argument("--ignore_eos", action="store_true")
+    p.add_argument("--ignore_eos", action="store_true", help="do not stop a row at its end-of-sequence token")
     p.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")
 
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from training import HelpFormatter
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    lk = sub.add_parser("likelihood", help="AR perplexity / DLM negative ELBO, masked-token accuracy")
-    lk.add_argument("--ckpt", required=True)
-    lk.add_argument("--data", default="data/stdlib")
-    lk.add_argument("--batch_size", type=int, default=8)
-    lk.add_argument("--seq_len", type=int, default=256)
+    lk = sub.add_parser("likelihood", formatter_class=HelpFormatter,
+                        help="AR perplexity / DLM negative ELBO, masked-token accuracy")
+    lk.add_argument("--ckpt", required=True, help="an AR or DLM checkpoint directory")
+    lk.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py (its validation split)")
+    lk.add_argument("--batch_size", type=int, default=8, help="sequences per batch")
+    lk.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
     lk.add_argument("--n_batches", type=int, default=16, help="fixed validation batches (same for every checkpoint)")
     lk.add_argument("--n_draws", type=int, default=16, help="DLM: Monte Carlo passes over the batches")
     lk.add_argument("--eps", type=float, default=1e-3, help="DLM: t ~ U(eps, 1-eps)")
-    gn = sub.add_parser("generate", help="completions of validation prompts: gen. perplexity, entropy, speed")
-    gn.add_argument("--ckpt", required=True)
+    gn = sub.add_parser("generate", formatter_class=HelpFormatter,
+                        help="completions of validation prompts: gen. perplexity, entropy, speed")
+    gn.add_argument("--ckpt", required=True, help="the checkpoint whose own sampler generates")
     gn.add_argument("--ref", required=True, help="the AR checkpoint that scores the samples")
     gn.add_argument("--data", default="data/stdlib", help="prompts: each validation document from its first def")
     gn.add_argument("--prompts", default=None, help="a JSONL of {\"prompt\"} records instead of --data")
@@ -485,18 +489,21 @@ def parser():
     gn.add_argument("--prompt_len", type=int, default=32, help="prompt tokens (of a record: its last ones)")
     gn.add_argument("--show", type=int, default=2, help="samples printed (and kept in --out)")
     sampler_args(gn, 64)
-    he = sub.add_parser("humaneval", help="HumanEval pass@1/pass@10 with sandboxed execution")
-    he.add_argument("--ckpt", default=None)
+    he = sub.add_parser("humaneval", formatter_class=HelpFormatter,
+                        help="HumanEval pass@1/pass@10 with sandboxed execution")
+    he.add_argument("--ckpt", default=None, help="the checkpoint that writes the completions")
     he.add_argument("--completions", default=None, help="JSONL of {task_id, completion}: score these, no model")
     he.add_argument("--limit", type=int, default=None, help="the first N problems")
     he.add_argument("--n_samples", type=int, default=10, help="completions per problem")
-    he.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    he.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="programs run at once, each in its own sandboxed process")
     he.add_argument("--timeout", type=float, default=5.0, help="seconds of wall clock per program")
     he.add_argument("--memory_mb", type=int, default=1024, help="address-space limit per program")
     sampler_args(he, 256)
     he.set_defaults(temperature=0.8)
-    tk = sub.add_parser("tasks", help="exact match on tasks.py's held-out prompts: accuracy versus parallelism")
-    tk.add_argument("--ckpt", required=True)
+    tk = sub.add_parser("tasks", formatter_class=HelpFormatter,
+                        help="exact match on tasks.py's held-out prompts: accuracy versus parallelism")
+    tk.add_argument("--ckpt", required=True, help="an AR or DLM checkpoint trained on the task data")
     tk.add_argument("--data", default="data/tasks", help="tasks.py's --out_dir (heldout.jsonl), prepared by data.py")
     tk.add_argument("--thresholds", type=thresholds, default=[0.5, 0.7, 0.9, 0.95],
                     help="DLMs: parallel decoding thresholds in (0, 1], comma-separated (one run each); AR: unused")
@@ -506,8 +513,8 @@ def parser():
     tk.add_argument("--batch_size", type=int, default=64, help="rows per sampler call")
     for s in (lk, gn, he, tk):
         s.add_argument("--out", default=None, help="write the results here (JSON)")
-        s.add_argument("--seed", type=int, default=1337)
-        s.add_argument("--device", default="auto")
+        s.add_argument("--seed", type=int, default=1337, help="seeds the sampler and the masks (runs repeat)")
+        s.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     return p
 
 

@@ -1,0 +1,52 @@
+"""Every script explains itself: `--help` shows every flag with its help text and its default."""
+import argparse
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ["align.py", "bench.py", "convert.py", "data.py", "distill.py", "eval.py", "merge.py", "plot.py",
+           "pretrain.py", "sample.py", "tasks.py"]
+
+
+class Captured(Exception):
+    def __init__(self, parser):
+        self.parser = parser
+
+
+def script_parser(script, monkeypatch):
+    """The parser a script builds, caught at its parse_args call (the script does nothing else)."""
+    def catch(self, *a, **kw):
+        raise Captured(self)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", catch)
+    monkeypatch.setattr(sys, "argv", [script])
+    with pytest.raises(Captured) as e:
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+    return e.value.parser
+
+
+def parsers(parser, name):
+    """(name, parser) for the parser and every subcommand's, recursively."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, p in action.choices.items():
+                yield from parsers(p, f"{name} {sub}")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_flag_has_help_and_shows_its_default(script, monkeypatch):
+    for name, p in parsers(script_parser(script, monkeypatch), script):
+        if not any(isinstance(a, argparse._SubParsersAction) for a in p._actions):
+            assert issubclass(p.formatter_class, argparse.ArgumentDefaultsHelpFormatter), name
+        for a in p._actions:
+            if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            assert a.help and a.help.strip(), f"{name}: {'/'.join(a.option_strings) or a.dest} has no help text"
+        text = p.format_help()
+        for a in p._actions:
+            if a.option_strings and a.default not in (None, False, argparse.SUPPRESS) and a.help:
+                assert "(default:" in text or "%(default)" in a.help, name
