@@ -27,6 +27,7 @@ What is notable here:
   model config's and generation_config.json's `eos_token_id`.
 """
 import collections
+import copy
 import functools
 import hashlib
 import json
@@ -115,6 +116,26 @@ def chat_renderer(template):
         raise ValueError(f"the chat template is not valid Jinja: {e}") from None
 
 
+def read_file(p, name):
+    """Tokenizer._from_tiktoken or _from_hf_json of the file p, parsed once per process per content and copied:
+    Qwen's 18 MB tokenizer.json takes seconds to parse, and a script reads it up to four times (in the model, the
+    data, the teacher, a fingerprint); hashing it takes a few milliseconds. The last PARSED_KEPT are kept."""
+    p = Path(p)
+    key = (p.suffix == ".tiktoken", hashlib.sha256(p.read_bytes()).hexdigest())
+    if key not in _PARSED:
+        tok = Tokenizer._from_tiktoken(p) if key[0] else Tokenizer._from_hf_json(p, p.name)
+        tok.fingerprint  # computed once, for every copy
+        _PARSED[key] = tok
+        while len(_PARSED) > PARSED_KEPT:
+            _PARSED.pop(next(iter(_PARSED)))
+    tok = copy.copy(_PARSED[key])
+    tok.name = name
+    return tok
+
+
+PARSED_KEPT, _PARSED = 4, {}  # read_file's parsed tokenizers, by (kind, sha256 of the file), oldest first
+
+
 def fingerprint_of(directory):
     """The fingerprint (Tokenizer.fingerprint) of the tokenizer saved in a directory, or None when it holds none
     that can be read; for checkpoints and datasets written before fingerprints were recorded."""
@@ -199,14 +220,14 @@ class Tokenizer:
         p = Path(path)
         if p.is_dir():
             if (p / "tokenizer.json").is_file():
-                tok = cls._from_hf_json(p / "tokenizer.json", p.name)
+                tok = read_file(p / "tokenizer.json", p.name)
             else:
                 found = sorted(p.glob("*.tiktoken"))
                 if len(found) > 1:
                     raise ValueError(f"{p}: several *.tiktoken files and no tokenizer.json: {found}")
                 if not found:
                     raise FileNotFoundError(f"{p}: the directory holds no tokenizer.json or *.tiktoken file")
-                tok = cls._from_tiktoken(found[0])
+                tok = read_file(found[0], found[0].name)
             tok._files = {f: (p / f).read_bytes() for f in CONFIG_FILES if (p / f).is_file()}
             try:
                 tok.config, tok.chat_template
@@ -215,10 +236,8 @@ class Tokenizer:
             return tok
         if not p.exists():
             raise FileNotFoundError(f"tokenizer path {p} does not exist")
-        if p.suffix == ".tiktoken":
-            return cls._from_tiktoken(p)
-        if p.suffix == ".json":
-            return cls._from_hf_json(p, p.name)
+        if p.suffix in (".tiktoken", ".json"):
+            return read_file(p, p.name)
         raise ValueError(f"{p}: expected a directory, a tokenizer.json or a .tiktoken file")
 
     @classmethod

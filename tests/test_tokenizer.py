@@ -436,3 +436,14 @@ def test_trained_tokenizer_matches_hugging_face(tmp_path):
         assert hf.encode(text, add_special_tokens=False) == ids, text[:80]
         assert tok.decode(ids) == text and hf.decode(ids) == text
     assert len(tok.encode(corpus[4])) < 0.5 * len(corpus[4].encode())  # it compresses unseen code
+
+
+def test_a_file_is_parsed_once_per_content(qwen_dir, tmp_path):
+    a, b = Tokenizer.from_pretrained(qwen_dir), Tokenizer.from_pretrained(qwen_dir / "tokenizer.json")
+    assert a is not b and a._enc is b._enc and (a.name, b.name) == (qwen_dir.name, "tokenizer.json")
+    d = tmp_path / "t"
+    Tokenizer.byte_level().save_pretrained(d)
+    x = Tokenizer.from_pretrained(d)
+    Tokenizer.train(["def f(x): return x"] * 5, 264).save_pretrained(d)  # another tokenizer at the same path
+    y = Tokenizer.from_pretrained(d)
+    assert y.fingerprint != x.fingerprint and y.vocab_size == 264 and x.vocab_size == 259
