@@ -63,8 +63,8 @@ p.add_argument("--align_metric", default="cos", choices=["cos", "l2"], help="l2:
 p.add_argument("--extra_ce", action="store_true",
                help="add the public code's exp(-CE)·CE per masked token (detached weight)")
 p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_head (published: embed,lm_head)")
-training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=256, lr=1e-3, min_lr=1e-4, warmup=10,
-                       eval_interval=50, eval_batches=8)
+training.add_loop_args(p, frozen="the AR teacher", max_iters=200, batch_size=8, seq_len=256, lr=1e-3, min_lr=1e-4,
+                       warmup=10, eval_interval=50, eval_batches=8)
 p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N steps (and at the last step); "
                "independent of --eval_interval")
 p.add_argument("--samples", type=int, default=3, help="diffusion samples printed at the end")
@@ -85,7 +85,8 @@ def load_teacher(path, student, device="cpu"):
     shares the frozen tensors (share_frozen); evaluating a λ = 0 run needs no sharing."""
     if path is None:
         raise SystemExit("align: no --teacher given and the student's config has no converted_from")
-    teacher = training.load_model(path, device, "align: teacher", attn="causal", like=student)
+    teacher = training.load_model(path, device, "align: teacher", attn="causal", like=student,
+                                  dtype=training.frozen_dtype(device))
     teacher.requires_grad_(False).eval()
     shapes = lambda m: {k: v.shape for k, v in m.state_dict().items()}
     if shapes(teacher) != shapes(student) or teacher.config.tie_word_embeddings != student.config.tie_word_embeddings:
@@ -94,7 +95,10 @@ def load_teacher(path, student, device="cpu"):
 
 
 def share_frozen(student, teacher):
-    """Make every frozen student tensor the teacher's too (checked equal first): no second copy in memory."""
+    """Make every frozen student tensor the teacher's too (checked equal first): no second copy in memory. A teacher
+    held in another dtype than the student (--frozen_dtype bfloat16) keeps its own copy: one module cannot mix them."""
+    if teacher.lm_head.weight.dtype != student.lm_head.weight.dtype:
+        return teacher
     for name, param in student.named_parameters():
         if not param.requires_grad:
             if not torch.equal(param, teacher.get_parameter(name)):
@@ -267,8 +271,10 @@ if __name__ == "__main__":
     if args.lambda_align > 0:
         teacher = share_frozen(student, load_teacher(teacher_path, student, device))
         cosines = CosineEval(teacher, student.config, val_batches, ctx)
-        print(f"teacher: {teacher_path} (causal, frozen); it shares the student's {n_frozen / 1e6:.2f}M frozen "
-              f"parameters and holds {(teacher.num_params() - n_frozen) / 1e6:.2f}M of its own")
+        shared = n_frozen if teacher.lm_head.weight.dtype == student.lm_head.weight.dtype else 0
+        print(f"teacher: {teacher_path} (causal, frozen, {str(teacher.lm_head.weight.dtype).removeprefix('torch.')}); "
+              f"it shares the student's {shared / 1e6:.2f}M frozen parameters and holds "
+              f"{(teacher.num_params() - shared) / 1e6:.2f}M of its own")
     elif args.teacher or (teacher_path and Path(teacher_path).is_dir()):
         cosines = CosineEval(load_teacher(teacher_path, student, device), student.config, val_batches, ctx)
         print(f"λ = 0: AR fine-tuning baseline; the teacher {teacher_path} was run once on the evaluation batches "

@@ -17,6 +17,9 @@ config.json, which every other script honours:
 Before anything is written it refuses an --out_dir that is, or is inside, the AR checkpoint (or holds it), and
 weights whose safetensors header does not match the file (a truncated copy; every shard of a sharded checkpoint).
 config.json keeps the AR model's tokenizer fingerprint (tokenizer_sha256), which training checks data against.
+Everything else a checkpoint comes with is carried through unchanged: generation_config.json (Qwen3's end-of-turn
+<|im_end|> among its eos_token_id), tokenizer_config.json (the chat template, the tokenizer class) and
+chat_template.jinja, so every DLM made from it, and every run trained from that, stops and chats as the AR model does.
 """
 import argparse
 import json

@@ -11,7 +11,8 @@ What is notable here:
   position i is read at i-1 (the AR head's meaning), an unshifted one's at i. Under shift, position 0 has
   no prediction (there are no logits at -1), so it is never masked: it is context, like a prompt token.
 - `masked_logits` applies lm_head only to the rows that denoise a masked token: with Qwen3's 152k-row
-  head, the full (B, T, V) logits would dwarf everything else in memory.
+  head, the full (B, T, V) logits would dwarf everything else in memory. The losses go through `head_ce`, which
+  without grad (evaluation) also takes those rows CE_ROWS at a time: at t near 1 nearly every row is masked.
 - A block DLM (config.attn == "block") denoises block b given the CLEAN blocks before it: the state its
   sampler and distill.py's training visit. So it is scored that way, not on the corrupted window at once.
   By definition that is one forward per block over [x0_<b, xt_b] under the plain block rule
@@ -36,6 +37,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 from sample import attend
 
 NORMS = ("mean", "elbo")
+CE_ROWS = 1024  # head_ce without grad: rows of logits at a time (Qwen3: 1024 x 151936 fp32 = 0.6 GB)
 
 
 def maskable(B, T, shift, prompt_lens=None, device=None):
@@ -139,7 +141,13 @@ def train_mask(real, N, bs, *, flex=False):
 
 def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, flex=False):
     """The same as per_block_logits in one forward over [x, xt] (P + 2N slots) under `train_rule`, the noisy
-    copy at the RoPE positions of the clean one: -> logits (n_sel, V), row-major; lm_head on those rows only.
+    copy at the RoPE positions of the clean one: -> logits (n_sel, V), row-major; lm_head on those rows only
+    (block_hidden: the rows before lm_head)."""
+    return model.lm_head(block_hidden(model, x, xt, sel, P=P, real=real, pos=pos, shift=shift, flex=flex))
+
+
+def block_hidden(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, flex=False):
+    """block_logits' final hidden states (n_sel, C), the rows it applies lm_head to.
     Under shift a block's first position is read at the clean slot before it (P + i - 1, which sees the clean
     blocks < b, exactly what the sampler and the per-block forward read there), the others at noisy slot i - 1.
     flex: attend through a FlexAttention BlockMask (CUDA training) instead of the dense mask."""
@@ -156,16 +164,38 @@ def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, fle
     b, i = sel.nonzero(as_tuple=True)
     first = (i % bs == 0) & bool(shift)
     rows = torch.where(first, P + i - 1, L + i - shift)
-    return model.lm_head(h[b, rows])
+    return h[b, rows]
 
 
 # ---- the losses ----------------------------------------------------------------------------------------------
+
+def head_ce(model, h, target, *, reduction="none", argmax=False):
+    """CE_i = -log softmax(lm_head(h_i))[target_i] for final hidden states h (n, C) -> (n,) in fp32, or their sum
+    (reduction="sum") [, and the argmax ids (n,)]. Without grad the rows go CE_ROWS at a time, so the (n, V) logits
+    never exist at once (n can be every position of the batch); with grad in one piece, as the backward keeps them
+    anyway. One piece gives F.cross_entropy's numbers bit for bit."""
+    step = max(1, h.shape[0] if torch.is_grad_enabled() else CE_ROWS)
+    ce, top = [], []
+    for hc, tc in zip(h.split(step), target.split(step)):
+        logits = model.lm_head(hc).float()  # (≤ step, V)
+        ce.append(F.cross_entropy(logits, tc, reduction=reduction))
+        top.append(logits.argmax(-1) if argmax else tc)
+    ce = torch.cat(ce) if reduction == "none" else torch.stack(ce).sum()
+    return (ce, torch.cat(top)) if argmax else ce
+
 
 def masked_logits(model, xt, masked, attn=None, shift=None, output_hidden_states=False, *, x0=None):
     """-> logits (n_masked, V) for the masked positions in row-major order (row k predicts x0[masked][k]),
     and Hugging Face's hidden_states list when asked (else None). One forward; lm_head on n_masked rows only.
     attn, shift: default the checkpoint's config. attn "block": BD3-LM, block b given the clean blocks before
     it (block_logits over [x0, xt]: pass x0; no hidden states)."""
+    h, hidden = masked_hidden(model, xt, masked, attn, shift, output_hidden_states, x0=x0)
+    return model.lm_head(h), hidden
+
+
+def masked_hidden(model, xt, masked, attn=None, shift=None, output_hidden_states=False, *, x0=None):
+    """masked_logits before lm_head: -> the final hidden states (n_masked, C) of the rows that denoise the masked
+    positions, row-major, and hidden_states (or None)."""
     c = model.config
     attn = c.attn if attn is None else attn
     shift = c.shift if shift is None else shift
@@ -174,9 +204,9 @@ def masked_logits(model, xt, masked, attn=None, shift=None, output_hidden_states
     if isinstance(attn, str) and attn == "block":
         if x0 is None or output_hidden_states:
             raise ValueError("a block DLM is read over [x0, xt] (BD3-LM): pass x0; hidden states are not offered")
-        return block_logits(model, x0, xt, masked, shift=shift), None
+        return block_hidden(model, x0, xt, masked, shift=shift), None
     h, hidden = model.model(xt, attn, block_size=c.block_size, output_hidden_states=output_hidden_states)  # (B, T, C)
-    return model.lm_head(h[denoiser_rows(masked, shift)]), hidden
+    return h[denoiser_rows(masked, shift)], hidden
 
 
 def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None, prompt_lens=None,
@@ -191,8 +221,8 @@ def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None,
         probability of the true token): its gradient is p·grad CE, i.e. confident tokens weigh up to twice."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-    logits, hidden = masked_logits(model, xt, masked, attn, shift, output_hidden_states, x0=x0)
-    ce = F.cross_entropy(logits.float(), x0[masked], reduction="none")  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
+    h, hidden = masked_hidden(model, xt, masked, attn, shift, output_hidden_states, x0=x0)
+    ce = head_ce(model, h, x0[masked])  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
     if extra_ce:
         ce = ce + torch.exp(-ce.detach()) * ce  # CE_i + sg(exp(-CE_i)) · CE_i
     if norm == "mean":
@@ -221,8 +251,8 @@ def sequence_elbo(model, x0, masked, t, attn=None):
     is the bound log p(response | prompt) >= -E_{t,M}[Σ_{i∈M} CE_i / t] (LLaDA); merge.py's implicit rewards use
     it. A block DLM under attn "block" is read as BD3-LM (masked_logits)."""
     xt = torch.where(masked, torch.full_like(x0, model.config.mask_token_id), x0)
-    logits, _ = masked_logits(model, xt, masked, attn, x0=x0)
-    ce = F.cross_entropy(logits.float(), x0[masked], reduction="none")  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
+    h, _ = masked_hidden(model, xt, masked, attn, x0=x0)
+    ce = head_ce(model, h, x0[masked])  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
     rows = masked.nonzero()[:, 0]  # the sequence of each masked token, in masked_logits' row-major order
     tm = per_position(t.float()).expand(x0.shape)[masked]  # each masked token's rate
     return -torch.zeros(x0.shape[0], device=x0.device).index_add(0, rows, ce / tm)  # -Σ_{i∈M_b} CE_{b,i} / t_b
@@ -241,10 +271,11 @@ def fixed_mask_eval(model, batches, ctx=None, ratios=(0.15, 0.5, 0.9), seed=1234
         with ctx:
             for k, r in enumerate(ratios):
                 xt, masked, _ = corrupt(x0, c.mask_token_id, c.shift, g, t=r)
-                logits, _ = masked_logits(model, xt, masked, x0=x0)
+                h, _ = masked_hidden(model, xt, masked, x0=x0)
                 target = x0[masked]
-                ce[k] += F.cross_entropy(logits.float(), target, reduction="sum").item()
-                acc[k] += (logits.argmax(-1) == target).sum().item()
+                ce_k, top = head_ce(model, h, target, reduction="sum", argmax=True)
+                ce[k] += ce_k.item()
+                acc[k] += (top == target).sum().item()
                 n[k] += target.numel()
             nats += nelbo(model, x0, g, elbo_eps).item() / len(batches)
     n = [max(v, 1) for v in n]

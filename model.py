@@ -13,6 +13,7 @@ What is notable here:
   FlexAttention BlockMask goes to flex_attention instead (distill.py's training mask on CUDA): only the
   blocks the mask allows are computed, and no (T, T) mask exists.
 """
+import contextlib
 import json
 import math
 import os
@@ -61,6 +62,9 @@ class Qwen3Config:
     tokenizer_sha256: str | None = None
     path: str | None = field(default=None, repr=False, compare=False)  # the directory it was read from; not saved
     extra: dict = field(default_factory=dict, repr=False)  # other config.json keys, kept on save
+    # generation_config.json (eos_token_id: the ids that end a turn, Tokenizer.end_ids; sampling defaults), read and
+    # written with config.json but not part of it; None when the checkpoint has none
+    generation: dict | None = field(default=None, repr=False)
 
     @classmethod
     def from_dict(cls, d, source="config"):
@@ -80,7 +84,7 @@ class Qwen3Config:
             raise ValueError(f"{source}: hidden_act={d['hidden_act']!r}, Qwen3 uses 'silu'")
         if "dtype" in d:  # transformers 5.x name
             d["torch_dtype"] = d.pop("dtype")
-        names = {f.name for f in fields(cls)} - {"extra", "path"}
+        names = {f.name for f in fields(cls)} - {"extra", "path", "generation"}
         cfg = cls(**{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names})
         cfg.validate(source)
         return cfg
@@ -97,7 +101,7 @@ class Qwen3Config:
                              f"embedding rows")
 
     def to_dict(self):
-        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "path")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "path", "generation")}
         d["dtype"] = d["torch_dtype"]  # transformers 5.x reads "dtype", 4.x "torch_dtype"
         d["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}  # 5.x; 4.x reads rope_theta
         hf = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu",
@@ -384,7 +388,8 @@ class Qwen3(nn.Module):
     @classmethod
     def from_pretrained(cls, path, device=None, dtype=None):
         """Load a Hugging Face Qwen3 directory (config.json + model.safetensors or a sharded index).
-        Tensors go straight to `device` in their stored dtype, or are cast to `dtype` there."""
+        Tensors go straight to `device` in their stored dtype, or are cast to `dtype` there. A tied checkpoint that
+        also stores lm_head.weight (Qwen3-0.6B does) has it skipped unread: the head is the embedding matrix."""
         from safetensors import SafetensorError, safe_open
         path = Path(path)
         config = load_config(path)
@@ -395,13 +400,13 @@ class Qwen3(nn.Module):
             try:
                 with safe_open(f, "pt", device=device) as sf:
                     for k in sf.keys():  # one tensor at a time: a dtype cast never holds two full copies
+                        if k == "lm_head.weight" and config.tie_word_embeddings:
+                            continue
                         t = sf.get_tensor(k)
                         state[k] = t if dtype is None else t.to(dtype)
             except (SafetensorError, OSError) as e:
                 raise ValueError(f"{f}: cannot read safetensors file ({e}); is it truncated or corrupt?") from None
-        if config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)  # tied: the head is the embedding matrix
-        elif "lm_head.weight" not in state:
+        if not config.tie_word_embeddings and "lm_head.weight" not in state:
             raise ValueError(f"{path}: untied config (tie_word_embeddings=false) but no lm_head.weight")
         with torch.device("meta"):
             model = cls(config)
@@ -420,21 +425,27 @@ class Qwen3(nn.Module):
         return model
 
     def save_pretrained(self, path, metadata=None, *, dtype=None):
-        """Write config.json + model.safetensors in Hugging Face's layout, each file atomically.
-        `metadata` (str -> str) goes into the safetensors header (training scripts store the step there).
-        dtype: the dtype the weights are stored in (default: the parameters'); config.json's torch_dtype names it."""
+        """Write config.json (and generation_config.json) + model.safetensors in Hugging Face's layout, each file
+        atomically. `metadata` (str -> str) goes into the safetensors header (training scripts store the step there).
+        dtype: the dtype the weights are stored in (default: the parameters'); config.json's torch_dtype names it.
+        Each tensor is cast on its own device and moved to the CPU one at a time (no second copy of the model on a
+        GPU); a sharded checkpoint already in `path` (index and shards) is replaced."""
         from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         dtype = dtype or next(self.parameters()).dtype
-        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
-        if self.config.tie_word_embeddings:
-            del state["lm_head.weight"]
+        tied = self.config.tie_word_embeddings
+        state = {k: v.detach().to(dtype).cpu().contiguous() for k, v in self.state_dict().items()
+                 if not (tied and k == "lm_head.weight")}
         self.config.torch_dtype = str(dtype).removeprefix("torch.")
         meta = {"format": "pt", **(metadata or {})}
         atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata=meta))
-        if (path / "model.safetensors.index.json").exists():
-            os.remove(path / "model.safetensors.index.json")  # a stale shard index would shadow the new file
+        index = path / "model.safetensors.index.json"
+        if index.exists():  # a stale shard index would shadow the new file; its shards are stale weights
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+                for shard in set(json.loads(index.read_text())["weight_map"].values()) - {"model.safetensors"}:
+                    (path / Path(shard).name).unlink(missing_ok=True)
+            os.remove(index)
         save_config(self.config, path)
 
 
@@ -450,12 +461,23 @@ def load_config(path):
         raise ValueError(f"{f}: not valid JSON ({e})") from None
     config = Qwen3Config.from_dict(d, source=str(f))
     config.path = str(path)
+    g = Path(path) / "generation_config.json"
+    if g.is_file():
+        try:
+            config.generation = json.loads(g.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{g}: not valid JSON ({e})") from None
     if config.tokenizer_sha256 is None:  # a checkpoint written before fingerprints were recorded, or downloaded
         config.tokenizer_sha256 = tokenizer.fingerprint_of(path)  # None when the directory holds no tokenizer
     return config
 
 
 def save_config(config, path):
+    """config.json, and generation_config.json when the config carries one (written first: config.json completes a
+    checkpoint)."""
+    if config.generation is not None:
+        gen = json.dumps(config.generation, indent=2) + "\n"
+        atomic_write(Path(path) / "generation_config.json", lambda f: Path(f).write_text(gen))
     text = json.dumps(config.to_dict(), indent=2) + "\n"
     atomic_write(Path(path) / "config.json", lambda f: Path(f).write_text(text))
 

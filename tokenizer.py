@@ -20,8 +20,14 @@ What is notable here:
   with the merges a learnt vocabulary needs to give tiktoken's ids.
 - `fingerprint` is a sha256 of what decides the ids (not of a file); datasets and checkpoints record it, so that
   training refuses a model and data tokenized differently.
+- A checkpoint's `tokenizer_config.json` (Qwen3's: the chat template, `<|im_end|>` as eos_token, the tokenizer
+  class) and `chat_template.jinja` are read and written back unchanged, so every converted and trained directory
+  keeps them. `apply_chat_template` renders the template as transformers does (jinja2, the same sandbox and
+  helpers) and `end_ids` lists every id that ends a generation: the tokenizer's eos tokens and the
+  model config's and generation_config.json's `eos_token_id`.
 """
 import collections
+import copy
 import functools
 import hashlib
 import json
@@ -55,6 +61,9 @@ QWEN3_ADDED = [
 QWEN3_FIRST_NONSPECIAL = 151657
 EOS = "<|endoftext|>"
 MASK_TEXT = "<|mask|>"
+# Hugging Face files a checkpoint's tokenizer comes with besides its vocabulary, copied through unchanged
+CONFIG_FILES = ("tokenizer_config.json", "chat_template.jinja")
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 def bytes_to_unicode():
@@ -82,6 +91,51 @@ def atomic_write(path, write):
         tmp.unlink(missing_ok=True)
 
 
+@functools.lru_cache(maxsize=4)
+def chat_renderer(template):
+    """A compiled chat template, in the environment transformers renders chat templates in."""
+    from datetime import datetime
+    try:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ValueError("chat templates need jinja2: pip install jinja2") from None
+
+    def raise_exception(message):
+        raise jinja2.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"the chat template is not valid Jinja: {e}") from None
+
+
+def read_file(p, name):
+    """Tokenizer._from_tiktoken or _from_hf_json of the file p, parsed once per process per content and copied:
+    Qwen's 18 MB tokenizer.json takes seconds to parse, and a script reads it up to four times (in the model, the
+    data, the teacher, a fingerprint); hashing it takes a few milliseconds. The last PARSED_KEPT are kept."""
+    p = Path(p)
+    key = (p.suffix == ".tiktoken", hashlib.sha256(p.read_bytes()).hexdigest())
+    if key not in _PARSED:
+        tok = Tokenizer._from_tiktoken(p) if key[0] else Tokenizer._from_hf_json(p, p.name)
+        tok.fingerprint  # computed once, for every copy
+        _PARSED[key] = tok
+        while len(_PARSED) > PARSED_KEPT:
+            _PARSED.pop(next(iter(_PARSED)))
+    tok = copy.copy(_PARSED[key])
+    tok.name = name
+    return tok
+
+
+PARSED_KEPT, _PARSED = 4, {}  # read_file's parsed tokenizers, by (kind, sha256 of the file), oldest first
+
+
 def fingerprint_of(directory):
     """The fingerprint (Tokenizer.fingerprint) of the tokenizer saved in a directory, or None when it holds none
     that can be read; for checkpoints and datasets written before fingerprints were recorded."""
@@ -97,6 +151,7 @@ class Tokenizer:
         content) that save_pretrained copies, or None to generate a tokenizer.json."""
         self.name, self.nfc, self._pattern, self._source = name, nfc, pattern, source
         self._ranks, self._added = ranks, added
+        self._files = {}  # CONFIG_FILES read with it (from_pretrained): name -> bytes, written back unchanged
         self._special = {text: i for text, (i, _) in added.items()}
         self._always = frozenset(text for text, (_, special) in added.items() if not special)
         ids = [*ranks.values(), *self._special.values()]
@@ -160,23 +215,29 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, path):
-        """A directory with tokenizer.json (or exactly one *.tiktoken), or either file itself."""
+        """A directory with tokenizer.json (or exactly one *.tiktoken), or either file itself. From a directory,
+        its tokenizer_config.json and chat_template.jinja come along (checked to be JSON / text)."""
         p = Path(path)
         if p.is_dir():
             if (p / "tokenizer.json").is_file():
-                return cls._from_hf_json(p / "tokenizer.json", p.name)
-            found = sorted(p.glob("*.tiktoken"))
-            if len(found) > 1:
-                raise ValueError(f"{p}: several *.tiktoken files and no tokenizer.json: {found}")
-            if not found:
-                raise FileNotFoundError(f"{p}: the directory holds no tokenizer.json or *.tiktoken file")
-            return cls._from_tiktoken(found[0])
+                tok = read_file(p / "tokenizer.json", p.name)
+            else:
+                found = sorted(p.glob("*.tiktoken"))
+                if len(found) > 1:
+                    raise ValueError(f"{p}: several *.tiktoken files and no tokenizer.json: {found}")
+                if not found:
+                    raise FileNotFoundError(f"{p}: the directory holds no tokenizer.json or *.tiktoken file")
+                tok = read_file(found[0], found[0].name)
+            tok._files = {f: (p / f).read_bytes() for f in CONFIG_FILES if (p / f).is_file()}
+            try:
+                tok.config, tok.chat_template
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+                raise ValueError(f"{p}: tokenizer_config.json or chat_template.jinja is unreadable ({e})") from None
+            return tok
         if not p.exists():
             raise FileNotFoundError(f"tokenizer path {p} does not exist")
-        if p.suffix == ".tiktoken":
-            return cls._from_tiktoken(p)
-        if p.suffix == ".json":
-            return cls._from_hf_json(p, p.name)
+        if p.suffix in (".tiktoken", ".json"):
+            return read_file(p, p.name)
         raise ValueError(f"{p}: expected a directory, a tokenizer.json or a .tiktoken file")
 
     @classmethod
@@ -263,16 +324,21 @@ class Tokenizer:
 
     # ---- saving ----
     def save_pretrained(self, directory):
-        """Write the tokenizer (a copy of its source file, or a generated tokenizer.json) and a
-        minimal tokenizer_config.json; from_pretrained(directory) reads it back."""
+        """Write the tokenizer (a copy of its source file, or a generated tokenizer.json) and the tokenizer_config.json
+        (and chat_template.jinja) it was read with, byte for byte, or a minimal tokenizer_config.json for a
+        tokenizer made here; from_pretrained(directory) reads it back."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         fname, data = self._source or ("tokenizer.json", json.dumps(self._hf_json(), indent=2).encode())
         atomic_write(d / fname, lambda f: Path(f).write_bytes(data))
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-        if EOS in self._special:
-            config["eos_token"] = EOS
-        atomic_write(d / "tokenizer_config.json", lambda f: Path(f).write_text(json.dumps(config, indent=2)))
+        files = dict(self._files)
+        if "tokenizer_config.json" not in files:
+            config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+            if EOS in self._special:
+                config["eos_token"] = EOS
+            files["tokenizer_config.json"] = json.dumps(config, indent=2).encode()
+        for name, raw in files.items():
+            atomic_write(d / name, lambda f: Path(f).write_bytes(raw))
 
     def _hf_json(self):
         """A tokenizer.json for a vocabulary made here (byte-level or trained by `train`). The merges are
@@ -358,9 +424,65 @@ class Tokenizer:
 
     @property
     def eos_id(self):
+        """The id of <|endoftext|>: the end of a document (data.py separates documents with it)."""
         if EOS not in self._special:
             raise ValueError(f"{self.name} has no {EOS} token")
         return self._special[EOS]
+
+    @functools.cached_property
+    def config(self):
+        """tokenizer_config.json as read (a dict; empty when there was none)."""
+        raw = self._files.get("tokenizer_config.json")
+        return json.loads(raw) if raw else {}
+
+    def special_token(self, key):
+        """The text of a tokenizer_config.json entry such as eos_token (stored as a string or an AddedToken dict),
+        or None."""
+        t = self.config.get(key)
+        return t.get("content") if isinstance(t, dict) else t
+
+    def end_ids(self, config=None):
+        """Every id that ends a generation, first those the model declares: generation_config.json's eos_token_id
+        (an id or a list: Qwen3's instruct models [151645, 151643], <|im_end|> and <|endoftext|>), then config.json's
+        (config: a Qwen3Config), then tokenizer_config.json's eos_token, then <|endoftext|>. Ids the tokenizer
+        does not have are left out."""
+        ids = []
+        if config is not None:
+            for e in ((getattr(config, "generation", None) or {}).get("eos_token_id"), config.eos_token_id):
+                ids += e if isinstance(e, list) else [e]
+        ids += [self._special.get(self.special_token("eos_token")), self._special.get(EOS)]
+        ids = [i for i in ids if isinstance(i, int) and 0 <= i < self._vocab_size and i not in self._holes]
+        return list(dict.fromkeys(ids))  # in order, each once
+
+    @property
+    def chat_template(self):
+        """The Jinja chat template (chat_template.jinja, else tokenizer_config.json's chat_template; a named list's
+        "default"), or None."""
+        if "chat_template.jinja" in self._files:
+            return self._files["chat_template.jinja"].decode()
+        t = self.config.get("chat_template")
+        if isinstance(t, list):  # [{"name": ..., "template": ...}, ...]
+            t = next((x["template"] for x in t if x.get("name") == "default"), None)
+        return t
+
+    def apply_chat_template(self, messages, *, add_generation_prompt=True, tokenize=True, **kwargs):
+        """messages [{"role", "content"}, ...] -> the prompt's ids (tokenize=False: its text), rendered from the
+        checkpoint's chat template as transformers renders it: jinja2's sandbox with trim_blocks and lstrip_blocks,
+        the tojson filter, raise_exception and strftime_now; the special tokens of tokenizer_config.json
+        (bos_token, eos_token, ...) and kwargs (e.g. enable_thinking=False for Qwen3) as variables. The text is
+        encoded with every special token recognised."""
+        template = self.chat_template
+        if template is None:
+            raise ValueError(f"{self.name}: the checkpoint has no chat template (tokenizer_config.json's "
+                             f"chat_template or chat_template.jinja)")
+        compiled = chat_renderer(template)  # a one-line ValueError without jinja2 or for a template that is not Jinja
+        import jinja2
+        special = {k: self.special_token(k) for k in SPECIAL_KEYS if self.special_token(k) is not None}
+        try:
+            text = compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **special, **kwargs)
+        except jinja2.TemplateError as e:
+            raise ValueError(f"{self.name}: the chat template failed: {e}") from None
+        return self.encode(text, allowed_special="all") if tokenize else text
 
     @functools.cached_property
     def fingerprint(self):

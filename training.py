@@ -5,8 +5,11 @@ so each method's script keeps only its algorithm:
 - device / precision set-up: bf16 autocast on CUDA, fp32 on CPU, TF32 matmuls, seeded RNGs;
 - AdamW with decoupled weight decay on matrices only, and a warmup + cosine learning-rate schedule;
 - checkpoints that are a Hugging Face directory (config.json, model.safetensors in --save_dtype, tokenizer) plus
-  train_state.pt (optimizer, step, RNG states, and the fp32 weights when --save_dtype rounds them), every file
+  train_state.pt (optimizer, step, RNG states, and the fp32 value of every tensor --save_dtype rounds), every file
   written atomically, so `--resume` continues a killed run and reaches the same losses as an uninterrupted one;
+  --weights_only writes the Hugging Face directory alone (at Qwen3-0.6B 1.2 GB instead of 8.4 GB: AdamW's
+  moments and the fp32 weights are 7.2 GB), for runs that will not be resumed;
+- frozen models (a teacher, DPO's reference) in --frozen_dtype: bf16 on CUDA, fp32 on CPU by default;
 - a JSONL log, a NaN/inf guard that names the step, and MFU against the GPU's bf16 peak.
 
 Bad input ends a run with one line, not a traceback, and loses nothing:
@@ -39,17 +42,20 @@ from tokenizer import Tokenizer, fingerprint_of
 RUN = dict(args=None, out_dir=None, step=None, checkpoint=None)
 # Settings a resumed run may change: how long, where and how fast it runs, what it prints; not what a step computes.
 RESUMABLE = {"max_iters", "resume", "allow_changed_settings", "device", "compile", "grad_checkpoint", "seed",
-             "eval_interval", "eval_batches", "samples", "sample_len", "save_dtype", "out_dir", "init"}
+             "eval_interval", "eval_batches", "samples", "sample_len", "save_dtype", "out_dir", "init", "weights_only",
+             "frozen_dtype"}
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+FROZEN_DTYPES = ("auto", "float32", "bfloat16")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Every script's --help: its docstring as written, and each flag's default after its help text."""
 
 
-def add_loop_args(p, **defaults):
+def add_loop_args(p, *, frozen=None, **defaults):
     """The training-loop flags every training script shares, with that script's defaults (max_iters, batch_size,
-    seq_len, lr, min_lr, warmup, eval_interval, eval_batches)."""
+    seq_len, lr, min_lr, warmup, eval_interval, eval_batches). frozen: what the script's frozen model is (e.g. "the
+    teacher"), for its --frozen_dtype flag (frozen_dtype); None: the script has none."""
     d = dict(grad_accum=1, weight_decay=0.1, grad_clip=1.0, **defaults)
     helps = dict(max_iters="optimizer steps in all", batch_size="sequences per micro-batch",
                  seq_len="tokens per training sequence", grad_accum="micro-batches per optimizer step",
@@ -71,6 +77,13 @@ def add_loop_args(p, **defaults):
     p.add_argument("--save_dtype", default="auto", choices=SAVE_DTYPES,
                    help="dtype of the saved weights; auto: the dtype the model was stored in (bfloat16 for Qwen3, "
                         "float32 for the tiny presets); train_state.pt keeps fp32 weights for an exact --resume")
+    p.add_argument("--weights_only", action="store_true",
+                   help="checkpoints without train_state.pt (optimizer moments, fp32 weights, RNG states): much "
+                        "smaller and faster to write, but the run cannot be --resume'd")
+    if frozen:
+        p.add_argument("--frozen_dtype", default="auto", choices=FROZEN_DTYPES,
+                       help=f"dtype {frozen} is held in; auto: bfloat16 on CUDA (half the memory of fp32; the "
+                            f"training runs under bf16 autocast there anyway), float32 on CPU")
 
 
 def parse_loop_args(p):
@@ -157,6 +170,8 @@ def interrupted(kind, value, tb):
     at = "" if RUN["step"] is None else f" at step {RUN['step']}"
     if RUN["checkpoint"] is None:
         rest = ", before the first checkpoint: nothing to resume" if RUN["step"] is not None else ""
+    elif getattr(RUN["args"], "weights_only", False):
+        rest = f"; the last checkpoint is step {RUN['checkpoint']} in {RUN['out_dir']} (weights only: not resumable)"
     else:
         rest = f"; the last checkpoint is step {RUN['checkpoint']} in {RUN['out_dir']}: rerun with --resume"
     print(f"{Path(sys.argv[0]).name}: interrupted{at}{rest}", file=sys.stderr)
@@ -228,12 +243,15 @@ def save_dtype(config, args):
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
-def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None):
+def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None, *, exact=None):
     """Weights first, then the train state naming the same step: a crash between the two is detected.
     Nothing at step 0 of a run longer than one step (those are the weights it started from). The weights are stored
-    in save_dtype(); when that rounds them, train_state.pt also holds them in fp32, so --resume is exact. The
-    tokenizer must be the model's own (config.tokenizer_sha256, recorded here for a new model) and that of any
-    checkpoint already in out_dir: a checkpoint's tokenizer is never replaced."""
+    in save_dtype(); train_state.pt holds the fp32 value of each tensor that rounds (not of frozen ones loaded from
+    the same dtype), so --resume is exact; exact: the names of the tensors whose exact values --resume needs
+    (default: all; LoRA, which resumes from its adapters in `extra`, needs none). With --weights_only there is no
+    train_state.pt (a stale one is removed). The tokenizer must be the model's own (config.tokenizer_sha256,
+    recorded here for a new model) and that of any checkpoint already in out_dir: a checkpoint's tokenizer is never
+    replaced."""
     args = RUN["args"]
     if step == 0 and args is not None and args.max_iters > 1:
         return
@@ -245,15 +263,21 @@ def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None)
     dtype = save_dtype(model.config, args)
     model.save_pretrained(out_dir, metadata={"step": str(step)}, dtype=dtype)
     tokenizer.save_pretrained(out_dir)
-    weights = None
-    if dtype != torch.float32:  # the stored weights are rounded: keep the exact ones for --resume
-        weights = {k: v for k, v in model.state_dict().items()
-                   if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
+    RUN.update(out_dir=out_dir)
+    if getattr(args, "weights_only", False):
+        (out_dir / "train_state.pt").unlink(missing_ok=True)  # it would name another step than the weights
+        RUN.update(checkpoint=step)
+        return
+    tensors = model.state_dict()
+    if model.config.tie_word_embeddings:
+        del tensors["lm_head.weight"]  # the embedding matrix
+    weights = {k: v for k, v in tensors.items() if (exact is None or k in exact) and v.dtype != dtype
+               and not torch.equal(v.to(dtype).to(v.dtype), v)}  # the tensors the stored dtype rounds
     state = dict(step=step, optimizer=optimizer.state_dict(), gen=gen.get_state(), torch_rng=torch.get_rng_state(),
                  cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                 extra=extra or {}, weights=weights)
+                 extra=extra or {}, weights=weights or None)  # weights: the exact values the stored ones round
     atomic_write(out_dir / "train_state.pt", lambda f: torch.save(state, f))
-    RUN.update(out_dir=out_dir, checkpoint=step)
+    RUN.update(checkpoint=step)
 
 
 def changed_settings(saved, args):
@@ -284,10 +308,19 @@ def resume_or_start(out_dir, resume, device, gen, fresh):
     return fresh(), None, 0
 
 
-def load_model(path, device, what, *, attn=None, like=None):
-    """A Qwen3 checkpoint in fp32 (the training scripts' weights), or a one-line exit naming what it is for.
-    attn: the attention mode it must have ("causal": an AR model, e.g. a teacher); like: a model whose tokenizer it
-    must share (a teacher's student). Both are checked before the weights are read."""
+def frozen_dtype(device):
+    """The dtype of the run's frozen model (--frozen_dtype; auto: bfloat16 on CUDA, float32 elsewhere)."""
+    name = getattr(RUN["args"], "frozen_dtype", "auto")
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def load_model(path, device, what, *, attn=None, like=None, dtype=torch.float32):
+    """A Qwen3 checkpoint in `dtype` (fp32: the training scripts' weights; frozen_dtype() for a frozen teacher or
+    reference), or a one-line exit naming what it is for. attn: the attention mode it must have ("causal": an AR
+    model, e.g. a teacher); like: a model whose tokenizer it must share (a teacher's student). Both are checked
+    before the weights are read."""
     try:
         config = load_config(path)
     except (FileNotFoundError, ValueError) as e:
@@ -300,7 +333,7 @@ def load_model(path, device, what, *, attn=None, like=None):
         same_tokenizer(config.tokenizer_sha256, f"{what} {path}", like.config.tokenizer_sha256,
                        described(like.config)[0], "pass a checkpoint with the same tokenizer")
     try:
-        return Qwen3.from_pretrained(path, device=device, dtype=torch.float32)
+        return Qwen3.from_pretrained(path, device=device, dtype=dtype)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"{what} {path}: {e}")
 
@@ -321,8 +354,8 @@ def load_checkpoint(out_dir, device):
     if state["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     model = Qwen3.from_pretrained(out_dir, device=device, dtype=torch.float32)
-    if state.get("weights") is not None:  # the exact fp32 weights behind rounded stored ones (save_checkpoint)
-        model.load_state_dict(state["weights"], strict=not model.config.tie_word_embeddings)
+    if state.get("weights"):  # the exact fp32 values behind the stored tensors that rounded them (save_checkpoint)
+        model.load_state_dict(state["weights"], strict=False)
     return model, state
 
 

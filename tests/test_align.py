@@ -361,6 +361,20 @@ def test_resume_after_kill(world, tmp_path):
     assert got[-1]["val_nelbo"] == want[-1]["val_nelbo"]
 
 
+def test_bf16_teacher(world, tmp_path):
+    """--frozen_dtype bfloat16 (the default on CUDA) on a CPU: the teacher is held in bf16, so it cannot share the
+    student's fp32 frozen tensors and keeps its own copy; training runs and the cosines to it are those of an fp32
+    teacher up to bf16 rounding."""
+    args = ["--max_iters", "2", "--samples", "0", "--freeze", "embed"]
+    r = run(*common(world, tmp_path / "bf16"), *args, "--frozen_dtype", "bfloat16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "(causal, frozen, bfloat16); it shares the student's 0.00M frozen parameters" in r.stdout
+    assert run(*common(world, tmp_path / "f32"), *args).returncode == 0
+    a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("bf16", "f32"))
+    assert a["val_cos"] != b["val_cos"]
+    torch.testing.assert_close(torch.tensor(a["val_cos"]), torch.tensor(b["val_cos"]), atol=2e-2, rtol=0)
+
+
 def test_nan_stops_cleanly_and_refusals(world, tmp_path):
     out = tmp_path / "nan"
     r = run(*common(world, out), "--max_iters", "30", "--eval_interval", "1", "--ckpt_interval", "1", "--lr", "1e12",

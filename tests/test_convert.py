@@ -34,6 +34,28 @@ def test_bidirectional_defaults(ar, tmp_path):
         assert not torch.allclose(m(x), m(x, attn="causal"))
 
 
+def test_tokenizer_config_chat_template_and_generation_config_carried(ar, tmp_path):
+    """What a Qwen3 checkpoint comes with besides weights and vocabulary reaches the DLM unchanged: the end-of-turn id
+    (generation_config.json), the chat template and tokenizer class (tokenizer_config.json, chat_template.jinja)."""
+    gen = {"eos_token_id": [258, 256], "temperature": 0.6}
+    tok_config = {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "chat_template": "{{ messages }}"}
+    (ar / "generation_config.json").write_text(json.dumps(gen))
+    (ar / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    (ar / "chat_template.jinja").write_text("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}")
+    convert(ar, tmp_path / "dlm", "bidirectional")
+    for f in ("tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / "dlm" / f).read_bytes() == (ar / f).read_bytes(), f
+    assert json.loads((tmp_path / "dlm/generation_config.json").read_text()) == gen
+    m, tok = Qwen3.from_pretrained(tmp_path / "dlm"), Tokenizer.from_pretrained(tmp_path / "dlm")
+    assert tok.end_ids(m.config) == [258, 256]  # <|im_end|> first, as generation_config.json lists it
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == [257, *b"hi"]
+    m.save_pretrained(tmp_path / "trained")  # and on through a training script's checkpoint
+    tok.save_pretrained(tmp_path / "trained")
+    for f in ("tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / "trained" / f).read_bytes() == (ar / f).read_bytes(), f
+    assert json.loads((tmp_path / "trained/generation_config.json").read_text()) == gen
+
+
 def test_block_defaults_and_overrides(ar, tmp_path):
     convert(ar, tmp_path / "blk", "block", block_size=4)
     cfg = json.loads((tmp_path / "blk/config.json").read_text())

@@ -290,3 +290,28 @@ def test_bidirectional_numbers_unchanged(shift):
     batches = [torch.randint(0, 256, (4, 20), generator=g) for _ in range(2)]
     got = diffusion.fixed_mask_eval(model, batches, ratios=(0.15, 0.5, 0.9), seed=1234)
     assert got == old_fixed_mask_eval(model, batches, (0.15, 0.5, 0.9), 1234, 1e-3)  # bit for bit
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_chunked_evaluation_equals_one_piece(shift, monkeypatch):
+    """head_ce without grad takes CE_ROWS rows at a time: the same cross-entropies (to rounding) and argmaxes as one
+    piece; with grad it is one piece whatever CE_ROWS is, so its gradient is F.cross_entropy's."""
+    model = dlm(shift)
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, 256, (4, 20), generator=g) for _ in range(2)]
+    whole = diffusion.fixed_mask_eval(model, batches, ratios=(0.15, 0.9), seed=1234)
+    monkeypatch.setattr(diffusion, "CE_ROWS", 3)
+    chunked = diffusion.fixed_mask_eval(model, batches, ratios=(0.15, 0.9), seed=1234)
+    assert chunked.keys() == whole.keys()
+    for k in whole:
+        assert chunked[k] == pytest.approx(whole[k], rel=1e-6, abs=1e-9), k
+    h = torch.randn(10, model.config.hidden_size, requires_grad=True)
+    target = torch.randint(0, 256, (10,), generator=g)
+    ce = diffusion.head_ce(model, h, target)
+    ref = F.cross_entropy(model.lm_head(h).float(), target, reduction="none")
+    assert torch.equal(ce, ref)
+    assert torch.equal(torch.autograd.grad(ce.sum(), h)[0], torch.autograd.grad(ref.sum(), h)[0])
+    with torch.no_grad():
+        ce, top = diffusion.head_ce(model, h, target, argmax=True)
+        torch.testing.assert_close(ce, ref.detach(), rtol=1e-6, atol=1e-6)
+        assert torch.equal(top, model.lm_head(h).argmax(-1))

@@ -142,8 +142,11 @@ def slow_nelbo(model, xs, n_draws, seed, eps):
     return draws
 
 
+@pytest.mark.parametrize("rows", [None, 5], ids=["one-chunk", "chunks-of-5"])  # diffusion.head_ce's row chunks
 @torch.no_grad()
-def test_ar_likelihood_against_slow(world):
+def test_ar_likelihood_against_slow(world, rows, monkeypatch):
+    if rows:
+        monkeypatch.setattr(diffusion, "CE_ROWS", rows)
     model = Qwen3.from_pretrained(world / "ar").eval()
     xs = [x[:, :12] for x in batches(world)]
     res = E.ar_likelihood(model, xs, torch.no_grad())
@@ -153,9 +156,12 @@ def test_ar_likelihood_against_slow(world):
     assert res["perplexity"] == pytest.approx(math.exp(ref), rel=1e-5) and res["tokens"] == 2 * 4 * 11
 
 
+@pytest.mark.parametrize("rows", [None, 5], ids=["one-chunk", "chunks-of-5"])
 @pytest.mark.parametrize("ckpt", ["dlm", "dlm_noshift", "block", "block_shift"])
 @torch.no_grad()
-def test_nelbo_against_slow(world, ckpt):
+def test_nelbo_against_slow(world, ckpt, rows, monkeypatch):
+    if rows:
+        monkeypatch.setattr(diffusion, "CE_ROWS", rows)
     model = Qwen3.from_pretrained(world / ckpt).eval()
     xs = batches(world)
     res = E.dlm_nelbo(model, xs, torch.no_grad(), 3, seed=5, eps=1e-3)

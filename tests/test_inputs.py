@@ -330,6 +330,34 @@ def test_save_dtype_and_exact_resume(world, tmp_path):
     assert json.loads((tmp_path / "f32/config.json").read_text())["torch_dtype"] == "float32"
 
 
+def test_weights_only_and_train_state_keeps_only_what_rounds(world, tmp_path):
+    """--weights_only: checkpoints are the Hugging Face directory alone, and --resume says there is nothing to resume.
+    Otherwise train_state.pt keeps the fp32 value only of the tensors the stored dtype rounds: a frozen embedding
+    loaded from a bf16 checkpoint is stored exactly, so it is not kept, and --resume still reproduces the run."""
+    out = tmp_path / "w"
+    common = ["--data", world / "data", "--out_dir", out, "--eval_interval", "1", *SMALL]
+    assert run_script("pretrain.py", *common, "--max_iters", "3", "--weights_only").returncode == 0
+    assert Qwen3.from_pretrained(out) and not (out / "train_state.pt").exists()
+    r = run_script("pretrain.py", *common, "--max_iters", "5", "--resume")
+    assert r.returncode == 1 and "no train_state.pt" in one_line(r)
+
+    bf16 = tmp_path / "bf16"  # the DLM stored in bf16, as Qwen3 checkpoints are
+    Qwen3.from_pretrained(world / "dlm").to(torch.bfloat16).save_pretrained(bf16)
+    Tokenizer.from_pretrained(world / "dlm").save_pretrained(bf16)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    args = ["--init", bf16, "--data", world / "data", "--batch_size", "4", "--seq_len", "32", "--eval_batches", "1",
+            "--samples", "0", "--lambda_align", "0", "--freeze", "embed", "--max_iters", "6", "--ckpt_interval", "2"]
+    assert run_script("align.py", *args, "--out_dir", full).returncode == 0
+    state = torch.load(full / "train_state.pt", weights_only=False)
+    trained = {n for n, q in Qwen3.from_pretrained(bf16).named_parameters() if "embed_tokens" not in n}
+    assert set(state["weights"]) == trained  # the frozen embedding (and the tied head) not kept
+    with killed_after_checkpoint(2):
+        assert run_script("align.py", *args, "--out_dir", cut).returncode == 3
+    r = run_script("align.py", *args, "--out_dir", cut, "--resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert losses(cut) == losses(full)[:2] + losses(full)[3:]  # step 2's own record was lost with the kill
+
+
 def test_resume_refuses_changed_settings(world, tmp_path):
     out = tmp_path / "run"
     common = ["--data", world / "data", "--out_dir", out, "--eval_interval", "2", *SMALL]

@@ -236,6 +236,35 @@ def test_sharded_checkpoint(tmp_path):
         torch.testing.assert_close(ours(x, attn="causal"), ref(x).logits, atol=1e-5, rtol=1e-5)
 
 
+def test_qwen_layout_stored_head_generation_config_and_saving_over_shards(tmp_path):
+    """Qwen3-0.6B's file stores lm_head.weight although the config ties it: it is never read (here it is garbage, and
+    the logits are still transformers'). generation_config.json (eos_token_id) survives a save. Saving into a
+    directory that holds a sharded checkpoint replaces its index and shards by one model.safetensors."""
+    from safetensors.torch import load_file, save_file
+    ref = hf_model(tied=True)
+    ref.generation_config.eos_token_id = [5, 0]
+    ref.save_pretrained(tmp_path / "q")
+    state = load_file(tmp_path / "q/model.safetensors")
+    assert "lm_head.weight" not in state
+    save_file({**state, "lm_head.weight": torch.full((101, 64), 7.0)}, tmp_path / "q/model.safetensors")
+    ours = Qwen3.from_pretrained(tmp_path / "q").eval()
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, attn="causal"), ref(x).logits, atol=1e-5, rtol=1e-5)
+    assert ours.config.generation["eos_token_id"] == [5, 0]
+    ours.save_pretrained(tmp_path / "back")
+    assert json.loads((tmp_path / "back/generation_config.json").read_text()) == ours.config.generation
+
+    ref.save_pretrained(tmp_path / "s", max_shard_size="20KB")
+    shards = sorted((tmp_path / "s").glob("model-*.safetensors"))
+    assert len(shards) > 1
+    Qwen3.from_pretrained(tmp_path / "s").save_pretrained(tmp_path / "s")
+    assert not (tmp_path / "s/model.safetensors.index.json").exists() and not any(f.exists() for f in shards)
+    with torch.no_grad():
+        torch.testing.assert_close(Qwen3.from_pretrained(tmp_path / "s")(x, attn="causal"), ref(x).logits,
+                                   atol=1e-5, rtol=1e-5)
+
+
 # ---- bad inputs: each a clear error naming the problem ----------------------------------------
 
 def test_missing_files(tmp_path):

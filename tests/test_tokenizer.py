@@ -3,7 +3,9 @@
 The reference Qwen tokenizer is built offline from Qwen's real BPE ranks (shipped inside the
 `dashscope` package) with transformers' TikTokenConverter, given Qwen's regex, NFC and Qwen3's
 added tokens as published (ids 151643-151656 `special: true`, 151657-151668 `special: false`), and
-saved as a tokenizer.json. Everything here is written out independently of tokenizer.py.
+saved as a tokenizer.json with Qwen3's tokenizer_config.json settings (tests/qwen_shape.py, which also builds
+test_scale.py's checkpoint). Everything here is written out independently of tokenizer.py. Chat templates are
+checked against transformers' own rendering (AutoTokenizer.apply_chat_template).
 """
 import json
 import random
@@ -12,27 +14,12 @@ import sysconfig
 import unicodedata
 from pathlib import Path
 
-import dashscope
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from qwen_shape import QWEN3_ADDED, QWEN_TIKTOKEN, write_tokenizer  # noqa: E402
 from tokenizer import Tokenizer  # noqa: E402
-
-QWEN_TIKTOKEN = Path(dashscope.__file__).parent / "resources" / "qwen.tiktoken"
-QWEN_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-              r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
-QWEN3_ADDED = {  # id -> (text, special?) as in Qwen3's tokenizer.json
-    151643: ("<|endoftext|>", True), 151644: ("<|im_start|>", True), 151645: ("<|im_end|>", True),
-    151646: ("<|object_ref_start|>", True), 151647: ("<|object_ref_end|>", True),
-    151648: ("<|box_start|>", True), 151649: ("<|box_end|>", True), 151650: ("<|quad_start|>", True),
-    151651: ("<|quad_end|>", True), 151652: ("<|vision_start|>", True), 151653: ("<|vision_end|>", True),
-    151654: ("<|vision_pad|>", True), 151655: ("<|image_pad|>", True), 151656: ("<|video_pad|>", True),
-    151657: ("<tool_call>", False), 151658: ("</tool_call>", False), 151659: ("<|fim_prefix|>", False),
-    151660: ("<|fim_middle|>", False), 151661: ("<|fim_suffix|>", False), 151662: ("<|fim_pad|>", False),
-    151663: ("<|repo_name|>", False), 151664: ("<|file_sep|>", False), 151665: ("<tool_response>", False),
-    151666: ("</tool_response>", False), 151667: ("<think>", False), 151668: ("</think>", False),
-}
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SOURCES = ["json/decoder.py", "textwrap.py", "difflib.py", "email/_header_value_parser.py", "tokenize.py"]
@@ -57,19 +44,9 @@ SAMPLES = [
 
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory):
-    """A Hugging Face tokenizer.json for Qwen3, made offline from Qwen's ranks."""
-    from tokenizers import AddedToken, normalizers
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    hf = TikTokenConverter(vocab_file=str(QWEN_TIKTOKEN), pattern=QWEN_REGEX).converted()
-    hf.model.ignore_merges = False  # as in Qwen's published tokenizer.json: ids come from merges only
-    hf.normalizer = normalizers.NFC()
-    for i in sorted(QWEN3_ADDED):
-        text, special = QWEN3_ADDED[i]
-        token = AddedToken(text, special=special, normalized=False)
-        hf.add_special_tokens([token]) if special else hf.add_tokens([token])
+    """Qwen3's tokenizer.json, made offline from Qwen's ranks, and its tokenizer_config.json (qwen_shape.py)."""
     d = tmp_path_factory.mktemp("qwen3")
-    hf.save(str(d / "tokenizer.json"))
+    write_tokenizer(d)
     return d
 
 
@@ -255,12 +232,96 @@ def test_qwen_save_copies_the_source(qwen, qwen_dir, tmp_path):
     text = SAMPLES[0] + SAMPLES[10]
     assert back.encode(text) == qwen.encode(text)
     assert back.special_tokens == qwen.special_tokens
-    if (tmp_path / "tokenizer.json").exists():
-        assert (tmp_path / "tokenizer.json").read_bytes() == (qwen_dir / "tokenizer.json").read_bytes()
-    else:
+    if (tmp_path / "tokenizer.json").exists():  # read from the directory: its tokenizer_config.json comes along
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            assert (tmp_path / f).read_bytes() == (qwen_dir / f).read_bytes()
+    else:  # a bare .tiktoken file: a minimal tokenizer_config.json
         assert (tmp_path / "qwen.tiktoken").read_bytes() == QWEN_TIKTOKEN.read_bytes()
-    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+        assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+# ---- chat templates and end ids ----
+
+# A harder template than Qwen3's common case: a namespace, loop controls, tojson, string methods, raise_exception,
+# the special-token variables, and whitespace control both by trim/lstrip_blocks and by '-'.
+RICH_TEMPLATE = """{% set ns = namespace(n=0) %}
+{% if messages[0].role != 'system' %}{{ raise_exception('the first message must be the system one') }}{% endif %}
+{%- for m in messages %}
+    {% if m.role == 'skip' %}{% continue %}{% endif %}
+    {% set ns.n = ns.n + 1 %}
+<|im_start|>{{ m.role }}
+{{ m.content | trim }}{% if m.meta is defined %} {{ m.meta | tojson }}{% endif %}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant [{{ ns.n }} turns, ends with {{ eos_token }}]
+{% endif %}"""
+CHATS = [
+    [{"role": "user", "content": "Write fib(n) in Python."}],
+    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "Und 3+3? 你好 <think>"}],
+]
+
+
+def hf_tokenizer(d):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(d))
+
+
+@pytest.mark.parametrize("thinking", [None, False])
+def test_chat_template_as_transformers_renders_it(qwen_dir, thinking):
+    ours, ref = Tokenizer.from_pretrained(qwen_dir), hf_tokenizer(qwen_dir)
+    kw = {} if thinking is None else dict(enable_thinking=thinking)
+    for chat in CHATS:
+        for gen in (True, False):
+            text = ref.apply_chat_template(chat, add_generation_prompt=gen, tokenize=False, **kw)
+            assert ours.apply_chat_template(chat, add_generation_prompt=gen, tokenize=False, **kw) == text
+            ids = ref.apply_chat_template(chat, add_generation_prompt=gen, tokenize=True, **kw)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            assert ours.apply_chat_template(chat, add_generation_prompt=gen, **kw) == list(ids)
+    last = ours.apply_chat_template(CHATS[0], tokenize=False, **kw)
+    assert last.endswith("<think>\n\n</think>\n\n") == (thinking is False) and ids[:1] == [151644]  # <|im_start|>
+
+
+def test_chat_template_file_and_errors(qwen_dir, tmp_path):
+    d = tmp_path / "rich"
+    d.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).write_bytes((qwen_dir / f).read_bytes())
+    (d / "chat_template.jinja").write_text(RICH_TEMPLATE)  # the file wins over tokenizer_config.json's
+    ours, ref = Tokenizer.from_pretrained(d), hf_tokenizer(d)
+    chat = [{"role": "system", "content": "  s  "}, {"role": "skip", "content": "x"},
+            {"role": "user", "content": "q", "meta": {"k": ["ü", 1]}}]
+    text = ours.apply_chat_template(chat, tokenize=False)
+    assert text == ref.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert '{"k": ["ü", 1]}' in text and "[2 turns, ends with <|im_end|>]" in text
+    out = tmp_path / "saved"
+    ours.save_pretrained(out)  # both files carried through, byte for byte
+    assert (out / "chat_template.jinja").read_text() == RICH_TEMPLATE
+    assert (out / "tokenizer_config.json").read_bytes() == (qwen_dir / "tokenizer_config.json").read_bytes()
+    with pytest.raises(ValueError, match="the first message must be the system one"):
+        ours.apply_chat_template(CHATS[0])
+    (d / "chat_template.jinja").write_text("{% for %}")
+    with pytest.raises(ValueError, match="not valid Jinja"):
+        Tokenizer.from_pretrained(d).apply_chat_template(CHATS[0])
+    with pytest.raises(ValueError, match="no chat template"):
+        Tokenizer.byte_level().apply_chat_template(CHATS[0])
+    (d / "chat_template.jinja").unlink()
+    (d / "tokenizer_config.json").write_text("{broken")
+    with pytest.raises(ValueError, match="tokenizer_config.json or chat_template.jinja is unreadable"):
+        Tokenizer.from_pretrained(d)
+
+
+def test_end_ids(qwen_dir):
+    from types import SimpleNamespace
+    qwen = Tokenizer.from_pretrained(qwen_dir)
+    assert qwen.end_ids() == [151645, 151643]  # tokenizer_config's eos_token <|im_end|>, then <|endoftext|>
+    config = SimpleNamespace(eos_token_id=151643, generation={"eos_token_id": [151645, 151643, 151668]})
+    assert qwen.end_ids(config) == [151645, 151643, 151668]  # generation_config.json first, in its order
+    config = SimpleNamespace(eos_token_id=151644, generation=None)
+    assert qwen.end_ids(config) == [151644, 151645, 151643]
+    config = SimpleNamespace(eos_token_id=999_999, generation={"eos_token_id": 151669})  # not tokens: left out
+    assert qwen.end_ids(config) == [151645, 151643]
+    assert Tokenizer.byte_level().end_ids() == [256]
 
 
 # ---- bad inputs ----
@@ -375,3 +436,14 @@ def test_trained_tokenizer_matches_hugging_face(tmp_path):
         assert hf.encode(text, add_special_tokens=False) == ids, text[:80]
         assert tok.decode(ids) == text and hf.decode(ids) == text
     assert len(tok.encode(corpus[4])) < 0.5 * len(corpus[4].encode())  # it compresses unseen code
+
+
+def test_a_file_is_parsed_once_per_content(qwen_dir, tmp_path):
+    a, b = Tokenizer.from_pretrained(qwen_dir), Tokenizer.from_pretrained(qwen_dir / "tokenizer.json")
+    assert a is not b and a._enc is b._enc and (a.name, b.name) == (qwen_dir.name, "tokenizer.json")
+    d = tmp_path / "t"
+    Tokenizer.byte_level().save_pretrained(d)
+    x = Tokenizer.from_pretrained(d)
+    Tokenizer.train(["def f(x): return x"] * 5, 264).save_pretrained(d)  # another tokenizer at the same path
+    y = Tokenizer.from_pretrained(d)
+    assert y.fingerprint != x.fingerprint and y.vocab_size == 264 and x.vocab_size == 259
