@@ -26,7 +26,9 @@ import contextlib
 import json
 import math
 import random
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -243,6 +245,22 @@ def save_dtype(config, args):
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Ctrl-C inside the block takes effect at its end (the main thread only: where Python handles signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
+
+
 def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None, *, exact=None):
     """Weights first, then the train state naming the same step: a crash between the two is detected.
     Nothing at step 0 of a run longer than one step (those are the weights it started from). The weights are stored
@@ -261,23 +279,24 @@ def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None,
     same_tokenizer(tokenizer.fingerprint, "the tokenizer being saved", fingerprint_of(out_dir), str(out_dir), fix)
     model.config.tokenizer_sha256 = tokenizer.fingerprint
     dtype = save_dtype(model.config, args)
-    model.save_pretrained(out_dir, metadata={"step": str(step)}, dtype=dtype)
-    tokenizer.save_pretrained(out_dir)
-    RUN.update(out_dir=out_dir)
-    if getattr(args, "weights_only", False):
-        (out_dir / "train_state.pt").unlink(missing_ok=True)  # it would name another step than the weights
+    with interrupts_deferred():  # weights and train state of one step, or neither: --resume needs the pair
+        model.save_pretrained(out_dir, metadata={"step": str(step)}, dtype=dtype)
+        tokenizer.save_pretrained(out_dir)
+        RUN.update(out_dir=out_dir)
+        if getattr(args, "weights_only", False):
+            (out_dir / "train_state.pt").unlink(missing_ok=True)  # it would name another step than the weights
+            RUN.update(checkpoint=step)
+            return
+        tensors = model.state_dict()
+        if model.config.tie_word_embeddings:
+            del tensors["lm_head.weight"]  # the embedding matrix
+        weights = {k: v for k, v in tensors.items() if (exact is None or k in exact) and v.dtype != dtype
+                   and not torch.equal(v.to(dtype).to(v.dtype), v)}  # the tensors the stored dtype rounds
+        state = dict(step=step, optimizer=optimizer.state_dict(), gen=gen.get_state(), torch_rng=torch.get_rng_state(),
+                     cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                     extra=extra or {}, weights=weights or None)  # weights: the exact values the stored ones round
+        atomic_write(out_dir / "train_state.pt", lambda f: torch.save(state, f))
         RUN.update(checkpoint=step)
-        return
-    tensors = model.state_dict()
-    if model.config.tie_word_embeddings:
-        del tensors["lm_head.weight"]  # the embedding matrix
-    weights = {k: v for k, v in tensors.items() if (exact is None or k in exact) and v.dtype != dtype
-               and not torch.equal(v.to(dtype).to(v.dtype), v)}  # the tensors the stored dtype rounds
-    state = dict(step=step, optimizer=optimizer.state_dict(), gen=gen.get_state(), torch_rng=torch.get_rng_state(),
-                 cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                 extra=extra or {}, weights=weights or None)  # weights: the exact values the stored ones round
-    atomic_write(out_dir / "train_state.pt", lambda f: torch.save(state, f))
-    RUN.update(checkpoint=step)
 
 
 def changed_settings(saved, args):

@@ -428,3 +428,17 @@ def test_one_atomic_writer_without_torch_in_the_tokenizer(tmp_path):
     r = subprocess.run([sys.executable, "-c", "import sys, tokenizer; print('torch' in sys.modules)"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_ctrl_c_while_saving_waits_for_the_whole_checkpoint(monkeypatch):
+    """SIGINT between the weights and train_state.pt would leave a pair --resume refuses: it is held until both
+    are written, then raised; the previous handler is back afterwards."""
+    before, reached = signal.getsignal(signal.SIGINT), []
+    with pytest.raises(KeyboardInterrupt):
+        with training.interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)  # delivered now, held by the block
+            time.sleep(0.05)
+            reached.append("the rest of the block")
+    assert reached == ["the rest of the block"] and signal.getsignal(signal.SIGINT) is before
+    with training.interrupts_deferred():  # no signal: nothing raised
+        pass
