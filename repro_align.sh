@@ -99,3 +99,6 @@ for r in runs:
           f"{res['val_loss@0.5']:.3f} | {res['val_nelbo']:.3f} | {cos} | {res['step_seconds_median'] / base:.2f}x |")
 print(f"\n(curves: {out / 'curves.csv'}; step times are each run's own median and move by ±10% on a shared machine)")
 PY
+# The figure next to the table (plot.py needs matplotlib, an optional extra): the four convergence runs.
+"$PYTHON" plot.py "$OUT/lambda0" "$OUT/lambda10" "$OUT/lambda0-frozen" "$OUT/lambda10-frozen" \
+  --keys val_acc@0.5 val_nelbo "val_cos*" --out "$OUT/curves.png" || echo "repro_align.sh: no figure (pip install matplotlib)"

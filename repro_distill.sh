@@ -176,4 +176,8 @@ for name, what in (("shift-on", f"shifted, on-policy (OPDLM), {iters} steps"),
     for s, vals in zip(seeds, per):
         row(f"  seed {s}", vals)
 PY
+# The figure next to the table (plot.py needs matplotlib, an optional extra): the training KL of the first seed's runs.
+first=${SEEDS%% *}
+"$PYTHON" plot.py "$OUT/shift-on-s$first" "$OUT/shift-off-s$first" "$OUT/shift-data-s$first" "$OUT/noshift-on-s$first" \
+  --keys kl max_len --out "$OUT/curves.png" || echo "repro_distill.sh: no figure (pip install matplotlib)"
 echo "repro_distill.sh: done in $((SECONDS - T0)) s; the table is in $OUT/table.md"
