@@ -281,9 +281,10 @@ def test_spectrum_and_merge(w, aligned, dpo_full, pairs, data):
     assert len(rows) == 310 and all(r["diff"] >= 0 and r["pref"] >= 0 for r in rows)  # the tied head is the embedding
     # no win-rate samples: 2 x 64 forwards of 64-token diffusion sampling would double the command's time, and
     # sample.py and eval.py generate run the same sampler
-    run("merge.py merge, γ ∈ {0, 1}, 1 mask draw", "merge.py", "merge", "--ar", w / "q", "--ar_aligned", dpo_full,
-        "--dlm", aligned, "--pairs", pairs / "heldout.jsonl", "--out_dir", w / "merged", "--gammas", "0,1",
-        "--n_masks", "1", "--samples", "0", "--device", "cpu")
+    run("merge.py merge, γ ∈ {0, 1} chosen on 4 training pairs, 1 mask draw", "merge.py", "merge", "--ar", w / "q",
+        "--ar_aligned", dpo_full, "--dlm", aligned, "--pairs", pairs / "train.jsonl", "--heldout",
+        pairs / "heldout.jsonl", "--n_select", "4", "--out_dir", w / "merged", "--gammas", "0,1", "--n_masks", "1",
+        "--samples", "0", "--device", "cpu")
     res = json.loads((w / "merged/merge.json").read_text())
     assert res["gammas"] == [0.0, 1.0] and res["best_gamma"] in (0.0, 1.0) and stored(w / "merged") == {"F32"}
     assert carried(w / "merged", w / "q")
