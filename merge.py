@@ -52,7 +52,7 @@ from tqdm import tqdm
 import data
 import diffusion
 import training
-from model import atomic_write, weight_files
+from model import atomic_write, load_config, weight_files
 from sample import attend, block_generate, diffusion_generate
 from tokenizer import Tokenizer
 
@@ -390,10 +390,11 @@ def open_weights(paths):
     for path in paths:
         h = {}
         try:
+            tied = load_config(path).tie_word_embeddings  # a tied checkpoint may also store lm_head: it is embed
             for f in weight_files(Path(path)):
                 sf = safe_open(f, "pt")
-                h.update({k: sf for k in sf.keys()})
-        except (FileNotFoundError, OSError, SafetensorError) as e:
+                h.update({k: sf for k in sf.keys() if not (tied and k == "lm_head.weight")})
+        except (FileNotFoundError, OSError, ValueError, SafetensorError) as e:
             raise SystemExit(f"merge: {path}: {e}")
         handles.append(h)
     shapes = [{k: tuple(sf.get_slice(k).get_shape()) for k, sf in h.items()} for h in handles]
