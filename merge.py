@@ -96,7 +96,8 @@ s.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning")
 s.add_argument("--lora_alpha", type=float, default=16.0, help="LoRA scale α (the update is (α/r)·BA)")
 training.add_loop_args(s, max_iters=30, batch_size=8, seq_len=SEQ_LEN, lr=2e-4, min_lr=2e-5, warmup=3,
                        eval_interval=10, eval_batches=16)  # eval_batches: unused, the whole held-out set is scored
-s.set_defaults(weight_decay=0.0)  # decay would add -η·λ·W to τ_pref, which is not the preference
+# decay would add -η·λ·W to τ_pref, which is not the preference; fp32 weights, as bf16 would round a small τ_pref away
+s.set_defaults(weight_decay=0.0, save_dtype="float32")
 s = sub.add_parser("spectrum", formatter_class=training.HelpFormatter,
                    help="spectral norms of τ_diff and τ_pref per weight, by layer type")
 s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint (W_AR)")

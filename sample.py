@@ -568,7 +568,8 @@ def main():
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
     p.add_argument("--show_rounds", action="store_true",
                    help="block: mark each generated token with the round that committed it (colours on a terminal)")
-    p.add_argument("--ignore_eos", action="store_true", help="do not stop at <|endoftext|>")
+    p.add_argument("--ignore_eos", action="store_true", help="do not stop at the checkpoint's end ids")
+    p.add_argument("--chat", action="store_true", help="--prompt as a user turn of the checkpoint's chat template")
     p.add_argument("--seed", type=int, default=1337, help="seeds the sampler's generator (runs repeat exactly)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile (CUDA: with "
@@ -583,14 +584,19 @@ def main():
         tok = training.load_tokenizer(args.ckpt, model.config)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"sample: {e}")
-    ids = tok.encode(args.prompt)
+    try:
+        ids = tok.encode(args.prompt)
+        if args.chat:
+            ids = tok.apply_chat_template([{"role": "user", "content": args.prompt}])
+    except ValueError as e:  # no template, or one that does not render
+        raise SystemExit(f"sample: --chat: {e}")
     if not ids:
         raise SystemExit("sample: --prompt encodes to no tokens")
     if args.show_rounds and model.config.attn != "block":
         raise SystemExit(f"sample: --show_rounds needs a block-diffusion checkpoint (config.attn 'block'), "
                          f"{args.ckpt} has {model.config.attn!r}")
     prompt = torch.tensor([ids] * args.num_samples, device=device)
-    eos_id = None if args.ignore_eos else tok.eos_id
+    eos_id = None if args.ignore_eos else tok.end_ids(model.config)  # every end id the checkpoint declares
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     try:

@@ -3,6 +3,7 @@ ragged batches against full recomputation of each prompt alone; LLaDA one-token-
 position-by-position loop; block diffusion with the cache against without, its recorded rounds replayed;
 the shift convention on a model whose predictions are a known function of the slot; the mask token never
 emitted even when it is the model's favourite; eos; seeds; and the CLI on a saved checkpoint of each kind."""
+import json
 import pytest
 import torch
 import torch.nn.functional as F
@@ -391,3 +392,18 @@ def test_cli_show_rounds(ckpts):
         lines = blk.splitlines()[1:]
         marks = "".join(line for line in lines if set(line) <= set("0123 "))  # the mark rows: rounds 0..3
         assert marks.replace(" ", "") and "\x1b[" not in blk  # not a terminal: no colours
+
+
+def test_cli_chat(ckpts, tmp_path):
+    """--chat renders --prompt as a user turn of the checkpoint's chat template; without a template, one line."""
+    r = run_script("sample.py", "--ckpt", ckpts / "causal", "--chat", "--prompt", "hi", "--device", "cpu")
+    assert r.returncode == 1 and "--chat" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    import shutil
+    shutil.copytree(ckpts / "causal", tmp_path / "chat")
+    cfg = json.loads((tmp_path / "chat" / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
+    (tmp_path / "chat" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    r = run_script("sample.py", "--ckpt", tmp_path / "chat", "--chat", "--prompt", "def f", "--max_new_tokens", 4,
+                   "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "--- sample 0\n[user] def f\n[assistant]" in r.stdout  # the rendered prompt, then the sample
