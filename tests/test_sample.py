@@ -4,6 +4,8 @@ position-by-position loop; block diffusion with the cache against without, its r
 the shift convention on a model whose predictions are a known function of the slot; the mask token never
 emitted even when it is the model's favourite; eos; seeds; and the CLI on a saved checkpoint of each kind."""
 import json
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -398,7 +400,6 @@ def test_cli_chat(ckpts, tmp_path):
     """--chat renders --prompt as a user turn of the checkpoint's chat template; without a template, one line."""
     r = run_script("sample.py", "--ckpt", ckpts / "causal", "--chat", "--prompt", "hi", "--device", "cpu")
     assert r.returncode == 1 and "--chat" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    import shutil
     shutil.copytree(ckpts / "causal", tmp_path / "chat")
     cfg = json.loads((tmp_path / "chat" / "tokenizer_config.json").read_text())
     cfg["chat_template"] = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
