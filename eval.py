@@ -149,7 +149,8 @@ def draw(model, prompts, args, tok, generator):
                               top_p=args.top_p, eos_id=None if args.ignore_eos else tok.eos_id, generator=generator,
                               vocab_limit=tok.vocab_size, shift=None if args.shift is None else args.shift == "true",
                               block_length=args.block_length, steps=args.steps, remasking=args.remasking,
-                              threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache)
+                              threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
+                              **{k: getattr(args, k) for k in ("cache", "compile") if hasattr(args, k)})
     except ValueError as e:
         raise SystemExit(f"eval: sampler: {e}")
     if torch.cuda.is_available():
@@ -463,6 +464,9 @@ def sampler_args(p, max_new_tokens):
                    help="in (0, 1], on the raw probability; diffusion: Fast-dLLM (off); block: default 0.9")
     p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
     p.add_argument("--no_cache", action="store_true", help="AR, block: recompute every step (reference)")
+    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"],
+                   help="masked diffusion: Fast-dLLM's approximate KV cache, refreshed once per block (none: exact)")
+    p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile")
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
     p.add_argument("--ignore_eos", action="store_true", help="do not stop a row at its end-of-sequence token")
     p.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")
