@@ -150,7 +150,7 @@ def draw(model, prompts, args, tok, generator):
                               vocab_limit=tok.vocab_size, shift=None if args.shift is None else args.shift == "true",
                               block_length=args.block_length, steps=args.steps, remasking=args.remasking,
                               threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
-                              **{k: getattr(args, k) for k in ("cache", "compile") if hasattr(args, k)})
+                              cache=args.cache, compile=args.compile)
     except ValueError as e:
         raise SystemExit(f"eval: sampler: {e}")
     if torch.cuda.is_available():
