@@ -75,8 +75,8 @@ p.add_argument("--rollout_max", type=int, default=64, help="curriculum end, toke
                "(published: 4000)")
 p.add_argument("--curriculum_steps", type=int, default=100, help="quarter-cosine ramp length in optimizer steps, one "
                "rollout batch each (published: 100 rollout steps of 128 prompts, ~16 optimizer updates each)")
-training.add_loop_args(p, max_iters=200, batch_size=8, seq_len=32, lr=1e-3, min_lr=1e-4, warmup=5,
-                       eval_interval=50, eval_batches=2)
+training.add_loop_args(p, frozen="the AR teacher", max_iters=200, batch_size=8, seq_len=32, lr=1e-3, min_lr=1e-4,
+                       warmup=5, eval_interval=50, eval_batches=2)
 EVAL_SEED = 1234
 
 
@@ -271,7 +271,8 @@ if __name__ == "__main__":
         raise SystemExit(f"distill: {args.init} is not a block DLM (attn={c.attn!r}, block_size={c.block_size}); make "
                          f"one with: python convert.py --ar AR_DIR --out_dir DLM_DIR --attn block --block_size 4")
     teacher_dir = args.teacher or c.converted_from
-    teacher = training.load_model(teacher_dir, device, "distill: teacher", attn="causal", like=student)
+    teacher = training.load_model(teacher_dir, device, "distill: teacher", attn="causal", like=student,
+                                  dtype=training.frozen_dtype(device))
     teacher.requires_grad_(False).eval()
     if teacher.config.vocab_size != c.vocab_size:
         raise SystemExit("distill: the teacher and the student have different vocabularies")
@@ -305,8 +306,8 @@ if __name__ == "__main__":
                         vocab_size=tok.vocab_size, ctx=ctx, **sampling)
     log = training.Log(out_dir, args.resume)
     print(f"student: {student.num_params() / 1e6:.2f}M parameters, block {c.block_size}, shift={c.shift}; teacher "
-          f"{teacher_dir}; {len(pool)} prompts; policy {args.policy}, {args.divergence}, {args.kl_reduction}; "
-          f"device {device}")
+          f"{teacher_dir} ({str(teacher.lm_head.weight.dtype).removeprefix('torch.')}); {len(pool)} prompts; "
+          f"policy {args.policy}, {args.divergence}, {args.kl_reduction}; device {device}")
 
     bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="distill")
     last_eval, t_start = {}, time.time()

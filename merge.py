@@ -92,10 +92,12 @@ s.add_argument("--pairs", default="data/pairs/train.jsonl", help="training pairs
 s.add_argument("--heldout", default="data/pairs/heldout.jsonl", help="every pair is scored at each evaluation")
 s.add_argument("--out_dir", default="out/ar-dpo", help="the DPO-trained AR checkpoint goes here")
 s.add_argument("--beta", type=float, default=0.1, help="DPO's β: the strength of the pull away from π_ref")
-s.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning")
+s.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning; r > 0: LoRA, and π_ref is the "
+               "policy's own base with the adapters off (one copy, held as the policy is; --frozen_dtype unused)")
 s.add_argument("--lora_alpha", type=float, default=16.0, help="LoRA scale α (the update is (α/r)·BA)")
-training.add_loop_args(s, max_iters=30, batch_size=8, seq_len=SEQ_LEN, lr=2e-4, min_lr=2e-5, warmup=3,
-                       eval_interval=10, eval_batches=16)  # eval_batches: unused, the whole held-out set is scored
+training.add_loop_args(s, frozen="the reference model π_ref (full fine-tuning)", max_iters=30, batch_size=8,
+                       seq_len=SEQ_LEN, lr=2e-4, min_lr=2e-5, warmup=3, eval_interval=10,
+                       eval_batches=16)  # eval_batches: unused, the whole held-out set is scored
 # decay would add -η·λ·W to τ_pref, which is not the preference; fp32 weights, as bf16 would round a small τ_pref away
 s.set_defaults(weight_decay=0.0, save_dtype="float32")
 s = sub.add_parser("spectrum", formatter_class=training.HelpFormatter,
@@ -310,7 +312,8 @@ def cmd_dpo(args):
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     gen = torch.Generator().manual_seed(args.seed)  # draws the batches
-    load_ar = lambda: training.load_model(args.ar, device, "merge dpo: --ar", attn="causal")
+    load_ar = lambda dtype=torch.float32: training.load_model(args.ar, device, "merge dpo: --ar", attn="causal",
+                                                              dtype=dtype)
     policy, state, start = training.resume_or_start(out_dir, args.resume, device, gen, load_ar)
     if args.lora_rank:
         if state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with the saved A, B
@@ -320,7 +323,7 @@ def cmd_dpo(args):
             policy.load_state_dict(state["extra"]["lora"], strict=False)
         ref = policy  # π_ref: the base under the adapters, i.e. the policy inside adapters_off (one copy)
     else:
-        ref = load_ar().requires_grad_(False).eval()  # π_ref: the initial AR model, frozen
+        ref = load_ar(training.frozen_dtype(device)).requires_grad_(False).eval()  # π_ref: the initial AR, frozen
     tok = training.load_tokenizer(args.ar, ref.config)
     train, heldout = read_pairs(args.pairs, tok, args.seq_len), read_pairs(args.heldout, tok, args.seq_len)
     opt = training.optimizer(policy, args, device, state)
@@ -333,7 +336,8 @@ def cmd_dpo(args):
     n_train = sum(q.numel() for q in policy.parameters() if q.requires_grad)
     print(f"DPO: {len(train)} train / {len(heldout)} held-out pairs (all scored at each evaluation), β = {args.beta}, "
           f"{n_train / 1e6:.3f}M trainable parameters "
-          f"({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}); device {device}")
+          f"({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}); reference "
+          f"{str(ref.lm_head.weight.dtype).removeprefix('torch.')}; device {device}")
 
     bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="dpo")
     last_eval, t_start = {}, time.time()

@@ -420,6 +420,32 @@ def test_gamma_is_chosen_on_training_pairs_without_reading_the_heldout_ones(worl
     assert c["masks"] == "independent" and c["heldout"]["margin"][0] != 0  # γ = 0: the reward's Monte Carlo noise
 
 
+def test_dpo_bf16_reference(world, tmp_path, monkeypatch):
+    """--frozen_dtype bfloat16 (the default on CUDA) on a CPU: a full fine-tune's reference is loaded in bf16 (the
+    policy stays fp32), and DPO's losses are those of an fp32 reference up to bf16 rounding. With LoRA the reference
+    is the policy's own base: one fp32 model, whatever --frozen_dtype says."""
+    loads, load = [], merge.training.load_model
+    monkeypatch.setattr(merge.training, "load_model", lambda *a, **kw: loads.append(load(*a, **kw)) or loads[-1])
+    logs = {}
+    for dtype in ("bfloat16", "float32"):
+        r = run(*dpo_args(world, tmp_path / dtype, "--max_iters", 3, "--eval_interval", 2, "--frozen_dtype", dtype))
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"reference {dtype}" in r.stdout
+        logs[dtype] = [json.loads(l) for l in (tmp_path / dtype / "log.jsonl").read_text().splitlines()]
+    (policy, ref), (policy32, ref32) = loads[:2], loads[2:]
+    assert {q.dtype for q in ref.parameters()} == {torch.bfloat16}
+    assert {q.dtype for m in (policy, policy32, ref32) for q in m.parameters()} == {torch.float32}
+    a, b = logs["bfloat16"], logs["float32"]
+    assert b[0]["loss"] == pytest.approx(math.log(2)) and b[0]["margin"] == 0  # the policy is the reference
+    assert a[0]["margin"] != 0  # ... up to bf16 rounding
+    for x, y in zip(a, b):  # measured: up to 5e-5 apart
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-3)
+    assert a[-1]["heldout_loss"] == pytest.approx(b[-1]["heldout_loss"], abs=1e-3)
+    loads.clear()
+    r = run(*dpo_args(world, tmp_path / "lora", "--max_iters", 1, "--lora_rank", 2, "--frozen_dtype", "bfloat16"))
+    assert r.returncode == 0 and "reference float32" in r.stdout and len(loads) == 1, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("lora", [0, 2])
 def test_dpo_resume_after_kill_matches_an_uninterrupted_run(world, tmp_path, lora):
     full, cut = tmp_path / "full", tmp_path / "cut"
