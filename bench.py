@@ -56,8 +56,20 @@ update (forward, backward, AdamW). Then, on one rollout batch, the vectorised st
 their losses (equal up to rounding). Random weights commit one token per round, so the rollout is the slowest
 case (seq_len forwards). On a GPU: `python bench.py --what distill --preset qwen3-0.6b --seq_len 512
 --batch_size 1` (the Qwen3-0.6B shape, rollout 512).
+
+--what gpu_check (what `bash gpu_check.sh` runs): what only a GPU can measure, at Qwen3-0.6B's shape (random bf16
+weights) with fixed settings (GPU_CHECK), in ONE table printed a row at a time: (1) forward + backward, ours
+against transformers, with and without gradient checkpointing, and ours compiled: tokens/s, MFU, peak memory;
+(2) one align.py step, λ = 0 and λ = 10; (3) one distill.py iteration, eager and compiled (FlexAttention), and
+FlexAttention's loss against the dense mask's; (4) greedy AR decoding at batch 1 and 8, transformers' generate, our
+ar_generate eager and compiled (CUDA graphs), and the HBM-bandwidth roofline; (5) the block sampler, eager and
+compiled. No check starts after 6 minutes (its row says so). `--device cpu --tiny` runs the same code at the micro
+preset in seconds; rows that need CUDA print "skipped (CPU)". Exit status 1 if a check failed (its row says FAILED
+or NOT EQUAL).
 """
 import argparse
+import contextlib
+import gc
 import os
 import statistics
 import tempfile
@@ -91,6 +103,32 @@ def timeit(fn, warmup, iters):
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def peak_memory(device):
+    """Inside: out = {}; at exit out["peak"] is the most memory allocated inside above what was resident at entry
+    (CUDA; None elsewhere)."""
+    cuda, out = device.type == "cuda", {}
+    if cuda:
+        resident = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        yield out
+    finally:
+        out["peak"] = torch.cuda.max_memory_allocated(device) - resident if cuda else None
+
+
+def measure(fn, device, warmup=0, iters=1):
+    """-> (median seconds of fn() over iters calls after warmup calls, the most memory the calls allocated above
+    what was resident before them: on CUDA, else None)."""
+    with peak_memory(device) as mem:
+        t = timeit(fn, warmup, iters)
+    return t, mem["peak"]
+
+
+def nbytes(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())  # a tied matrix once
+
+
 def machine(device):
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
@@ -99,13 +137,20 @@ def machine(device):
 
 # ---- --what model --------------------------------------------------------------------------------
 
-def build_ours(args, device, dtype):
-    """Our model in `dtype` directly on `device` (no fp32 copy first, so big presets fit), random weights."""
+def build_ours(preset, device, dtype):
+    """Our model of the preset's shape in `dtype` directly on `device` (no fp32 copy first, so big presets fit),
+    random weights (seed 0), in training mode."""
     torch.set_default_dtype(dtype)
     with torch.device(device):
-        model = Qwen3(Qwen3Config(**SHAPES[args.preset]))
+        model = Qwen3(Qwen3Config(**SHAPES[preset]))
     torch.set_default_dtype(torch.float32)
     return model.init_weights(seed=0).train()
+
+
+def meta_model(preset):
+    """The preset's model on the meta device: its shapes, no memory."""
+    with torch.device("meta"):
+        return Qwen3(Qwen3Config(**SHAPES[preset]))
 
 
 def build_hf(ours, device, dtype):
@@ -117,8 +162,15 @@ def build_hf(ours, device, dtype):
     return hf.to(device).train()
 
 
+def train_step(model, forward, targets):
+    """forward() -> logits; cross-entropy (fp32) against targets, backward, gradients dropped."""
+    logits = forward()
+    F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1)).backward()
+    model.zero_grad(set_to_none=True)
+
+
 def bench_model(args, device, dtype):
-    ours = build_ours(args, device, dtype)
+    ours = build_ours(args.preset, device, dtype)
     B, T, V = args.batch_size, args.seq_len, ours.config.vocab_size
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, V, (B, T), generator=g).to(device)
@@ -136,24 +188,15 @@ def bench_model(args, device, dtype):
         if not args.no_hf:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
-    def train_step(model, forward):
-        logits = forward()
-        F.cross_entropy(logits.float().view(-1, V), targets.view(-1)).backward()
-        model.zero_grad(set_to_none=True)
-
     cuda = device.type == "cuda"
     times = {name: [] for name in rows}
     peaks = {name: 0 for name in rows}
     for i in range(args.warmup + args.iters):  # interleaved: every round runs each model once
         for name, (model, forward) in rows.items():
-            if cuda:
-                resident = torch.cuda.memory_allocated(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            t = timeit(lambda: train_step(model, forward), warmup=0, iters=1)
+            t, peak = measure(lambda: train_step(model, forward, targets), device)
             if i >= args.warmup:
                 times[name].append(t)
-                if cuda:
-                    peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(device) - resident)
+                peaks[name] = max(peaks[name], peak or 0)
 
     print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}")
     print(f"preset {args.preset} ({ours.num_params() / 1e6:.1f}M params), batch {B} x seq_len {T}, "
@@ -167,8 +210,7 @@ def bench_model(args, device, dtype):
         line = f"| {name} | {median[name] * 1e3:.1f} | {tok_s:,.0f} |"
         if cuda:
             u = mfu(ours, tok_s, T, device)
-            weights = sum(p.numel() * p.element_size() for p in model.parameters())
-            line += f" {'n/a' if u is None else f'{u:.1%}'} | {(weights + peaks[name]) / 2**30:.2f} |"
+            line += f" {'n/a' if u is None else f'{u:.1%}'} | {(nbytes(model) + peaks[name]) / 2**30:.2f} |"
         print(line)
     if "transformers (sdpa)" in median:
         ratio = median["ours"] / median["transformers (sdpa)"]
@@ -181,11 +223,35 @@ def sample_model(args, device, dtype):
     """--ckpt's trained weights, or --preset's random ones (seed 0), for inference."""
     if args.ckpt:
         return Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
-    torch.set_default_dtype(dtype)
-    with torch.device(device):
-        model = Qwen3(Qwen3Config(**SHAPES[args.preset])).init_weights(seed=0).eval()
-    torch.set_default_dtype(torch.float32)
-    return model
+    return build_ours(args.preset, device, dtype).eval()
+
+
+def hf_generator(model, device, dtype):
+    """-> generate(prompts, n): transformers' greedy generate(do_sample=False) of n tokens on a Qwen3ForCausalLM
+    holding model's weights, the prompts left-padded as ar_generate pads them (the padding is made here, outside
+    what a timing of the returned function measures); no end-of-sequence stop, so it runs the full length."""
+    from sample import ar_generate
+    hf = build_hf(model, device, dtype).eval()
+    hf.generation_config.eos_token_id = None
+    inputs = {}
+
+    def generate(prompts, n):
+        key = tuple(map(tuple, prompts))
+        if key not in inputs:  # the left-padded prompts and their attention mask, as ar_generate lays them out
+            pad = ar_generate(model, prompts, 1)
+            inputs[key] = pad.tokens[:, :pad.start], (torch.arange(pad.start, device=device) >=
+                                                      (pad.start - pad.prompt_lens)[:, None]).long()
+        x, real = inputs[key]
+        out = hf.generate(input_ids=x, attention_mask=real, max_new_tokens=n, do_sample=False, pad_token_id=0)
+        return SimpleNamespace(generated=out[:, x.shape[1]:])
+    return generate
+
+
+def random_prompts(vocab_size):
+    """8 prompts of random ids below min(256, vocab_size), ragged (16, 9, 12, 16, 5, 16, 11, 3 tokens: left-padded
+    in a batch)."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, min(256, vocab_size), (n,), generator=g).tolist() for n in (16, 9, 12, 16, 5, 16, 11, 3)]
 
 
 def bench_sample(args, device, dtype):
@@ -198,9 +264,7 @@ def bench_sample(args, device, dtype):
         tok = training.load_tokenizer(args.ckpt, c)
         prompts = data.code_prompts(data.load_split(args.data, "val"), tok, 8, 16)
     else:
-        g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(0, min(256, c.vocab_size), (n,), generator=g).tolist()
-                   for n in (16, 9, 12, 16, 5, 16, 11, 3)]  # ragged: left-padded in a batch
+        prompts = random_prompts(c.vocab_size)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def race(runs, warmup=1):
@@ -227,29 +291,17 @@ def bench_sample(args, device, dtype):
     print("|---|---|---|---|---|---|")
     for n in (args.seq_len // 4, args.seq_len // 2, args.seq_len):
         r = race({c_: (lambda c_=c_: ar_generate(model, prompts[:1], n, use_cache=c_)) for c_ in (True, False)})
-        (tc, gc), (tr, gr) = r[True], r[False]
-        print(f"| {n} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {gc.tokens_per_forward.mean():.2f} | "
-              f"{'yes' if torch.equal(gc.tokens, gr.tokens) else 'NO'} |")
+        (tc, cached), (tr, recomputed) = r[True], r[False]
+        print(f"| {n} | {n / tc:,.0f} | {n / tr:,.0f} | {tr / tc:.2f}x | {cached.tokens_per_forward.mean():.2f} | "
+              f"{'yes' if torch.equal(cached.tokens, recomputed.tokens) else 'NO'} |")
 
     n = args.seq_len // 2
     runs = {"ours": lambda B: ar_generate(model, prompts[:B], n)}
     if args.compile:
         runs["ours compiled"] = lambda B: ar_generate(model, prompts[:B], n, compile=True)
     if not args.no_hf:
-        import transformers
-        with tempfile.TemporaryDirectory() as tmp:
-            model.save_pretrained(tmp)
-            hf = transformers.Qwen3ForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=dtype).to(device)
-        hf.eval()
-        hf.generation_config.eos_token_id = None  # both run the full length
-
-        def hf_generate(B):
-            pad = ar_generate(model, prompts[:B], 1)  # for the left-padded prompts and their attention mask
-            x = pad.tokens[:, :pad.start]
-            real = (torch.arange(pad.start, device=device) >= (pad.start - pad.prompt_lens)[:, None]).long()
-            out = hf.generate(input_ids=x, attention_mask=real, max_new_tokens=n, do_sample=False, pad_token_id=0)
-            return SimpleNamespace(generated=out[:, x.shape[1]:])
-        runs["transformers"] = hf_generate
+        hf_generate = hf_generator(model, device, dtype)
+        runs["transformers"] = lambda B: hf_generate(prompts[:B], n)
     print(f"\nAR greedy, {n} new tokens: ours (static cache), eager{' and compiled' * args.compile}, "
           f"{'vs transformers generate(do_sample=False) on the same weights' * (not args.no_hf)}; batch > 1: "
           "ragged prompts, left-padded; a compiled run's first (warmup) call compiles\n")
@@ -333,44 +385,48 @@ def bench_sample(args, device, dtype):
 
 # ---- --what align --------------------------------------------------------------------------------
 
-def bench_align(args, device, dtype):
-    """One REPR-ALIGN training step (corrupt, student forward on xt, teacher forward on x0, backward, AdamW)
-    for lambda = 0, lambda = 10, and lambda = 10 with embed+mlp frozen (shared with the teacher), interleaved."""
+def align_step(preset, device, dtype, B, T, lam, freeze=()):
+    """-> (step, training FLOPs per token): step() runs one REPR-ALIGN training step (corrupt, student forward on
+    xt, teacher forward on x0, backward, AdamW) on random x0 (B, T), for a student of the preset's shape (random
+    weights) and, for lam > 0, its frozen teacher (an equal copy, as after convert.py; frozen groups shared)."""
     import align
     from training import configure_optimizer
+    student = build_ours(preset, device, dtype)  # same seed: student and teacher start equal, as after convert.py
+    c = student.config
+    c.attn, c.mask_token_id, c.shift = "bidirectional", c.vocab_size - 1, True  # the last row: never a token
+    student.freeze(list(freeze))
+    teacher = None
+    if lam:
+        teacher = align.share_frozen(student, build_ours(preset, device, dtype).requires_grad_(False).eval())
+    opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
+    layers = list(range(c.num_hidden_layers + 1))
+    g = torch.Generator(device).manual_seed(0)
+
+    def step():
+        x0 = torch.randint(0, c.vocab_size - 1, (B, T), device=device, generator=g)
+        loss, _ = align.loss_step(student, teacher, x0, g, layers=layers, lambda_align=lam)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step, align.flops_per_token(student, teacher, T)
+
+
+def bench_align(args, device, dtype):
+    """One REPR-ALIGN training step for lambda = 0, lambda = 10, and lambda = 10 with embed+mlp frozen (shared with
+    the teacher), interleaved."""
     B, T = args.batch_size, args.seq_len
     variants = {"λ=0 (AR fine-tuning)": (0.0, []), "λ=10": (10.0, []),
                 "λ=10, freeze embed,mlp": (10.0, ["embed", "mlp"])}
-    steps = {}
-    for name, (lam, freeze) in variants.items():
-        student = build_ours(args, device, dtype)  # same seed: student and teacher start equal, as after convert.py
-        c = student.config
-        c.attn, c.mask_token_id, c.shift = "bidirectional", c.vocab_size - 1, True  # the last row: never a token
-        student.freeze(freeze)
-        teacher = None
-        if lam:
-            teacher = align.share_frozen(student, build_ours(args, device, dtype).requires_grad_(False).eval())
-        opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
-        layers = list(range(c.num_hidden_layers + 1))
-        g = torch.Generator(device).manual_seed(0)
-
-        def step(student=student, teacher=teacher, opt=opt, lam=lam, layers=layers, g=g):
-            x0 = torch.randint(0, c.vocab_size - 1, (B, T), device=device, generator=g)
-            loss, _ = align.loss_step(student, teacher, x0, g, layers=layers, lambda_align=lam)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        steps[name] = (step, align.flops_per_token(student, teacher, T), student)
+    steps = {k: align_step(args.preset, device, dtype, B, T, lam, freeze) for k, (lam, freeze) in variants.items()}
     cuda = device.type == "cuda"
     times, peaks = {k: [] for k in steps}, {k: 0 for k in steps}
     for i in range(args.warmup + args.iters):  # interleaved
-        for name, (step, _, _) in steps.items():
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            t = timeit(step, warmup=0, iters=1)
+        for name, (step, _) in steps.items():
+            resident = torch.cuda.memory_allocated(device) if cuda else 0
+            t, peak = measure(step, device)
             if i >= args.warmup:
                 times[name].append(t)
-                peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated(device) if cuda else 0)
+                peaks[name] = max(peaks[name], resident + (peak or 0))
     print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}")
     print(f"preset {args.preset}, batch {B} x seq_len {T}, one align.py training step, median of {args.iters} "
           f"after {args.warmup} warmup, interleaved (all variants' models stay resident on the device)\n")
@@ -378,7 +434,7 @@ def bench_align(args, device, dtype):
     print(head + "\n" + "|---" * (head.count("|") - 1) + "|")
     med = {k: statistics.median(v) for k, v in times.items()}
     base = med["λ=0 (AR fine-tuning)"]
-    for name, (_, fpt, _) in steps.items():
+    for name, (_, fpt) in steps.items():
         line = f"| {name} | {med[name] * 1e3:.1f} | {B * T / med[name]:,.0f} | {med[name] / base:.2f}x |"
         if cuda:
             peak = peak_flops(device)
@@ -390,71 +446,107 @@ def bench_align(args, device, dtype):
 
 # ---- --what distill ------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def student_mask(how):
+    """Inside: distill.py's vectorised student forward (diffusion.block_hidden) attends through a dense (B, 1, T, T)
+    mask (how="dense") or a FlexAttention BlockMask ("flex") on any device; otherwise as distill.py chooses
+    (FlexAttention on CUDA, the dense mask elsewhere)."""
+    import diffusion
+    train_mask = diffusion.train_mask
+    if how in ("dense", "flex"):
+        diffusion.train_mask = lambda real, N, bs, flex=False: train_mask(real, N, bs, flex=how == "flex")
+    try:
+        yield
+    finally:
+        diffusion.train_mask = train_mask
+
+
+class DistillRun:
+    """distill.py's iteration on the preset's random weights: OPDLM's student (block 4, unshifted) and its teacher
+    (a second copy), B 16-token prompts, N-token rollouts at distill.py's threshold and temperature, no
+    end-of-sequence token (the mask id is never sampled), so every rollout runs the full N tokens. Random weights
+    commit one token per round: the rollout is the slowest case (N forwards)."""
+
+    def __init__(self, preset, device, dtype, B, N, bs=4):
+        import distill
+        from training import configure_optimizer
+        self.distill, self.N, self.bs = distill, N, bs
+        self.student = build_ours(preset, device, dtype)
+        self.teacher = build_ours(preset, device, dtype).requires_grad_(False).eval()
+        c = self.student.config
+        c.attn, c.block_size, c.mask_token_id, c.shift = "block", bs, c.vocab_size - 1, False  # OPDLM's student
+        self.eos_id, self.vocab = c.mask_token_id, c.vocab_size - 1
+        self.hp = distill.p.parse_args([])
+        self.opt = configure_optimizer(self.student, 1e-4, 0.1, device_type=device.type)
+        self.gen = torch.Generator(device).manual_seed(0)
+        self.items = [(torch.randint(0, self.vocab, (16,), generator=self.gen, device=device).tolist(), [])
+                      for _ in range(B)]
+
+    def rollout(self):
+        """-> (x, lens, P, masked): a rollout batch and its on-policy states (distill.make_batch)."""
+        self.student.eval()
+        batch = self.distill.make_batch(self.student, self.items, self.N, "on", self.gen, eos_id=self.eos_id,
+                                        vocab_limit=self.vocab, threshold=self.hp.threshold,
+                                        temperature=self.hp.temperature)[:4]
+        self.student.train()
+        return batch
+
+    def loss(self, batch, how="auto"):
+        """distill_loss on a rollout batch. how: "auto" (distill.py's vectorised forward), "dense" or "flex" (the
+        vectorised forward with that mask, student_mask), "per-block" (the one-forward-per-block reference)."""
+        with student_mask(how):
+            return self.distill.distill_loss(self.student, self.teacher, *batch, eos_id=self.eos_id,
+                                             vocab_size=self.vocab, vectorised=how != "per-block")[0]
+
+    def update(self, batch, how="auto"):
+        """The student's training step on a batch: loss (the teacher's forward included), backward, AdamW. -> loss"""
+        loss = self.loss(batch, how)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
 def bench_distill(args, device, dtype):
     """One distill.py iteration (rollout, teacher forward, student forward + backward + AdamW) with its time
     split, then the vectorised student forward against the per-block reference on one batch, interleaved."""
-    import diffusion
     import distill
-    from training import configure_optimizer
-    B, N, bs = args.batch_size, args.seq_len, 4
-    student, teacher = build_ours(args, device, dtype), build_ours(args, device, dtype).requires_grad_(False).eval()
-    c = student.config
-    c.attn, c.block_size, c.mask_token_id, c.shift = "block", bs, c.vocab_size - 1, False  # OPDLM's student
-    # no end-of-sequence token (the mask id is never sampled), so every rollout runs the full N tokens
-    tok, hp = SimpleNamespace(eos_id=c.mask_token_id, vocab_size=c.vocab_size - 1), distill.p.parse_args([])
-    opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
-    g = torch.Generator(device).manual_seed(0)
-    items = [(torch.randint(0, tok.vocab_size, (16,), generator=g, device=device).tolist(), []) for _ in range(B)]
-    got, t_teach, teacher_logits, train_mask = {}, [0.0], distill.teacher_logits, diffusion.train_mask
+    B, N = args.batch_size, args.seq_len
+    run = DistillRun(args.preset, device, dtype, B, N)
+    t_teach, teacher_logits = [0.0], distill.teacher_logits
 
     def timed_teacher(*a, out=[]):  # distill_loss calls it by its module-level name
         t_teach[0] += timeit(lambda: out.append(teacher_logits(*a)), 0, 1)
         return out.pop()
     distill.teacher_logits = timed_teacher
-
-    def rollout():
-        student.eval()
-        got["batch"] = distill.make_batch(student, items, N, "on", g, eos_id=tok.eos_id, vocab_limit=tok.vocab_size,
-                                          threshold=hp.threshold, temperature=hp.temperature)[:4]  # x, lens, P, masked
-        student.train()
-
-    def loss_of(batch, v=True):  # v: True (vectorised), False (per block), "dense" (vectorised, dense mask on CUDA)
-        diffusion.train_mask = (lambda real, N, bs, flex: train_mask(real, N, bs)) if v == "dense" else train_mask
-        return distill.distill_loss(student, teacher, *batch, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
-                                    vectorised=bool(v))[0]
-
-    def update(batch, v=True):
-        loss = loss_of(batch, v)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
     split = {"rollout": [], "teacher forward": [], "student forward + backward + AdamW": []}
+    got = {}
     for i in range(args.warmup + args.iters):
-        t_roll = timeit(rollout, 0, 1)
+        t_roll = timeit(lambda: got.update(batch=run.rollout()), 0, 1)
         t_teach[0] = 0.0
-        t_upd = timeit(lambda: update(got["batch"]), 0, 1)
+        t_upd = timeit(lambda: run.update(got["batch"]), 0, 1)
         if i >= args.warmup:
             for k, v in zip(split, (t_roll, t_teach[0], t_upd - t_teach[0])):
                 split[k].append(v)
-    rollout()
-    batch, t_vec = got["batch"], {True: [], False: []}
+    batch, t_vec = run.rollout(), {"auto": [], "per-block": []}
     if device.type == "cuda":  # the vectorised forward uses FlexAttention there; time the dense mask too
         t_vec["dense"] = []
-    loss = {v: loss_of(batch, v).item() for v in t_vec}
-    for grp in opt.param_groups:  # lr 0 (AdamW's decay is scaled by it too): both time the same weights
+    loss = {v: run.loss(batch, v).item() for v in t_vec}
+    for grp in run.opt.param_groups:  # lr 0 (AdamW's decay is scaled by it too): both time the same weights
         grp["lr"] = 0.0
     for i in range(args.warmup + args.iters):  # interleaved
         for v in t_vec:
             t_teach[0] = 0.0
-            t = timeit(lambda: update(batch, v), 0, 1)
+            t = timeit(lambda: run.update(batch, v), 0, 1)
             if i >= args.warmup:
                 t_vec[v].append(t - t_teach[0])  # the student's part: the teacher's forward is the same in both
-    distill.teacher_logits, diffusion.train_mask = teacher_logits, train_mask
+    distill.teacher_logits = teacher_logits
     med = {k: statistics.median(v) for k, v in split.items()}
     total = sum(med.values())
     print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}; preset {args.preset}, random weights")
-    print(f"one distill.py iteration: batch {B}, 16-token prompts, rollout {N} tokens (block {bs}, threshold "
-          f"{hp.threshold}, temperature {hp.temperature}), median of {args.iters} after {args.warmup} warmup\n")
+    print(f"one distill.py iteration: batch {B}, 16-token prompts, rollout {N} tokens (block {run.bs}, threshold "
+          f"{run.hp.threshold}, temperature {run.hp.temperature}), median of {args.iters} after {args.warmup} "
+          "warmup\n")
     print("| part | ms | share |\n|---|---|---|")
     for k, v in med.items():
         print(f"| {k} | {v * 1e3:.1f} | {v / total:.0%} |")
@@ -463,21 +555,285 @@ def bench_distill(args, device, dtype):
     print(f"\nstudent forward + backward + AdamW on one rollout batch ({int(batch[3].sum())} masked positions), "
           "interleaved\n")
     print("| student training | ms | loss |\n|---|---|---|")
-    print(f"| vectorised: one forward over [prompt, x0, xt] | {m[True] * 1e3:.1f} | {loss[True]:.6f} |")
-    print(f"| per-block reference: {N // bs} forwards | {m[False] * 1e3:.1f} | {loss[False]:.6f} |")
+    print(f"| vectorised: one forward over [prompt, x0, xt] | {m['auto'] * 1e3:.1f} | {loss['auto']:.6f} |")
+    print(f"| per-block reference: {N // run.bs} forwards | {m['per-block'] * 1e3:.1f} | {loss['per-block']:.6f} |")
     if "dense" in m:
         print(f"| vectorised, dense (B, 1, T, T) mask to SDPA | {m['dense'] * 1e3:.1f} | {loss['dense']:.6f} |")
     how = "the dense mask to SDPA (FlexAttention is used on CUDA only: no backward on CPU)"
     if "dense" in m:
         how = "a FlexAttention BlockMask (the dense-mask row: the same forward with SDPA)"
     print("\nvectorised: " + how)
-    print(f"vectorised: {m[False] / m[True]:.2f}x faster than per-block; |loss difference| "
-          f"{abs(loss[True] - loss[False]):.2e}")
+    print(f"vectorised: {m['per-block'] / m['auto']:.2f}x faster than per-block; |loss difference| "
+          f"{abs(loss['auto'] - loss['per-block']):.2e}")
+
+
+# ---- --what gpu_check ----------------------------------------------------------------------------
+
+# HBM bandwidth in bytes/s (the data sheets' figures) for the decoding roofline; other devices: no roofline
+HBM_BANDWIDTH = [("H200", 4.8e12), ("H100", 3.35e12), ("A100", 2.0e12)]
+# the fixed settings: Qwen3-0.6B's shape on a GPU; --tiny, the micro preset for a CPU (seconds, one step each).
+# train: (batch, seq_len) of parts 1 and 2; steps: (warmup, timed) training steps; distill: (batch, rollout tokens)
+# and (warmup, timed) iterations; decode: new tokens and (warmup, timed) generations; budget: no check starts later
+GPU_CHECK = {
+    "gpu": dict(preset="qwen3-0.6b", train=(4, 2048), steps=(2, 5), distill=(4, 128), distill_iters=(1, 1),
+                new_tokens=128, decode_iters=(1, 2), budget=360),
+    "tiny": dict(preset="micro", train=(2, 32), steps=(0, 1), distill=(2, 8), distill_iters=(0, 1),
+                 new_tokens=8, decode_iters=(0, 1), budget=None),
+}
+SKIPPED_CPU = "skipped (CPU)"
+
+
+def hbm_bandwidth(device):
+    """-> (bytes/s, the GPU's name) for a GPU in HBM_BANDWIDTH, else (None, None)."""
+    if device.type != "cuda":
+        return None, None
+    name = torch.cuda.get_device_name(device)
+    return next(((bw, key) for key, bw in HBM_BANDWIDTH if key in name), (None, None))
+
+
+class CheckTable:
+    """gpu_check's one table, printed a row at a time as each is measured, so a run cut short keeps what it
+    printed. run() measures a row, or prints it skipped: on a CPU when the check needs CUDA (FlexAttention's
+    compiled kernels, CUDA graphs), and after the time budget; a check that raises is printed as failed (its
+    traceback on stderr) and the next goes on."""
+
+    COLUMNS = ("part", "check", "tokens/s", "MFU", "peak GiB", "seconds", "result")
+
+    def __init__(self, device, budget):
+        self.device, self.budget, self.t0, self.failed = device, budget, time.perf_counter(), []
+        print("| " + " | ".join(self.COLUMNS) + " |\n" + "|---" * len(self.COLUMNS) + "|", flush=True)
+
+    def print(self, part, check, tok_s=None, mfu=None, peak=None, seconds=None, result=""):
+        cells = [str(part), check, "-" if tok_s is None else f"{tok_s:,.0f}", "-" if mfu is None else f"{mfu:.1%}",
+                 "-" if peak is None else f"{peak / 2**30:.2f}", "-" if seconds is None else f"{seconds:.1f}", result]
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+    def run(self, part, check, fn, *, cuda_only=False):
+        """fn() -> dict(tok_s=, mfu=, peak= (bytes), result=, ok=) (all optional); -> that dict, or None."""
+        if cuda_only and self.device.type != "cuda":
+            return self.print(part, check, result=SKIPPED_CPU)
+        if self.budget is not None and time.perf_counter() - self.t0 > self.budget:
+            return self.print(part, check, result=f"skipped (time budget: {self.budget} s)")
+        t0 = time.perf_counter()
+        try:
+            got = fn()
+        except Exception as e:  # a check that fails is a row of the table, not the end of the run
+            import traceback
+            traceback.print_exc()
+            self.failed.append(check)
+            release()
+            return self.print(part, check, result=f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
+        if not got.pop("ok", True):
+            self.failed.append(check)
+        self.print(part, check, **got, seconds=time.perf_counter() - t0)
+        return got
+
+
+def release():
+    """Free what the last check left: Python's cycles, dynamo's compiled graphs, CUDA's cached blocks."""
+    gc.collect()
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def check_model(table, s, device, dtype):
+    """Part 1: forward + backward of ours against transformers' Qwen3ForCausalLM (the same weights), with and
+    without gradient checkpointing, and ours compiled. MFU: training.mfu with our FLOP count for both."""
+    (B, T), (warmup, iters) = s["train"], s["steps"]
+    ours = build_ours(s["preset"], device, dtype)
+    hf = build_hf(ours, device, dtype)
+    g = torch.Generator().manual_seed(0)
+    idx, targets = (torch.randint(0, ours.config.vocab_size, (B, T), generator=g).to(device) for _ in range(2))
+    times = {}
+
+    def step(name, model, forward, vs=None):
+        def fn():
+            t, peak = measure(lambda: train_step(model, forward, targets), device, warmup, iters)
+            times[name] = t
+            result = "; ".join(f"{t / times[k]:.2f}x the step time of {k}" for k in vs or () if k in times)
+            return dict(tok_s=B * T / t, mfu=mfu(ours, B * T / t, T, device), result=result or "-",
+                        peak=None if peak is None else nbytes(model) + peak)  # the weights + what a step adds
+        return fn
+    run_ours, run_hf = (lambda: ours(idx, attn="causal")), (lambda: hf(input_ids=idx, use_cache=False).logits)
+    table.run(1, "fwd+bwd: transformers (sdpa)", step("transformers", hf, run_hf))
+    table.run(1, "fwd+bwd: ours", step("ours", ours, run_ours, ["transformers"]))
+    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ours.model.gradient_checkpointing = True
+    table.run(1, "fwd+bwd: transformers, gradient checkpointing", step("transformers checkpointed", hf, run_hf))
+    table.run(1, "fwd+bwd: ours, --grad_checkpoint",
+              step("ours checkpointed", ours, run_ours, ["transformers checkpointed", "ours"]))
+    ours.model.gradient_checkpointing = False
+    compiled = torch.compile(ours)
+    table.run(1, "fwd+bwd: ours, --compile", step("ours compiled", ours, lambda: compiled(idx, attn="causal"),
+                                                  ["ours", "transformers"]), cuda_only=True)
+
+
+def check_align(table, s, device, dtype):
+    """Part 2: one align.py training step, λ = 0 (no teacher) and λ = 10 (the frozen teacher's forward too), each
+    with only its own models on the device; peak: everything that step's run holds (models, AdamW, activations)."""
+    (B, T), (warmup, iters) = s["train"], s["steps"]
+    times = {}
+
+    def variant(lam):
+        def fn():
+            with peak_memory(device) as mem:
+                step, fpt = align_step(s["preset"], device, dtype, B, T, lam)
+                t, _ = measure(step, device, warmup, iters)
+            times[lam] = t
+            peak = peak_flops(device)
+            return dict(tok_s=B * T / t, mfu=None if peak is None else fpt * B * T / t / peak, peak=mem["peak"],
+                        result=f"{t / times[0]:.2f}x the step time of λ=0" if lam and 0 in times else "-")
+        return fn
+    table.run(2, "align.py step: λ=0 (no teacher)", variant(0.0))
+    release()
+    table.run(2, "align.py step: λ=10 (frozen teacher)", variant(10.0))
+
+
+def check_distill(table, s, device, dtype):
+    """Part 3: one distill.py iteration (rollout, then the student's update with the teacher's forward), eager and
+    compiled as distill.py --compile compiles (FlexAttention's kernels on CUDA); the vectorised student loss with a
+    FlexAttention BlockMask against the dense mask on one rollout batch (eager, without grad), and the compiled
+    training step's first loss on the same batch (before its update) against the same dense loss."""
+    (B, N), (warmup, iters) = s["distill"], s["distill_iters"]
+    run, times, check = DistillRun(s["preset"], device, dtype, B, N), {}, {}  # check: the batch, the dense loss
+
+    def iteration(name):
+        def fn():
+            with peak_memory(device) as mem:
+                for _ in range(warmup):
+                    run.update(run.rollout())
+                rolls, updates = [], []
+                for _ in range(iters):
+                    got = {}
+                    rolls.append(timeit(lambda: got.update(batch=run.rollout()), 0, 1))
+                    updates.append(timeit(lambda: run.update(got["batch"]), 0, 1))
+            t_roll, t_upd = statistics.median(rolls), statistics.median(updates)
+            times[name] = t = t_roll + t_upd
+            result = f"rollout {t_roll / t:.0%} of the iteration"
+            if name != "eager" and "eager" in times:
+                result += f"; {t / times['eager']:.2f}x the eager iteration's time"
+            return dict(tok_s=B * N / t, peak=mem["peak"], result=result)
+        return fn
+    table.run(3, "distill.py iteration: eager", iteration("eager"))
+    tol = 1e-4 if dtype == torch.float32 else 2e-2  # relative; bf16 keeps 8 bits of mantissa
+
+    def compare(flex):
+        diff = abs(flex - check["dense"]) / abs(check["dense"])
+        return diff <= tol, f"dense mask {check['dense']:.6f}: relative difference {diff:.1e} " \
+                            f"({'equal' if diff <= tol else 'NOT EQUAL'} within {tol:g})"
+
+    def same_loss():  # eager, no grad: FlexAttention's forward runs (unfused) on a CPU too
+        check["batch"] = run.rollout()
+        with torch.no_grad():
+            flex, check["dense"] = (run.loss(check["batch"], how).item() for how in ("flex", "dense"))
+        ok, result = compare(flex)
+        return dict(ok=ok, result=f"FlexAttention {flex:.6f}; {result}")
+    table.run(3, "distill loss: FlexAttention = dense mask", same_loss)
+
+    def compiled():
+        run.student.model.compile(dynamic=True)  # as distill.py --compile
+        run.teacher.model.compile(dynamic=True)
+        got = {}
+        if "dense" in check:  # the compiled training step's first loss, on the check's batch, before its update
+            got["first"] = run.update(check["batch"]).item()
+        got.update(iteration("compiled")())
+        if "first" in got:
+            got["ok"], result = compare(got.pop("first"))
+            got["result"] += f"; its FlexAttention loss vs the {result}"
+        return got
+    table.run(3, "distill.py iteration: --compile (FlexAttention)", compiled, cuda_only=True)
+
+
+def check_decode(table, s, device, dtype):
+    """Part 4: greedy AR decoding, batch 1 and 8 (ragged prompts, left-padded), s["new_tokens"] new tokens, no stop:
+    transformers' generate, our ar_generate eager and compiled (CUDA graphs on CUDA), and the bandwidth roofline:
+    every step reads every weight once, so at most batch x bandwidth / bytes of the weights tokens/s (the KV cache's
+    reads not counted). peak: the model's weights (the same bytes in both) + what a generation adds."""
+    from sample import ar_generate
+    model, n, (warmup, iters) = build_ours(s["preset"], device, dtype).eval(), s["new_tokens"], s["decode_iters"]
+    hf_generate, prompts = hf_generator(model, device, dtype), random_prompts(model.config.vocab_size)
+    bandwidth, gpu = hbm_bandwidth(device)
+    runs = {"transformers": hf_generate, "eager": lambda p, n: ar_generate(model, p, n),
+            "compiled": lambda p, n: ar_generate(model, p, n, compile=True)}
+    for B in (1, 8):
+        times, out = {}, {}
+
+        def gen(name):
+            def go():
+                t, peak = measure(lambda: out.update({name: runs[name](prompts[:B], n)}), device, warmup, iters)
+                times[name], result = t, "-"
+                if name != "transformers" and "transformers" in out:
+                    same = (out[name].generated == out["transformers"].generated).all(1).sum()
+                    result = f"{times['transformers'] / t:.2f}x transformers' tokens/s; same tokens: {same}/{B} rows"
+                return dict(tok_s=B * n / t, peak=None if peak is None else nbytes(model) + peak, result=result)
+            return go
+        table.run(4, f"AR decode, batch {B}: transformers generate", gen("transformers"))
+        table.run(4, f"AR decode, batch {B}: ours, eager", gen("eager"))
+        table.run(4, f"AR decode, batch {B}: ours, compiled (CUDA graphs)", gen("compiled"), cuda_only=True)
+
+        def roofline():
+            if bandwidth is None:
+                return dict(result=f"no HBM bandwidth known for {torch.cuda.get_device_name(device)}")
+            best = B * bandwidth / nbytes(model)
+            shares = ", ".join(f"{k} {B * n / t / best:.0%}" for k, t in times.items())
+            return dict(tok_s=best, result=f"{bandwidth / 1e12:.1f} TB/s assumed ({gpu}), {nbytes(model) / 1e9:.2f} "
+                                           f"GB of weights a step; reached: {shares}")
+        table.run(4, f"AR decode, batch {B}: roofline (weights / HBM bandwidth)", roofline, cuda_only=True)
+
+
+def check_block(table, s, device, dtype):
+    """Part 5: the block sampler (block_generate, block 4, threshold 0.9, KV cache), batch 1, s["new_tokens"] new
+    tokens, eager and compiled (CUDA graphs on CUDA). Random weights commit one token per round (the slowest case)."""
+    from sample import block_generate
+    model, n, (warmup, iters) = build_ours(s["preset"], device, dtype).eval(), s["new_tokens"], s["decode_iters"]
+    c = model.config
+    c.attn, c.block_size, c.mask_token_id, c.shift = "block", 4, c.vocab_size - 1, False
+    prompts, times, out = random_prompts(c.vocab_size)[:1], {}, {}
+
+    def gen(name, compile):
+        def go():
+            def fn():
+                out[name] = block_generate(model, prompts, n, threshold=0.9, compile=compile)
+            t, peak = measure(fn, device, warmup, iters)
+            times[name] = t
+            result = f"{out[name].tokens_per_forward.mean():.2f} tokens per forward"
+            if compile and "eager" in out:
+                same = "yes" if torch.equal(out[name].tokens, out["eager"].tokens) else "NO"
+                result += f"; {times['eager'] / t:.2f}x eager's tokens/s; same tokens as eager: {same}"
+            return dict(tok_s=n / t, peak=None if peak is None else nbytes(model) + peak, result=result)
+        return go
+    table.run(5, "block sampler, batch 1: eager", gen("eager", False))
+    table.run(5, "block sampler, batch 1: compiled (CUDA graphs)", gen("compiled", True), cuda_only=True)
+
+
+def gpu_check(device, dtype, tiny):
+    """What only a GPU can measure, in one table (docs/scale.md, "One GPU check"); exits 1 if a check failed."""
+    s = GPU_CHECK["tiny" if tiny else "gpu"]
+    (B, T), (w, i), (Bd, N), (dw, di) = s["train"], s["steps"], s["distill"], s["decode_iters"]
+    bandwidth, gpu = hbm_bandwidth(device)
+    flops = peak_flops(device)
+    print(f"{machine(device)}; {str(dtype).removeprefix('torch.')} weights (no autocast); preset {s['preset']} "
+          f"({meta_model(s['preset']).num_params() / 1e6:.1f}M parameters), random weights")
+    print(f"parts 1-2: batch {B} x {T} tokens, median of {i} steps after {w} warmup; MFU against "
+          + ("no known peak" if flops is None else f"{flops / 1e12:.0f} TFLOP/s (dense bf16)"))
+    print(f"part 3: batch {Bd}, 16-token prompts, {N}-token rollouts (block 4), median of {s['distill_iters'][1]} "
+          f"iterations after {s['distill_iters'][0]} warmup; parts 4-5: {s['new_tokens']} new tokens, median of {di} "
+          f"after {dw} warmup")
+    print("roofline: " + (f"{bandwidth / 1e12:.1f} TB/s ({gpu})" if bandwidth else "none (no known HBM bandwidth)")
+          + "; seconds: the row's wall time, warmup and compilation included\n", flush=True)
+    table = CheckTable(device, s["budget"])
+    for part in (check_model, check_align, check_distill, check_decode, check_block):
+        part(table, s, device, dtype)
+        release()
+    print(f"\n{time.perf_counter() - table.t0:.0f} s in all")
+    if table.failed:
+        raise SystemExit(f"gpu check: {len(table.failed)} check(s) failed: {', '.join(table.failed)}")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--what", default="model", choices=["model", "sample", "align", "distill"],
+    p.add_argument("--what", default="model", choices=["model", "sample", "align", "distill", "gpu_check"],
                    help="which benchmark to run")
     p.add_argument("--preset", default="tiny", choices=sorted(SHAPES),
                    help="mid: hidden 512, 8 layers, tiny's vocabulary")
@@ -495,6 +851,8 @@ def main():
     p.add_argument("--no_hf", action="store_true", help="skip transformers (two copies of a big model may not fit)")
     p.add_argument("--grad_checkpoint", action="store_true", help="gradient checkpointing in both models")
     p.add_argument("--ckpt", default=None, help="sample: trained weights from this checkpoint instead of --preset")
+    p.add_argument("--tiny", action="store_true", help="gpu_check: the micro preset, tiny lengths, one step of "
+                   "each (a CPU run of the same code in seconds); gpu_check takes no other shape flags")
     p.add_argument("--data", default=None, help="sample, with --ckpt: prompts from this prepared dataset's "
                    "validation split (the start of its documents' first functions) instead of random ids")
     args = p.parse_args()
@@ -512,6 +870,8 @@ def main():
     elif args.what == "distill":
         args.iters = args.iters or 3
         bench_distill(args, device, dtype)
+    elif args.what == "gpu_check":
+        gpu_check(device, dtype, args.tiny)
     else:
         bench_sample(args, device, dtype)
 

@@ -1,5 +1,10 @@
-"""bench.py runs end to end on a tiny shape and prints its tables (speed itself is never asserted)."""
-from conftest import run_script
+"""bench.py runs end to end on a tiny shape and prints its tables (speed itself is never asserted); gpu_check.sh
+runs on a CPU with --tiny and prints its one table, every row there."""
+import math
+import os
+import subprocess
+
+from conftest import ROOT, run_script
 
 
 def run(*args):
@@ -50,3 +55,46 @@ def test_distill_tables():
         assert row in r.stdout
     diff = float(r.stdout.split("|loss difference| ")[1].split()[0])
     assert diff < 1e-4  # the two student forwards agree (distill's tests check this exactly)
+
+
+GPU_CHECK_ROWS = [  # (part, check, runs on a CPU)
+    ("1", "fwd+bwd: transformers (sdpa)", True), ("1", "fwd+bwd: ours", True),
+    ("1", "fwd+bwd: transformers, gradient checkpointing", True), ("1", "fwd+bwd: ours, --grad_checkpoint", True),
+    ("1", "fwd+bwd: ours, --compile", False),
+    ("2", "align.py step: λ=0 (no teacher)", True), ("2", "align.py step: λ=10 (frozen teacher)", True),
+    ("3", "distill.py iteration: eager", True), ("3", "distill loss: FlexAttention = dense mask", True),
+    ("3", "distill.py iteration: --compile (FlexAttention)", False),
+    *[row for B in (1, 8) for row in (
+        ("4", f"AR decode, batch {B}: transformers generate", True), ("4", f"AR decode, batch {B}: ours, eager", True),
+        ("4", f"AR decode, batch {B}: ours, compiled (CUDA graphs)", False),
+        ("4", f"AR decode, batch {B}: roofline (weights / HBM bandwidth)", False))],
+    ("5", "block sampler, batch 1: eager", True), ("5", "block sampler, batch 1: compiled (CUDA graphs)", False),
+]
+
+
+def test_gpu_check_runs_on_a_cpu():
+    """The one command, as a GPU runs it but with --device cpu --tiny: exit 0, one table with every row in order;
+    the rows that ran have finite positive tokens/s and seconds, the CUDA-only ones say "skipped (CPU)" and hold no
+    number; FlexAttention's loss equals the dense mask's, and our greedy tokens equal transformers'."""
+    r = subprocess.run(["bash", str(ROOT / "gpu_check.sh"), "--device", "cpu", "--tiny"], capture_output=True,
+                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [x for x in r.stdout.splitlines() if x.startswith("|")]
+    assert lines[0] == "| part | check | tokens/s | MFU | peak GiB | seconds | result |" and set(lines[1]) == set("|-")
+    rows = [[c.strip() for c in x.strip("|").split(" | ")] for x in lines[2:]]
+    assert [(part, check) for part, check, *_ in rows] == [(part, check) for part, check, _ in GPU_CHECK_ROWS]
+    for (part, check, tok_s, mfu, peak, seconds, result), (_, _, on_cpu) in zip(rows, GPU_CHECK_ROWS):
+        assert (mfu, peak) == ("-", "-"), check  # no GPU peak, no CUDA memory on a CPU
+        if not on_cpu:
+            assert (tok_s, seconds, result) == ("-", "-", "skipped (CPU)"), check
+            continue
+        assert math.isfinite(float(seconds)) and float(seconds) >= 0, check
+        if check.startswith("distill loss"):
+            assert tok_s == "-" and "(equal within" in result, result
+        else:
+            assert math.isfinite(float(tok_s.replace(",", ""))) and float(tok_s.replace(",", "")) > 0, check
+    results = {check: result for _, check, *_, result in rows}
+    assert "same tokens: 1/1 rows" in results["AR decode, batch 1: ours, eager"]
+    assert "same tokens: 8/8 rows" in results["AR decode, batch 8: ours, eager"]
+    assert "the step time of transformers" in results["fwd+bwd: ours"]
+    assert "s in all" in r.stdout
