@@ -3,6 +3,7 @@ runs on a CPU with --tiny and prints its one table, every row there."""
 import math
 import os
 import subprocess
+import sys
 
 from conftest import ROOT, run_script
 
@@ -77,7 +78,7 @@ def test_gpu_check_runs_on_a_cpu():
     the rows that ran have finite positive tokens/s and seconds, the CUDA-only ones say "skipped (CPU)" and hold no
     number; FlexAttention's loss equals the dense mask's, and our greedy tokens equal transformers'."""
     r = subprocess.run(["bash", str(ROOT / "gpu_check.sh"), "--device", "cpu", "--tiny"], capture_output=True,
-                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [x for x in r.stdout.splitlines() if x.startswith("|")]
     assert lines[0] == "| part | check | tokens/s | MFU | peak GiB | seconds | result |" and set(lines[1]) == set("|-")
