@@ -24,7 +24,8 @@ What is notable here:
 - Frozen tensors (--freeze) are shared: the teacher's frozen parameters are the student's own tensor
   objects, checked equal once at start, so the teacher costs only its unfrozen part. The published recipe
   freezes embed,lm_head; with tied embeddings (Qwen3 up to 4B, the tiny teacher) these are ONE matrix, so
-  freezing either freezes both, and the mask token's embedding row stays as convert.py left it.
+  freezing either freezes both, and the mask token's embedding row stays as convert.py left it. Under --fsdp
+  the student is sharded and the teacher whole: it keeps its own copy of the frozen tensors.
 - Evaluation (every --eval_interval steps; checkpoints every --ckpt_interval, separately) scores every run on
   the same batches with the same masks (the seed is fixed, not --seed): masked-token accuracy and CE at mask
   ratios 0.15/0.5/0.9, the negative ELBO, and per hidden state the cosine between student and teacher at the

@@ -29,6 +29,9 @@ What is notable here:
   full-vocabulary log-softmaxes read at the teacher's top-k ids, NOT renormalised (as the published code).
 - The shift convention (config.shift): unshifted, position i is read at the noisy slot i; shifted, at i-1,
   which for the first position of a block is the clean copy's last slot of the previous block.
+- Each micro-batch's prompts and rollout seed are drawn from the run's generator, and its rollout and states
+  from a generator of that seed: under torchrun every rank draws them all and rolls out its own micro-batches,
+  which are the ones one process would roll out.
 - lm_head runs only on the rows that carry the loss; divergences are taken over the tokenizer's ids only
   (the ids the sampler can emit). --seq_len is the prompt length in tokens; --eval_interval the
   checkpoint (and fixed-prompt evaluation) interval. The evaluation (evaluate), at the final length
