@@ -24,7 +24,8 @@ What is notable here:
 - Frozen tensors (--freeze) are shared: the teacher's frozen parameters are the student's own tensor
   objects, checked equal once at start, so the teacher costs only its unfrozen part. The published recipe
   freezes embed,lm_head; with tied embeddings (Qwen3 up to 4B, the tiny teacher) these are ONE matrix, so
-  freezing either freezes both, and the mask token's embedding row stays as convert.py left it.
+  freezing either freezes both, and the mask token's embedding row stays as convert.py left it. Under --fsdp
+  the student is sharded and the teacher whole: it keeps its own copy of the frozen tensors.
 - Evaluation (every --eval_interval steps; checkpoints every --ckpt_interval, separately) scores every run on
   the same batches with the same masks (the seed is fixed, not --seed): masked-token accuracy and CE at mask
   ratios 0.15/0.5/0.9, the negative ELBO, and per hidden state the cosine between student and teacher at the
@@ -32,7 +33,6 @@ What is notable here:
 """
 import argparse
 import contextlib
-import json
 import time
 from pathlib import Path
 
@@ -269,9 +269,11 @@ if __name__ == "__main__":
     val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len, args.eval_batches, device)
     teacher_path, teacher, cosines = args.teacher or student.config.converted_from, None, None
     if args.lambda_align > 0:
-        teacher = share_frozen(student, load_teacher(teacher_path, student, device))
+        teacher = load_teacher(teacher_path, student, device)
+        if not args.fsdp:  # a sharded student's tensors are not whole: the teacher keeps its own copy
+            teacher = share_frozen(student, teacher)
         cosines = CosineEval(teacher, student.config, val_batches, ctx)
-        shared = n_frozen if teacher.lm_head.weight.dtype == student.lm_head.weight.dtype else 0
+        shared = n_frozen if teacher.lm_head.weight.dtype == student.lm_head.weight.dtype and not args.fsdp else 0
         print(f"teacher: {teacher_path} (causal, frozen, {str(teacher.lm_head.weight.dtype).removeprefix('torch.')}); "
               f"it shares the student's {shared / 1e6:.2f}M frozen parameters and holds "
               f"{(teacher.num_params() - shared) / 1e6:.2f}M of its own")
@@ -283,6 +285,7 @@ if __name__ == "__main__":
         print(f"λ = 0: AR fine-tuning baseline, no teacher (none found at {teacher_path}: no val_cos)")
     layers = parse_layers(args.align_layers, student.config.num_hidden_layers + 1)
     student.model.gradient_checkpointing = args.grad_checkpoint
+    student = training.shard(student)  # --fsdp (the teacher stays whole on every rank)
     opt = training.optimizer(student, args, device, state)
     if args.compile:  # in place: parameter names, and so checkpoints, are unchanged
         student.model.compile()
@@ -296,34 +299,40 @@ if __name__ == "__main__":
     # ---- training --------------------------------------------------------------------------------
     tokens_per_step = args.batch_size * args.seq_len * args.grad_accum
     fpt, peak = flops_per_token(student, teacher, args.seq_len), training.peak_flops(device)
-    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="align")
+    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="align",
+               disable=not training.is_main())
     t, step_times, last_eval, t_start = time.time(), [], {}, time.time()
     for step in bar:
         lr = training.set_lr(opt, step, args)
-        stats = {}
-        for _ in range(args.grad_accum):
+        stats = dict(loss=0.0)
+        for k in range(args.grad_accum):
             x0 = data.get_batch(train_data, args.batch_size, args.seq_len, device, gen)
+            if not training.mine(k):  # another rank's micro-batch: its mask drawn too, so the generators stay in step
+                diffusion.corrupt(x0, student.config.mask_token_id, student.config.shift, gen, args.eps)
+                continue
             with ctx:
-                loss, s = loss_step(student, teacher, x0, gen, layers=layers, lambda_align=args.lambda_align,
-                                    eps=args.eps, metric=args.align_metric, norm=args.loss_norm,
-                                    positions=args.align_positions, extra_ce=args.extra_ce)
+                loss, s = training.run(loss_step, student, teacher, x0, gen, layers=layers,
+                                       lambda_align=args.lambda_align, eps=args.eps, metric=args.align_metric,
+                                       norm=args.loss_norm, positions=args.align_positions, extra_ce=args.extra_ce)
             (loss / args.grad_accum).backward()
-            for k, v in s.items():
-                stats[k] = stats.get(k, 0) + v.detach() / args.grad_accum
+            for name, v in dict(s, loss=loss).items():
+                stats[name] = stats.get(name, 0) + v.detach() / args.grad_accum
+        stats = training.all_sum(stats)  # the step's means over all its micro-batches
+        loss = stats.pop("loss")
         training.check_finite(loss, step, out_dir)
-        norm = torch.nn.utils.clip_grad_norm_(student.parameters(), args.grad_clip)
+        norm = training.clip_grads(student, args.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
         dt, t = time.time() - t, time.time()
         step_times.append(dt)
         rec = dict(step=step, loss=loss.item(), **{k: v.tolist() for k, v in stats.items()}, lr=lr,
-                   grad_norm=norm.item(), tokens_per_s=tokens_per_step / dt)
+                   grad_norm=norm, tokens_per_s=tokens_per_step / dt)
         if peak:
-            rec["mfu"] = fpt * rec["tokens_per_s"] / peak
+            rec["mfu"] = fpt * rec["tokens_per_s"] / (peak * training.DIST["world_size"])
         last = step == args.max_iters - 1
         if step % args.eval_interval == 0 or last:
-            last_eval = dict(step=step, **evaluate(student, val_batches, ctx, cosines))
+            last_eval = dict(step=step, **training.run(evaluate, student, val_batches, ctx, cosines))
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
         if step % args.ckpt_interval == 0 or last:
             training.save_checkpoint(out_dir, student, tok, opt, step, gen, extra=vars(args))
@@ -333,7 +342,8 @@ if __name__ == "__main__":
                         val_acc=f"{last_eval.get('val_acc@0.5', float('nan')):.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
 
     # ---- results and samples ---------------------------------------------------------------------
-    final = last_eval if last_eval.get("step") == args.max_iters - 1 else evaluate(student, val_batches, ctx, cosines)
+    final = last_eval if last_eval.get("step") == args.max_iters - 1 else training.run(evaluate, student, val_batches,
+                                                                                       ctx, cosines)
     final = {k: v for k, v in final.items() if k != "step"}
     print("\nfinal eval: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k != "val_cos"))
     if "val_cos" in final:
@@ -343,6 +353,6 @@ if __name__ == "__main__":
                    step_seconds_median=float(np.median(step_times)) if step_times else None,
                    train_seconds_this_run=time.time() - t_start, params=student.num_params(),
                    trainable_params=student.num_params() - n_frozen, tokens_seen=args.max_iters * tokens_per_step)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # also: "this run finished"
+    training.write_results(out_dir, results)
     if args.samples > 0:
-        print_samples(student, tok, val_data, args, device)
+        training.run(print_samples, student, tok, val_data, args, device)

@@ -29,6 +29,9 @@ What is notable here:
   full-vocabulary log-softmaxes read at the teacher's top-k ids, NOT renormalised (as the published code).
 - The shift convention (config.shift): unshifted, position i is read at the noisy slot i; shifted, at i-1,
   which for the first position of a block is the clean copy's last slot of the previous block.
+- Each micro-batch's prompts and rollout seed are drawn from the run's generator, and its rollout and states
+  from a generator of that seed: under torchrun every rank draws them all and rolls out its own micro-batches,
+  which are the ones one process would roll out.
 - lm_head runs only on the rows that carry the loss; divergences are taken over the tokenizer's ids only
   (the ids the sampler can emit). --seq_len is the prompt length in tokens; --eval_interval the
   checkpoint (and fixed-prompt evaluation) interval. The evaluation (evaluate), at the final length
@@ -39,7 +42,6 @@ What is notable here:
 """
 import argparse
 import contextlib
-import json
 import math
 import time
 from pathlib import Path
@@ -286,6 +288,7 @@ if __name__ == "__main__":
     if not pool:
         raise SystemExit("distill: no prompts (the documents are shorter than --seq_len?)")
     student.model.gradient_checkpointing = args.grad_checkpoint
+    student = training.shard(student)  # --fsdp (the teacher stays whole on every rank)
     opt = training.optimizer(student, args, device, state)
     if args.compile:
         # Dynamic shapes: the curriculum changes the length every step (a rollout that ends early at eos keeps its
@@ -302,42 +305,49 @@ if __name__ == "__main__":
                    reduction=args.kl_reduction, train_eos=args.train_eos)
 
     def run_eval():  # at the final length --rollout_max: the states the trained student is sampled in
-        return evaluate(student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,
-                        vocab_size=tok.vocab_size, ctx=ctx, **sampling)
+        return training.run(evaluate, student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,
+                            vocab_size=tok.vocab_size, ctx=ctx, **sampling)
     log = training.Log(out_dir, args.resume)
     print(f"student: {student.num_params() / 1e6:.2f}M parameters, block {c.block_size}, shift={c.shift}; teacher "
           f"{teacher_dir} ({str(teacher.lm_head.weight.dtype).removeprefix('torch.')}); {len(pool)} prompts; "
           f"policy {args.policy}, {args.divergence}, {args.kl_reduction}; device {device}")
 
-    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="distill")
+    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="distill",
+               disable=not training.is_main())
     last_eval, t_start = {}, time.time()
     for step in bar:
         t0 = time.time()
         lr = training.set_lr(opt, step, args)
         L = curriculum(step, args.rollout_min, args.rollout_max, args.curriculum_steps, c.block_size)
-        stats, t_roll, n_tok = {}, 0.0, 0
-        for _ in range(args.grad_accum):
+        stats, t_roll, n_tok = dict(loss=0.0), 0.0, 0
+        for k in range(args.grad_accum):
             pick = torch.randint(len(pool), (args.batch_size,), generator=gen, device=gen.device).tolist()
+            seed = torch.randint(2 ** 62, (1,), generator=gen, device=gen.device).item()
+            if not training.mine(k):  # another rank's micro-batch: its prompts and seed drawn all the same
+                continue
+            g = torch.Generator(device).manual_seed(seed)  # this micro-batch's rollout and states, on any rank
             t1 = time.time()
             student.eval()
             with ctx:
-                x, lens, P, masked, st = make_batch(student, [pool[k] for k in pick], L, args.policy, gen,
-                                                    vocab_limit=tok.vocab_size, **sampling)
+                x, lens, P, masked, st = training.run(make_batch, student, [pool[j] for j in pick], L, args.policy, g,
+                                                      vocab_limit=tok.vocab_size, **sampling)
             student.train()
             t_roll += time.time() - t1
             with ctx:
-                loss, s = distill_loss(student, teacher, x, lens, P, masked, **loss_kw)
+                loss, s = training.run(distill_loss, student, teacher, x, lens, P, masked, **loss_kw)
             (loss / args.grad_accum).backward()
             n_tok += x.shape[0] * (x.shape[1] - P)
-            for k, v in {**s, **st}.items():
-                stats[k] = stats.get(k, 0) + float(v) / args.grad_accum
-        training.check_finite(loss, step, out_dir)
-        norm = torch.nn.utils.clip_grad_norm_(student.parameters(), args.grad_clip)
+            for name, v in {**s, **st, "loss": loss.detach()}.items():
+                stats[name] = stats.get(name, 0) + float(v) / args.grad_accum
+        stats, n_tok = training.all_sum(stats), training.all_sum(n_tok)  # the step's means, its tokens
+        loss = stats.pop("loss")
+        training.check_finite(torch.tensor(loss), step, out_dir)
+        norm = training.clip_grads(student, args.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         dt = time.time() - t0
-        rec = dict(step=step, loss=loss.item(), **stats, max_len=L, lr=lr, grad_norm=norm.item(),
-                   tokens_per_s=n_tok / dt, rollout_share=t_roll / dt)
+        rec = dict(step=step, loss=loss, **stats, max_len=L, lr=lr, grad_norm=norm, tokens_per_s=n_tok / dt,
+                   rollout_share=t_roll / dt)
         if step % args.eval_interval == 0 or step == args.max_iters - 1:
             last_eval = dict(step=step, **run_eval())
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
@@ -350,7 +360,6 @@ if __name__ == "__main__":
     final = last_eval if last_eval.get("step") == args.max_iters - 1 else run_eval()
     final = {k: v for k, v in final.items() if k != "step"}
     print("\nfinal eval: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-    (out_dir / "results.json").write_text(json.dumps(dict(**final, eval_len=args.rollout_max, steps=args.max_iters,
-                                                          policy=args.policy, divergence=args.divergence,
-                                                          kl_reduction=args.kl_reduction,
-                                                          seconds=time.time() - t_start), indent=2) + "\n")
+    training.write_results(out_dir, dict(**final, eval_len=args.rollout_max, steps=args.max_iters, policy=args.policy,
+                                         divergence=args.divergence, kl_reduction=args.kl_reduction,
+                                         seconds=time.time() - t_start))

@@ -309,6 +309,8 @@ def evaluate(model, items, ref_lp, args, ctx, device):
 def cmd_dpo(args):
     if args.beta <= 0 or args.lora_rank < 0:
         p.error("need --beta > 0 and --lora_rank >= 0")
+    if args.fsdp and args.lora_rank:
+        p.error("--fsdp shards full fine-tuning only; LoRA's adapters are small: drop --fsdp (DDP) or --lora_rank")
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     gen = torch.Generator().manual_seed(args.seed)  # draws the batches
@@ -326,8 +328,9 @@ def cmd_dpo(args):
         ref = load_ar(training.frozen_dtype(device)).requires_grad_(False).eval()  # π_ref: the initial AR, frozen
     tok = training.load_tokenizer(args.ar, ref.config)
     train, heldout = read_pairs(args.pairs, tok, args.seq_len), read_pairs(args.heldout, tok, args.seq_len)
-    opt = training.optimizer(policy, args, device, state)
     policy.model.gradient_checkpointing = args.grad_checkpoint
+    policy = training.shard(policy)  # --fsdp (the reference stays whole on every rank)
+    opt = training.optimizer(policy, args, device, state)
     if args.compile:
         policy.model.compile(dynamic=True)  # pairs differ in length from batch to batch
     with adapters_off(ref):
@@ -339,36 +342,38 @@ def cmd_dpo(args):
           f"({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}); reference "
           f"{str(ref.lm_head.weight.dtype).removeprefix('torch.')}; device {device}")
 
-    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="dpo")
+    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="dpo",
+               disable=not training.is_main())
     last_eval, t_start = {}, time.time()
     for step in bar:
         t0 = time.time()
         lr = training.set_lr(opt, step, args)
-        losses, rw, rl, n_tok = [], [], [], 0
-        for _ in range(args.grad_accum):
+        stats, n_tok = {}, 0
+        for k in range(args.grad_accum):
             pick = torch.randint(len(train), (args.batch_size,), generator=gen).tolist()
-            ids, _, resp, _ = pair_batch([train[k] for k in pick], device)
+            if not training.mine(k):  # another rank's micro-batch (drawn all the same: one global batch)
+                continue
+            ids, _, resp, _ = pair_batch([train[j] for j in pick], device)
             with torch.no_grad(), ctx, adapters_off(ref):
                 ref_w, ref_l = response_logps(ref, ids, resp).chunk(2)  # log π_ref(y|x), no gradient
             with ctx:
-                pi_w, pi_l = response_logps(policy, ids, resp).chunk(2)  # log π(y|x)
+                pi_w, pi_l = training.run(response_logps, policy, ids, resp).chunk(2)  # log π(y|x)
             loss, r_w, r_l = dpo_loss(pi_w, pi_l, ref_w, ref_l, args.beta)
             (loss / args.grad_accum).backward()
-            losses.append(loss.detach())
-            rw.append(r_w)
-            rl.append(r_l)
+            for name, v in dict(loss=loss.detach(), reward_acc=(r_w > r_l).float().mean(), margin=(r_w - r_l).mean(),
+                                reward_chosen=r_w.mean(), reward_rejected=r_l.mean()).items():
+                stats[name] = stats.get(name, 0) + v / args.grad_accum  # every micro-batch has batch_size pairs
             n_tok += ids.numel()
-        training.check_finite(loss, step, out_dir)
-        norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+        stats, n_tok = training.all_sum(stats), training.all_sum(n_tok)  # the step's means, its tokens
+        training.check_finite(stats["loss"], step, out_dir)
+        norm = training.clip_grads(policy, args.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        rw, rl, dt = torch.cat(rw), torch.cat(rl), time.time() - t0
-        rec = dict(step=step, loss=torch.stack(losses).mean().item(), reward_acc=(rw > rl).float().mean().item(),
-                   margin=(rw - rl).mean().item(), reward_chosen=rw.mean().item(), reward_rejected=rl.mean().item(),
-                   lr=lr, grad_norm=norm.item(), tokens_per_s=n_tok / dt,
-                   mfu=training.mfu(policy, n_tok / dt, ids.shape[1], device))
+        dt = time.time() - t0
+        rec = dict(step=step, **{k: v.item() for k, v in stats.items()}, lr=lr, grad_norm=norm,
+                   tokens_per_s=n_tok / dt, mfu=training.mfu(policy, n_tok / dt, ids.shape[1], device))
         if step % args.eval_interval == 0 or step == args.max_iters - 1:
-            last_eval = dict(step=step, **evaluate(policy, heldout, ref_held, args, ctx, device))
+            last_eval = dict(step=step, **training.run(evaluate, policy, heldout, ref_held, args, ctx, device))
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
             lora = {k: v for k, v in policy.state_dict().items() if "lora_" in k}
             with merged(policy):
@@ -378,12 +383,12 @@ def cmd_dpo(args):
                         val_acc=f"{last_eval.get('heldout_reward_acc', float('nan')):.2f}")
 
     if last_eval.get("step") != args.max_iters - 1:  # a resumed run that had nothing left to train
-        last_eval = evaluate(policy, heldout, ref_held, args, ctx, device)
+        last_eval = training.run(evaluate, policy, heldout, ref_held, args, ctx, device)
     final = {k: v for k, v in last_eval.items() if k != "step"}
     final["heldout_pref_acc_before"] = (ref_held[:, 0] > ref_held[:, 1]).float().mean().item()  # the AR's own
     print("\nfinal held-out: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-    (out_dir / "results.json").write_text(json.dumps(dict(**final, heldout_pairs=len(heldout), steps=args.max_iters,
-        beta=args.beta, lora_rank=args.lora_rank, train_seconds_this_run=time.time() - t_start), indent=2) + "\n")
+    training.write_results(out_dir, dict(**final, heldout_pairs=len(heldout), steps=args.max_iters, beta=args.beta,
+                                         lora_rank=args.lora_rank, train_seconds_this_run=time.time() - t_start))
 
 
 # ---- task vectors: spectrum ------------------------------------------------------------------------

@@ -424,18 +424,19 @@ class Qwen3(nn.Module):
             model.lm_head.weight = model.model.embed_tokens.weight
         return model
 
-    def save_pretrained(self, path, metadata=None, *, dtype=None):
+    def save_pretrained(self, path, metadata=None, *, dtype=None, state_dict=None):
         """Write config.json (and generation_config.json) + model.safetensors in Hugging Face's layout, each file
         atomically. `metadata` (str -> str) goes into the safetensors header (training scripts store the step there).
         dtype: the dtype the weights are stored in (default: the parameters'); config.json's torch_dtype names it.
         Each tensor is cast on its own device and moved to the CPU one at a time (no second copy of the model on a
-        GPU); a sharded checkpoint already in `path` (index and shards) is replaced."""
+        GPU); a sharded checkpoint already in `path` (index and shards) is replaced. state_dict: the tensors to write
+        in place of self.state_dict() (training.py passes a model's whole tensors gathered from FSDP's shards)."""
         from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         dtype = dtype or next(self.parameters()).dtype
         tied = self.config.tie_word_embeddings
-        state = {k: v.detach().to(dtype).cpu().contiguous() for k, v in self.state_dict().items()
+        state = {k: v.detach().to(dtype).cpu().contiguous() for k, v in (state_dict or self.state_dict()).items()
                  if not (tied and k == "lm_head.weight")}
         self.config.torch_dtype = str(dtype).removeprefix("torch.")
         meta = {"format": "pt", **(metadata or {})}

@@ -28,7 +28,6 @@ prompt asks for an answer the model cannot know. The validation loss is then the
 that knows the task), and the samples are validation prompts cut after TEXT.
 """
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -109,6 +108,7 @@ if __name__ == "__main__":
         starts = dict(train=data.document_starts(train_data, tok.eos_id, args.seq_len + 1),
                       val=data.document_starts(val_data, tok.eos_id, args.seq_len + 1))
     model.model.gradient_checkpointing = args.grad_checkpoint
+    model = training.shard(model)  # --fsdp
     opt = training.optimizer(model, args, device, state)
     fwd = torch.compile(model) if args.compile else model
     val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len + 1, args.eval_batches, device,
@@ -118,22 +118,28 @@ if __name__ == "__main__":
           f"tokens: {len(train_data):,} train / {len(val_data):,} val; device {device}")
 
     tokens_per_step = args.batch_size * args.seq_len * args.grad_accum
-    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="pretrain")
+    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="pretrain",
+               disable=not training.is_main())
     t, last_val, t_start = time.time(), float("nan"), time.time()
     for step in bar:
         lr = training.set_lr(opt, step, args)
-        for _ in range(args.grad_accum):
+        loss = 0.0
+        for k in range(args.grad_accum):
             x = data.get_batch(train_data, args.batch_size, args.seq_len + 1, device, gen, starts=starts["train"])
+            if not training.mine(k):  # another rank's micro-batch (drawn all the same: one global batch)
+                continue
             with ctx:
-                loss = ar_loss(fwd, x, **loss_kw)
-            (loss / args.grad_accum).backward()
+                loss_k = ar_loss(fwd, x, **loss_kw)
+            (loss_k / args.grad_accum).backward()
+            loss += loss_k.detach() / args.grad_accum
+        loss = training.all_sum(loss)  # the step's mean over all its micro-batches
         training.check_finite(loss, step, out_dir)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        norm = training.clip_grads(model, args.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
         dt, t = time.time() - t, time.time()
-        rec = dict(step=step, loss=loss.item(), lr=lr, grad_norm=norm.item(), tokens_per_s=tokens_per_step / dt)
+        rec = dict(step=step, loss=loss.item(), lr=lr, grad_norm=norm, tokens_per_s=tokens_per_step / dt)
         if (m := training.mfu(model, rec["tokens_per_s"], args.seq_len, device)) is not None:
             rec["mfu"] = m
         if step % args.eval_interval == 0 or step == args.max_iters - 1:
@@ -152,7 +158,7 @@ if __name__ == "__main__":
     print(f"\nvalidation loss {val:.3f} nats/token ({val / math.log(2):.3f} bits) {against}")
     results = dict(val_loss=val, unigram_entropy=h, steps=args.max_iters, params=model.num_params(),
                    train_seconds_this_run=time.time() - t_start, tokens_seen=args.max_iters * tokens_per_step)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # also: "this run finished"
+    training.write_results(out_dir, results)
     if loss_kw:  # validation documents up to their separator: the model answers them
         docs = [d.tolist() for d in data.documents(val_data, tok.eos_id)]
         prompts = [d[:d.index(loss_kw["sep_id"]) + 1] for d in docs if loss_kw["sep_id"] in d][:args.samples]

@@ -10,7 +10,13 @@ so each method's script keeps only its algorithm:
   --weights_only writes the Hugging Face directory alone (at Qwen3-0.6B 1.2 GB instead of 8.4 GB: AdamW's
   moments and the fp32 weights are 7.2 GB), for runs that will not be resumed;
 - frozen models (a teacher, DPO's reference) in --frozen_dtype: bf16 on CUDA, fp32 on CPU by default;
-- a JSONL log, a NaN/inf guard that names the step, and MFU against the GPU's bf16 peak.
+- a JSONL log, a NaN/inf guard that names the step, and MFU against the GPU's bf16 peak;
+- several processes under torchrun (setup reads RANK / WORLD_SIZE / LOCAL_RANK; one process: nothing changes).
+  The number of processes does not change the optimisation: every rank draws the same global batch (the same
+  generator, the same seed) and computes its share of the --grad_accum micro-batches (mine); the gradients are
+  summed over the ranks before clipping (clip_grads), so a step is the one-process step up to float rounding.
+  Only rank 0 prints, logs and saves; every rank evaluates (the same numbers as one process). --fsdp shards the
+  trained model with FSDP2 (shard) instead of replicating it.
 
 Bad input ends a run with one line, not a traceback, and loses nothing:
 - a model and data (or a teacher and its student) tokenized differently are refused, by the tokenizer fingerprints
@@ -22,18 +28,22 @@ The scripts need not pass anything for this: the run's settings, its last logged
 kept in RUN by parse_loop_args, resume_or_start, Log and save_checkpoint.
 """
 import argparse
+import atexit
 import contextlib
 import json
 import math
+import os
 import random
 import signal
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import data
 from model import Qwen3, atomic_write, load_config
@@ -46,6 +56,8 @@ RUN = dict(args=None, out_dir=None, step=None, checkpoint=None)
 RESUMABLE = {"max_iters", "resume", "allow_changed_settings", "device", "compile", "grad_checkpoint", "seed",
              "eval_interval", "eval_batches", "samples", "sample_len", "save_dtype", "out_dir", "init", "weights_only",
              "frozen_dtype"}
+# This process's place in a torchrun job (setup): its rank, the number of processes, whether the model is sharded.
+DIST = dict(rank=0, world_size=1, fsdp=False, device=torch.device("cpu"))
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FROZEN_DTYPES = ("auto", "float32", "bfloat16")
 
@@ -60,7 +72,8 @@ def add_loop_args(p, *, frozen=None, **defaults):
     teacher"), for its --frozen_dtype flag (frozen_dtype); None: the script has none."""
     d = dict(grad_accum=1, weight_decay=0.1, grad_clip=1.0, **defaults)
     helps = dict(max_iters="optimizer steps in all", batch_size="sequences per micro-batch",
-                 seq_len="tokens per training sequence", grad_accum="micro-batches per optimizer step",
+                 seq_len="tokens per training sequence",
+                 grad_accum="micro-batches per optimizer step, over all processes (a multiple of their number)",
                  warmup="steps of linear learning-rate warmup", eval_interval="steps between evaluations",
                  eval_batches="batches per evaluation", lr="peak learning rate (AdamW)",
                  min_lr="the cosine schedule's floor", weight_decay="AdamW weight decay (matrices only)",
@@ -71,8 +84,12 @@ def add_loop_args(p, *, frozen=None, **defaults):
         p.add_argument(f"--{name}", type=float, default=d[name], help=helps[name])
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
-    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
+    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu; under torchrun "
+                   "cuda means cuda:LOCAL_RANK")
     p.add_argument("--seed", type=int, default=1337, help="seeds the data order, masks and rollouts (CPU runs repeat)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun, shard the trained model over the processes (FSDP2: one unit per decoder "
+                        "layer, then the root) instead of replicating it; checkpoints are --weights_only")
     p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
     p.add_argument("--allow_changed_settings", action="store_true",
                    help="--resume even where settings differ from the checkpoint's (the new values are used)")
@@ -94,16 +111,27 @@ def parse_loop_args(p):
     for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "lr", "eval_interval", "eval_batches"):
         if getattr(args, name) <= 0:
             p.error(f"--{name} must be positive")
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if args.grad_accum % world_size:
+        p.error(f"--grad_accum {args.grad_accum} is not a multiple of the {world_size} processes (it counts the "
+                f"micro-batches of a step over all of them): use {-(-args.grad_accum // world_size) * world_size}")
+    if args.fsdp and not args.weights_only:
+        p.error("--fsdp writes no train_state.pt (the optimizer state is sharded): add --weights_only")
     RUN.update(args=args, out_dir=None, step=None, checkpoint=None)
     return args
 
 
 def setup(device="auto", seed=1337):
     """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there).
-    Also installs the Ctrl-C message (interrupted) in place of a KeyboardInterrupt traceback."""
+    Also installs the Ctrl-C message (interrupted) in place of a KeyboardInterrupt traceback. Under torchrun
+    (WORLD_SIZE > 1) it joins the job: nccl on CUDA (the device cuda:LOCAL_RANK), gloo on a CPU; every rank but 0
+    prints nothing; the process group is torn down at exit. One process: no process group."""
     sys.excepthook = interrupted
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size > 1 and device == "cuda":
+        device = f"cuda:{os.environ['LOCAL_RANK']}"
     try:
         device = torch.device(device)
     except RuntimeError:
@@ -114,6 +142,18 @@ def setup(device="auto", seed=1337):
         raise SystemExit("--device cuda requested but no CUDA device is available")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise SystemExit(f"--device {device}: there are only {torch.cuda.device_count()} CUDA devices")
+    if world_size > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        atexit.register(dist.destroy_process_group)
+        DIST.update(rank=dist.get_rank(), world_size=world_size)
+        if DIST["rank"] != 0:
+            sys.stdout = open(os.devnull, "w")  # rank 0 speaks for the job
+    DIST.update(device=device, fsdp=getattr(RUN["args"], "fsdp", False))
+    if DIST["fsdp"] and DIST["world_size"] == 1:
+        raise SystemExit("--fsdp shards the model over the processes of a torchrun job: run under torchrun "
+                         "--nproc_per_node=N, or drop --fsdp")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -156,6 +196,84 @@ def set_lr(opt, step, args):
     for g in opt.param_groups:
         g["lr"] = lr
     return lr
+
+
+# ---- several processes (torchrun) ----------------------------------------------------------------
+
+def is_main():
+    """Whether this is rank 0: the process that prints, logs and saves (every process, alone)."""
+    return DIST["rank"] == 0
+
+
+def mine(k):
+    """Whether micro-batch k of a step is this rank's: rank r takes k = r, r + world_size, ... (grad_accum /
+    world_size of them). Every rank draws every micro-batch all the same, so all generators stay in step."""
+    return k % DIST["world_size"] == DIST["rank"]
+
+
+def all_sum(x):
+    """x summed over the ranks: a tensor, a number, or a dict of them (summed entry by entry); x itself when
+    alone. Each rank accumulates Σ over its micro-batches of value / grad_accum, so the sum over the ranks is the
+    step's mean over all of its micro-batches: the number one process logs."""
+    if DIST["world_size"] == 1:
+        return x
+    if isinstance(x, dict):
+        return {k: all_sum(v) for k, v in x.items()}
+    t = (x.detach() if torch.is_tensor(x) else torch.tensor(float(x), dtype=torch.float64)).to(DIST["device"],
+                                                                                               copy=True)
+    dist.all_reduce(t)
+    return t.to(x.device) if torch.is_tensor(x) else t.item()
+
+
+def barrier():
+    if DIST["world_size"] > 1:
+        dist.barrier()
+
+
+def shard(model):
+    """--fsdp: FSDP2 over all ranks, one unit per decoder layer, then the root (the embeddings, the final norm and
+    lm_head, one tensor when tied), each rank holding 1/world_size of every tensor; call it before making the
+    optimizer. Gradients are reduce-scattered in backward and summed over the ranks, as clip_grads sums DDP's.
+    FSDP gathers the root's tensors around model.forward, and the losses here call model.model and model.lm_head
+    themselves: they go through run(). Without --fsdp the model is returned as it is (replicated on every rank)."""
+    if not DIST["fsdp"]:
+        return model
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    units = [*model.model.layers, model]
+    for unit in units:
+        fully_shard(unit)
+    for unit in units:
+        unit.set_gradient_divide_factor(1.0)  # a sum over the ranks, not their mean (see all_sum)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-scaled one
+    model.run_sharded = types.MethodType(lambda self, fn, *args, **kwargs: fn(self, *args, **kwargs), model)
+    register_fsdp_forward_method(model, "run_sharded")
+    return model
+
+
+def run(fn, model, *args, **kwargs):
+    """fn(model, *args, **kwargs): a loss, an evaluation or a rollout of the trained model. With --fsdp through the
+    root unit (shard), so that fn's direct calls of model.model and model.lm_head see whole tensors."""
+    if hasattr(model, "run_sharded"):
+        return model.run_sharded(fn, *args, **kwargs)
+    return fn(model, *args, **kwargs)
+
+
+def clip_grads(model, max_norm):
+    """Sum the gradients over the ranks (each holds its micro-batches' terms of the step's mean gradient; FSDP has
+    summed its shards in backward already), then clip their global norm to max_norm. -> the norm before clipping."""
+    if DIST["world_size"] > 1 and not DIST["fsdp"]:
+        works = [dist.all_reduce(q.grad, async_op=True) for q in model.parameters() if q.grad is not None]
+        for work in works:
+            work.wait()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
+
+
+def write_results(out_dir, results):
+    """results.json (rank 0), with the run's world_size; written last, it also says "this run finished"."""
+    if is_main():
+        text = json.dumps(dict(results, world_size=DIST["world_size"]), indent=2) + "\n"
+        (Path(out_dir) / "results.json").write_text(text)
 
 
 def check_finite(loss, step, out_dir):
@@ -279,24 +397,37 @@ def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None,
     same_tokenizer(tokenizer.fingerprint, "the tokenizer being saved", fingerprint_of(out_dir), str(out_dir), fix)
     model.config.tokenizer_sha256 = tokenizer.fingerprint
     dtype = save_dtype(model.config, args)
-    with interrupts_deferred():  # weights and train state of one step, or neither: --resume needs the pair
-        model.save_pretrained(out_dir, metadata={"step": str(step)}, dtype=dtype)
-        tokenizer.save_pretrained(out_dir)
-        RUN.update(out_dir=out_dir)
-        if getattr(args, "weights_only", False):
-            (out_dir / "train_state.pt").unlink(missing_ok=True)  # it would name another step than the weights
-            RUN.update(checkpoint=step)
-            return
-        tensors = model.state_dict()
-        if model.config.tie_word_embeddings:
-            del tensors["lm_head.weight"]  # the embedding matrix
-        weights = {k: v for k, v in tensors.items() if (exact is None or k in exact) and v.dtype != dtype
-                   and not torch.equal(v.to(dtype).to(v.dtype), v)}  # the tensors the stored dtype rounds
-        state = dict(step=step, optimizer=optimizer.state_dict(), gen=gen.get_state(), torch_rng=torch.get_rng_state(),
-                     cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                     extra=extra or {}, weights=weights or None)  # weights: the exact values the stored ones round
-        atomic_write(out_dir / "train_state.pt", lambda f: torch.save(state, f))
-        RUN.update(checkpoint=step)
+    full = full_state_dict(model) if DIST["fsdp"] else None  # every rank takes part; rank 0 receives the tensors
+    if is_main():
+        with interrupts_deferred():  # weights and train state of one step, or neither: --resume needs the pair
+            model.save_pretrained(out_dir, metadata={"step": str(step)}, dtype=dtype, state_dict=full)
+            tokenizer.save_pretrained(out_dir)
+            if getattr(args, "weights_only", False):
+                (out_dir / "train_state.pt").unlink(missing_ok=True)  # it would name another step than the weights
+            else:
+                write_train_state(out_dir, model, optimizer, step, gen, extra, exact, dtype)
+    RUN.update(out_dir=out_dir, checkpoint=step)
+    barrier()  # no rank reads or resumes a checkpoint before it is whole
+
+
+def write_train_state(out_dir, model, optimizer, step, gen, extra, exact, dtype):
+    """train_state.pt: the optimizer, the step, the RNG states (one for all ranks: they draw the same numbers) and
+    the fp32 value of each tensor in `exact` (all: None) that the stored dtype rounds."""
+    tensors = model.state_dict()
+    if model.config.tie_word_embeddings:
+        del tensors["lm_head.weight"]  # the embedding matrix
+    weights = {k: v for k, v in tensors.items() if (exact is None or k in exact) and v.dtype != dtype
+               and not torch.equal(v.to(dtype).to(v.dtype), v)}  # the tensors the stored dtype rounds
+    state = dict(step=step, optimizer=optimizer.state_dict(), gen=gen.get_state(), torch_rng=torch.get_rng_state(),
+                 cuda_rng=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                 extra=extra or {}, weights=weights or None)  # weights: the exact values the stored ones round
+    atomic_write(out_dir / "train_state.pt", lambda f: torch.save(state, f))
+
+
+def full_state_dict(model):
+    """The whole tensors of a model sharded by --fsdp, gathered to rank 0's CPU (the other ranks get {})."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def changed_settings(saved, args):
@@ -379,12 +510,14 @@ def load_checkpoint(out_dir, device):
 
 
 class Log:
-    """One JSON object per line in out_dir/log.jsonl. A resumed run continues the file, first cut back (atomically) to
-    the records up to the checkpoint's step, so the steps after it are not logged twice. Each record's step is
-    also RUN's, for the Ctrl-C message."""
+    """One JSON object per line in out_dir/log.jsonl, each with the run's world_size (written by rank 0). A resumed
+    run continues the file, first cut back (atomically) to the records up to the checkpoint's step, so the steps
+    after it are not logged twice. Each record's step is also RUN's, for the Ctrl-C message."""
 
     def __init__(self, out_dir, resume):
-        self.path = Path(out_dir) / "log.jsonl"
+        self.path, self.t0 = Path(out_dir) / "log.jsonl", time.time()
+        if not is_main():  # rank 0 logs for the job
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
             self.path.write_text("")
@@ -392,12 +525,12 @@ class Log:
             keep = [line for line in self.path.read_text().splitlines(keepends=True)
                     if logged_step(line) <= RUN["checkpoint"]]
             atomic_write(self.path, lambda f: Path(f).write_text("".join(keep)))
-        self.t0 = time.time()
 
     def __call__(self, **rec):
-        rec["time"] = round(time.time() - self.t0, 3)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        rec.update(world_size=DIST["world_size"], time=round(time.time() - self.t0, 3))
+        if is_main():
+            with open(self.path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
         if "step" in rec:
             RUN["step"] = rec["step"] + 1
 
@@ -423,5 +556,6 @@ def peak_flops(device):
 
 
 def mfu(model, tokens_per_s, seq_len, device):
+    """Model FLOPs utilisation of each GPU: tokens_per_s is the whole job's."""
     peak = peak_flops(device)
-    return None if peak is None else model.flops_per_token(seq_len) * tokens_per_s / peak
+    return None if peak is None else model.flops_per_token(seq_len) * tokens_per_s / (peak * DIST["world_size"])
