@@ -496,4 +496,4 @@ def test_bf16_teacher(world, tmp_path, monkeypatch):
     assert [x["max_len"] for x in a] == [x["max_len"] for x in b] and a[0]["loss"] != b[0]["loss"]
     for x, y in zip(a, b):  # measured: 3e-6 and 1e-4 apart (relative)
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-2) and x["kl"] == pytest.approx(y["kl"], rel=1e-2)
-    assert a[-1]["val_kl"] == pytest.approx(b[-1]["val_kl"], rel=1e-2)
+    assert a[-1]["val_kl"] == pytest.approx(b[-1]["val_kl"], rel=1e-2, abs=1e-3)  # KL ~0.01: bf16 rounds absolutely
