@@ -102,6 +102,13 @@ def throughput(gens, seconds):
                 raw_tokens_per_s=sum(g.generated.numel() for g in gens) / seconds)
 
 
+def until_end(ids, eos_id):
+    """ids (a list) up to, not including, its first end token (eos_id: an id or several, as the samplers take it;
+    None: no end, all of ids): the text of a completion."""
+    ends = set() if eos_id is None else {eos_id} if isinstance(eos_id, int) else set(eos_id)
+    return next((ids[:i] for i, t in enumerate(ids) if t in ends), ids)
+
+
 def sample(logits, temperature=0.0, top_k=None, top_p=None, generator=None, ban=None):
     """logits (..., V) -> tokens (...), confidence (...). The token is drawn from the temperature-scaled,
     top-k/top-p filtered distribution (argmax when greedy); its confidence is its probability under the raw

@@ -132,12 +132,13 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     accuracy, families={family: dict(n, accuracy, **throughput)}, rows=[dict(family, prompt, completion, correct,
     tokens, forwards)], **throughput), throughput being sample.throughput of those rows: tokens per forward per
     row (mean, std, min, max), forwards per row, tokens/s. A row's tokens and forwards are the sampler's own
-    per-row counts (Generation.row_tokens, row_nfe: up to and including its eos, as if decoded alone).
+    per-row counts (Generation.row_tokens, row_nfe: up to and including its eos, as if decoded alone). A row
+    stops, and its completion is cut, at the first of the checkpoint's end ids (Tokenizer.end_ids).
     Each family is decoded in batches of its own, timed apart. max_new_tokens: default the longest answer + eos,
     rounded up to the block size (block) or block_length (masked diffusion; default one block of that length);
     steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9).
     Rows are scored by `check`."""
-    c, dev = model.config, model.model.embed_tokens.weight.device
+    c, dev, ends = model.config, model.model.embed_tokens.weight.device, tok.end_ids(model.config)
     N = max_new_tokens or max(len(tok.encode(it["answer"])) for it in items) + 1
     if c.attn == "block":
         N = round_up(N, block_size or c.block_size)
@@ -153,12 +154,11 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
         for j in range(0, len(idx), batch_size):
             batch = idx[j:j + batch_size]
             gen = sample.generate(model, [tok.encode(items[i]["prompt"]) for i in batch], N, temperature=temperature,
-                                  eos_id=tok.eos_id, generator=generator, vocab_limit=tok.vocab_size,
+                                  eos_id=ends, generator=generator, vocab_limit=tok.vocab_size,
                                   block_length=block_length, steps=steps, threshold=threshold, block_size=block_size)
             gens[f].append(gen)
             for b, i in enumerate(batch):
-                ids = gen.generated[b].tolist()
-                text = tok.decode(ids[:ids.index(tok.eos_id)] if tok.eos_id in ids else ids)
+                text = tok.decode(sample.until_end(gen.generated[b].tolist(), ends))
                 rows[i] = dict(family=f, prompt=items[i]["prompt"], completion=text,
                                correct=check(f, items[i]["prompt"], text), tokens=int(gen.row_tokens[b]),
                                forwards=int(gen.row_nfe[b]))

@@ -185,19 +185,21 @@ SHIFT = {"causal": None, "bidirectional": True, "block": False}
 
 class Oracle(torch.nn.Module):
     """A stand-in checkpoint. At every fed position its logits put first the token that position has to
-    predict in prompt + answers[prompt] + eos (the next token for AR and a shifted DLM, this one for an unshifted
-    DLM), read off the RoPE position; that logit is sharp(index), every other 0, so confidence (and with it the
-    rounds of parallel decoding) can vary by position. The KV cache is a (B, L) buffer of the tokens by slot."""
+    predict in prompt + answers[prompt] + end (default eos; the next token for AR and a shifted DLM, this one for
+    an unshifted DLM), read off the RoPE position; that logit is sharp(index), every other 0, so confidence (and
+    with it the rounds of parallel decoding) can vary by position. The KV cache is a (B, L) buffer of the tokens by
+    slot. The left padding it skips: eos, end or 0 (the samplers pad with the first end id, 0 without one)."""
 
-    def __init__(self, tok, answers, attn, block_size=None, sharp=lambda j: 12.0):
+    def __init__(self, tok, answers, attn, block_size=None, sharp=lambda j: 12.0, end=None):
         super().__init__()
         self.config = Qwen3Config(vocab_size=tasks.round_up(tok.mask_id + 1, 64), attn=attn, block_size=block_size,
                                   mask_token_id=None if attn == "causal" else tok.mask_id, shift=SHIFT[attn],
                                   bos_token_id=tok.eos_id, eos_token_id=tok.eos_id)
         self.model = torch.nn.Module()
         self.model.embed_tokens = torch.nn.Embedding(1, 1)  # the samplers read the device from it
-        self.targets = {tuple(tok.encode(p)): tok.encode(a) + [tok.eos_id] for p, a in answers.items()}
-        self.eos, self.sharp = tok.eos_id, sharp
+        end = tok.eos_id if end is None else end
+        self.targets = {tuple(tok.encode(p)): tok.encode(a) + [end] for p, a in answers.items()}
+        self.pads, self.sharp = {tok.eos_id, end, 0}, sharp
 
     def new_cache(self, batch_size, max_len):
         return torch.full((batch_size, max_len), -1)
@@ -212,7 +214,7 @@ class Oracle(torch.nn.Module):
         ahead = int(self.config.shift is not False)
         for b in range(B):
             row = seq[b].tolist()
-            while row[0] == self.eos:  # the left padding
+            while row[0] in self.pads:  # the left padding
                 row.pop(0)
             prompt = next(p for p in self.targets if tuple(row[:len(p)]) == p)
             target = [*prompt, *self.targets[prompt]]
@@ -293,3 +295,22 @@ def test_forwards_per_row_equal_the_row_decoded_alone(world, attn, kw):
     assert [r["prompt"] for r in res["rows"]] == [it["prompt"] for it in items]
     assert [r["forwards"] for r in res["rows"]] == alone
     assert len(set(alone)) > 1  # the check has teeth: the rows differ
+
+
+@pytest.mark.parametrize("attn, kw", [KINDS[0], KINDS[2], KINDS[3]])
+def test_exact_match_stops_and_cuts_at_every_end_id(world, attn, kw):
+    """A checkpoint declaring two end ids (generation_config.json's eos_token_id, as Qwen3's instruct models do)
+    whose answers end with the one that is not the tokenizer's eos: each row stops there (its tokens count it, not
+    what would follow) and its completion is cut there, in either order of the declared ids. Stopping only at eos,
+    the completions would carry the other id's text and every row would count all its slots."""
+    tok, items = world
+    kw = dict(kw)
+    bs = kw.pop("block_size", None)
+    (other,) = tok.encode("#")  # a token no answer holds
+    for declared in ([other, tok.eos_id], [tok.eos_id, other]):
+        model = Oracle(tok, {it["prompt"]: it["answer"] for it in items}, attn, bs, end=other)
+        model.config.generation = {"eos_token_id": declared}
+        assert tok.end_ids(model.config) == declared
+        res = tasks.exact_match(model, tok, items, batch_size=4, max_new_tokens=16, **kw)
+        assert res["accuracy"] == 1.0 and all(r["completion"] == it["answer"] for r, it in zip(res["rows"], items))
+        assert all(r["tokens"] == len(tok.encode(it["answer"])) + 1 for r, it in zip(res["rows"], items))
