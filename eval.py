@@ -24,7 +24,9 @@ What is notable here:
   high repetition flag the loops that a low generative perplexity can hide), tokens per forward counted per
   row (each row's tokens up to its eos over the forwards it needed, as if decoded alone; mean, std, min, max
   over rows), tokens/s up to each row's eos and raw (every generated slot of the batch). The results carry the
-  temperature (0: greedy).
+  temperature (0: greedy). Here and in humaneval and tasks, "eos" is any of the checkpoint's end ids
+  (Tokenizer.end_ids: an instruct Qwen3 declares <|im_end|> and <|endoftext|>): a row stops at the first, and
+  its completion is cut there (with --ignore_eos too, which only keeps the sampler going).
 - tasks: exact match on tasks.py's held-out prompts (the prompt -> answer world with a checker per task), per
   family and overall, with tokens per forward counted per row as in generate (mean ± std, min, max over rows).
   A DLM is decoded once per --thresholds value (Fast-dLLM parallel decoding: the accuracy-versus-parallelism
@@ -140,14 +142,16 @@ def load(path, device="auto", seed=1337, dtype=None):
 
 
 def draw(model, prompts, args, tok, generator):
-    """The checkpoint's sampler (sample.generate) on a list of token lists -> (Generation, seconds)."""
+    """The checkpoint's sampler (sample.generate) on a list of token lists -> (Generation, seconds). A row stops at
+    the first of the checkpoint's end ids (Tokenizer.end_ids), or never with --ignore_eos."""
     import sample
     import torch
     t0 = time.perf_counter()
     try:
         gen = sample.generate(model, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, eos_id=None if args.ignore_eos else tok.eos_id, generator=generator,
-                              vocab_limit=tok.vocab_size, shift=None if args.shift is None else args.shift == "true",
+                              top_p=args.top_p, eos_id=None if args.ignore_eos else tok.end_ids(model.config),
+                              generator=generator, vocab_limit=tok.vocab_size,
+                              shift=None if args.shift is None else args.shift == "true",
                               block_length=args.block_length, steps=args.steps, remasking=args.remasking,
                               threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
                               cache=args.cache, compile=args.compile)
@@ -159,8 +163,9 @@ def draw(model, prompts, args, tok, generator):
 
 
 def completion_ids(gen, b, eos_id):
-    ids = gen.generated[b].tolist()
-    return ids[:ids.index(eos_id)] if eos_id in ids else ids
+    """Row b's generated ids up to its first end token (eos_id: an id or several), with or without --ignore_eos."""
+    import sample
+    return sample.until_end(gen.generated[b].tolist(), eos_id)
 
 
 def unigram_entropy(ids):
@@ -207,12 +212,12 @@ def generate(args):
         prompts = prompts[:args.num_prompts]
     else:
         prompts = data.code_prompts(data.load_split(args.data, "val"), tok, args.num_prompts, args.prompt_len)
-    g = torch.Generator(device).manual_seed(args.seed)
+    g, ends = torch.Generator(device).manual_seed(args.seed), tok.end_ids(model.config)
     pairs, gens, secs = [], [], 0.0
     for i in tqdm(range(0, len(prompts), args.batch_size), desc="generate", leave=False):
         gen, dt = draw(model, prompts[i:i + args.batch_size], args, tok, g)
         gens, secs = gens + [gen], secs + dt
-        pairs += [(p, completion_ids(gen, b, tok.eos_id)) for b, p in enumerate(prompts[i:i + args.batch_size])]
+        pairs += [(p, completion_ids(gen, b, ends)) for b, p in enumerate(prompts[i:i + args.batch_size])]
     ref, rtok, _, _ = load(args.ref, args.device, args.seed)
     probe = "def f(x):\n    return x  # ü\n"
     if ref.config.attn != "causal" or rtok.encode(probe) != tok.encode(probe):
@@ -403,14 +408,14 @@ def model_completions(args, probs):
     import sample
     import torch
     model, tok, device, _ = load(args.ckpt, args.device, args.seed)
-    g = torch.Generator(device).manual_seed(args.seed)
+    g, ends = torch.Generator(device).manual_seed(args.seed), tok.end_ids(model.config)
     jobs = [tid for tid in probs for _ in range(args.n_samples)]
     recs, gens, secs = [], [], 0.0
     for i in tqdm(range(0, len(jobs), args.batch_size), desc="humaneval generate"):
         chunk = jobs[i:i + args.batch_size]
         gen, dt = draw(model, [tok.encode(probs[t]["prompt"]) for t in chunk], args, tok, g)
         gens, secs = gens + [gen], secs + dt
-        recs += [dict(task_id=t, completion=truncate(tok.decode(completion_ids(gen, b, tok.eos_id))))
+        recs += [dict(task_id=t, completion=truncate(tok.decode(completion_ids(gen, b, ends))))
                  for b, t in enumerate(chunk)]
     return recs, dict(gen_seconds=secs, **sample.throughput(gens, secs))
 
@@ -468,7 +473,8 @@ def sampler_args(p, max_new_tokens):
                    help="masked diffusion: Fast-dLLM's approximate KV cache, refreshed once per block (none: exact)")
     p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile")
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
-    p.add_argument("--ignore_eos", action="store_true", help="do not stop a row at its end-of-sequence token")
+    p.add_argument("--ignore_eos", action="store_true", help="do not stop a row at the checkpoint's end ids (its "
+                   "completion is still scored up to the first)")
     p.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")
 
 

@@ -276,6 +276,42 @@ def test_humaneval_with_a_model(world, tmp_path, ckpt):
     assert all(not any(s in x["completion"] for s in E.STOP) for x in res["results"]["samples"])
 
 
+# ---- a checkpoint with two end ids -----------------------------------------------------------------
+
+IM_END = 258  # the byte-level tokenizer's <|im_end|>, which ends a Qwen3 instruct model's turn
+TWO_ENDS = {"def add(a, b):\n": "    return a + b\n", "xs = [1, 2]\nys = ": "xs[::-1]\n"}  # prompt -> completion
+
+
+@pytest.mark.parametrize("attn, block_size", [("causal", None), ("bidirectional", None), ("block", 4)])
+def test_generate_and_humaneval_stop_and_cut_at_every_end_id(world, tmp_path, monkeypatch, attn, block_size):
+    """A stand-in checkpoint (test_tasks' Oracle on the byte-level tokenizer) declaring two end ids in
+    generation_config.json, in either order, and ending each completion with <|im_end|>, not the tokenizer's
+    eos: generate and humaneval stop every row there (tokens/s counts each row up to and with it) and score the
+    completion before it; with --ignore_eos the rows run to --max_new_tokens and the completions are cut all
+    the same. Stopping only at eos, every completion would end in "<|im_end|>" text."""
+    tok = Tokenizer.byte_level()
+    jsonl = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in TWO_ENDS])
+    want, N = list(TWO_ENDS.values()), 24
+    real_load = E.load
+    for declared in ([IM_END, tok.eos_id], [tok.eos_id, IM_END]):
+        model = Oracle(tok, TWO_ENDS, attn, block_size, end=IM_END)
+        model.config.generation = {"eos_token_id": declared}
+        monkeypatch.setattr(E, "load", lambda path, *a, **k: (model, tok, torch.device("cpu"), contextlib.nullcontext())
+                            if path == "stand-in" else real_load(path, *a, **k))
+        for ignore in ([], ["--ignore_eos"]):
+            common = ["--ckpt", "stand-in", "--max_new_tokens", N, "--batch_size", 2, "--temperature", 0, *ignore]
+            args = E.parser().parse_args(map(str, ["generate", *common, "--ref", world / "ar", "--prompts", jsonl,
+                                                   "--prompt_len", 64, "--show", 2]))
+            res = E.generate(args)
+            assert [s["completion"] for s in res["samples"]] == want, (declared, ignore)
+            assert res["completion_tokens"] == sum(map(len, want))  # byte-level: a token a character
+            rows = 2 * N if ignore else sum(len(c) + 1 for c in want)  # each row's tokens up to and with its end
+            assert res["tokens_per_s"] * res["seconds"] == pytest.approx(rows)
+            args = E.parser().parse_args(map(str, ["humaneval", *common, "--n_samples", 1]))
+            recs, _ = E.model_completions(args, {p: {"prompt": p} for p in TWO_ENDS})
+            assert [r["completion"] for r in recs] == want, (declared, ignore)
+
+
 # ---- the sandbox -------------------------------------------------------------------------------------
 
 def write_jsonl(path, recs):
