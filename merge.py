@@ -16,7 +16,8 @@ What is notable here:
   and rule_score(text) = (#' − #")/max(1, #' + #") scores any text by the same rule (the win rate).
 - DPO's log π(y|x) sums over response tokens only, from one causal forward on prompt + response, lm_head on the
   response rows only. --lora_rank r: LoRA through torch.nn.utils.parametrize, merged into plain weights whenever
-  a checkpoint is written, so the output is an ordinary Qwen3 checkpoint either way (train_state.pt keeps A, B);
+  a checkpoint is written, so the output is an ordinary Qwen3 checkpoint either way (train_state.pt keeps A, B
+  and their AdamW moments, not the merged weights: --resume puts A, B back on the --ar base);
   the reference π_ref is then the same model with its adapters switched off, not a second copy.
 - Checkpoints are read one tensor at a time with safetensors.safe_open (spectrum, task vectors); merging applies
   and reverts γ·Δ in place on the loaded DLM from one saved copy W0, so the revert is bit-exact and there is
@@ -53,7 +54,7 @@ import data
 import diffusion
 import training
 from model import atomic_write, load_config, weight_files
-from sample import attend, block_generate, diffusion_generate
+from sample import attend, block_generate, diffusion_generate, until_end
 from tokenizer import Tokenizer
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -376,8 +377,9 @@ def cmd_dpo(args):
             last_eval = dict(step=step, **training.run(evaluate, policy, heldout, ref_held, args, ctx, device))
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
             lora = {k: v for k, v in policy.state_dict().items() if "lora_" in k}
-            with merged(policy):
-                training.save_checkpoint(out_dir, policy, tok, opt, step, gen, extra=dict(args=vars(args), lora=lora))
+            with merged(policy):  # LoRA resumes from --ar and A, B: no fp32 copy of the merged weights (exact=())
+                training.save_checkpoint(out_dir, policy, tok, opt, step, gen, extra=dict(args=vars(args), lora=lora),
+                                         exact=() if args.lora_rank else None)
         log(**rec)
         bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['reward_acc']:.2f}",
                         val_acc=f"{last_eval.get('heldout_reward_acc', float('nan')):.2f}")
@@ -593,17 +595,18 @@ def pick_gamma(gammas, stats, *, select="accuracy"):
 @torch.no_grad()
 def completions(model, prompts, tok, seed, ctx):
     """Decoded completions from the DLM's own sampler at temperature 1.0 and confidence threshold 0.9, one seeded
-    generator: bidirectional, diffusion_generate (Fast-dLLM, blocks of GEN_BLOCK); block, block_generate."""
-    c, dev = model.config, model.model.embed_tokens.weight.device
+    generator: bidirectional, diffusion_generate (Fast-dLLM, blocks of GEN_BLOCK); block, block_generate. Each
+    stops, and is cut, at the first of the checkpoint's end ids (Tokenizer.end_ids)."""
+    c, dev, ends = model.config, model.model.embed_tokens.weight.device, tok.end_ids(model.config)
     g, out = torch.Generator(dev).manual_seed(seed), []
-    kw = dict(temperature=1.0, threshold=0.9, eos_id=tok.eos_id, generator=g, vocab_limit=tok.vocab_size)
+    kw = dict(temperature=1.0, threshold=0.9, eos_id=ends, generator=g, vocab_limit=tok.vocab_size)
     for s in tqdm(range(0, len(prompts), BATCH), desc="sampling", leave=False):
         with ctx:
             if c.attn == "block":
                 gen = block_generate(model, prompts[s:s + BATCH], -(-GEN_LEN // c.block_size) * c.block_size, **kw)
             else:
                 gen = diffusion_generate(model, prompts[s:s + BATCH], GEN_LEN, GEN_BLOCK, GEN_LEN, **kw)
-        out += [tok.decode(r[:r.index(tok.eos_id)] if tok.eos_id in r else r) for r in gen.generated.tolist()]
+        out += [tok.decode(until_end(r, ends)) for r in gen.generated.tolist()]
     return out
 
 

@@ -3,6 +3,7 @@ adapters off), in-place apply/revert, TIES and DARE on hand-made tensors, spectr
 estimate (deterministic, common masks, a slow position-by-position reference, padding), the rewards and margins of
 the γ grid against a slow loop, shared vs independent masks, pick_gamma, the synthetic pairs, and the CLI end to end
 (γ chosen on training pairs without reading the held-out ones)."""
+import contextlib
 import json
 import math
 
@@ -13,8 +14,10 @@ import convert
 import data
 import diffusion
 import merge
+import sample
 from conftest import killed_after_checkpoint, run_script, tiny_world
 from model import Qwen3, preset
+from test_tasks import Oracle
 from tokenizer import Tokenizer
 
 MASK = 259
@@ -311,6 +314,25 @@ def test_pick_gamma():
 
 # ---- pairs -----------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("attn, block_size", [("bidirectional", None), ("block", 4)])
+def test_win_rate_samples_stop_and_cut_at_every_end_id(attn, block_size):
+    """merge.completions on a stand-in DLM (test_tasks' Oracle, confident enough that temperature 1.0 samples its
+    choice) declaring [<|endoftext|>, <|im_end|>] and ending each completion with <|im_end|>: each sample is cut
+    there, and the sampler stops there (the rest of the row repeats it)."""
+    tok = Tokenizer.byte_level()
+    texts = {"x = 'a' + ": "'b'\n", "print(\"hi\", ": "'there')\n"}  # prompt -> completion
+    model = Oracle(tok, texts, attn, block_size, sharp=lambda j: 30.0, end=258)
+    model.config.generation = {"eos_token_id": [tok.eos_id, 258]}
+    seen = []
+    sampler = {"bidirectional": "diffusion_generate", "block": "block_generate"}[attn]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(merge, sampler, lambda *a, **k: seen.append(getattr(sample, sampler)(*a, **k)) or seen[-1])
+        out = merge.completions(model, [tok.encode(t) for t in texts], tok, 0, contextlib.nullcontext())
+    assert out == list(texts.values())
+    for b, c in enumerate(texts.values()):
+        assert (seen[0].generated[b, len(c):] == 258).all() and int(seen[0].row_tokens[b]) == len(c) + 1
+
+
 def test_pairs_follow_the_rule_and_are_deterministic(world):
     texts = ["a = 'x' + \"y\"\n" * 20, 'print("hi", \'there\')\n' * 20]
     recs = merge.make_pairs(texts, 6, 16, 12, seed=3)
@@ -447,16 +469,23 @@ def test_dpo_bf16_reference(world, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("lora", [0, 2])
-def test_dpo_resume_after_kill_matches_an_uninterrupted_run(world, tmp_path, lora):
+@pytest.mark.parametrize("save_dtype", ["float32", "bfloat16"])
+def test_dpo_resume_after_kill_matches_an_uninterrupted_run(world, tmp_path, lora, save_dtype):
+    """Resume is bit-exact. With bf16 weights, a full fine-tune's train_state.pt keeps the fp32 values they round;
+    LoRA's keeps none (it resumes from the --ar base and its adapters A, B, which it stores in fp32)."""
     full, cut = tmp_path / "full", tmp_path / "cut"
-    args = ["--max_iters", 4, "--eval_interval", 2, "--lora_rank", lora]
+    args = ["--max_iters", 4, "--eval_interval", 2, "--lora_rank", lora, "--save_dtype", save_dtype]
     assert run(*dpo_args(world, full, *args)).returncode == 0
     with killed_after_checkpoint(2):
         assert run(*dpo_args(world, cut, *args)).returncode == 3
+    state = torch.load(cut / "train_state.pt", weights_only=False)
+    assert (state["weights"] is None) == (lora > 0 or save_dtype == "float32")
     r = run(*dpo_args(world, cut, *args, "--resume"))
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = Qwen3.from_pretrained(full).state_dict(), Qwen3.from_pretrained(cut).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    a, b = (torch.load(d / "train_state.pt", weights_only=False)["extra"].get("lora", {}) for d in (full, cut))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) and bool(a) == (lora > 0)
 
 
 def test_bad_inputs_give_one_line_errors(world, tmp_path):
