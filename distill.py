@@ -12,7 +12,9 @@ Per optimizer step, for a batch of prompts (left-padded to P, a multiple of the 
     d_i       = KL(target_i || p_θ(. | prompt, x0_<block(i), xt_block(i)))          (--divergence, --teacher_top_k)
     loss      = mean over sequences of the mean of d_i over its masked, valid i    (--kl_reduction seq; token: the
                 mean over all masked, valid i of the batch)
-valid: generated positions before the first end-of-sequence token (--train_eos: up to and including it).
+valid: generated positions before the first end token (--train_eos: up to and including it): any of the ids
+Tokenizer.end_ids lists for the student (an instruct Qwen3 declares <|im_end|> and <|endoftext|>), at which a
+rollout stops too.
 L(step) = L_min + (L_max - L_min)(1 - cos(π/2 · min(1, step / --curriculum_steps))), rounded to a multiple of the
 block size: a quarter-cosine ramp over optimizer steps, each on one rollout batch of --batch_size prompts (the
 published code counts rollout steps of 128 prompts, each followed by about 16 optimizer updates).
@@ -69,7 +71,7 @@ p.add_argument("--kl_reduction", default="seq", choices=["seq", "token"],
                help="seq (published): mean per sequence over its positions, then over sequences; token: over all")
 p.add_argument("--teacher_top_k", type=int, default=None,
                help="sparse fkl over the teacher's top-k ids, not renormalised (published: 16)")
-p.add_argument("--train_eos", action="store_true", help="also train the position of the first eos")
+p.add_argument("--train_eos", action="store_true", help="also train the position of the first end token")
 p.add_argument("--threshold", type=float, default=0.9, help="rollout confidence threshold")
 p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
 p.add_argument("--rollout_min", type=int, default=16, help="curriculum start, tokens (published: 100)")
@@ -117,9 +119,10 @@ def row_tokens_per_forward(rounds, bs):
 
 
 def valid_positions(gen_tokens, eos_id, train_eos=False):
-    """(B, N) bool: generated positions before the first eos (or up to it, train_eos); pads never get here."""
-    seen = (gen_tokens == eos_id).long().cumsum(1)
-    return seen - (gen_tokens == eos_id).long() * int(train_eos) == 0
+    """(B, N) bool: generated positions before the first end token (eos_id: an id or several, any of them ends a
+    row), or up to and including it (train_eos); pads never get here."""
+    end = torch.isin(gen_tokens, torch.as_tensor(eos_id, device=gen_tokens.device)).long()  # (B, N)
+    return end.cumsum(1) - end * int(train_eos) == 0  # no end token before i, nor at i (but with train_eos)
 
 
 @torch.no_grad()
@@ -164,8 +167,9 @@ def distill_loss(student, teacher, x, lens, P, masked, *, eos_id, vocab_size, di
     """-> (loss, stats). x (B, P + N): left-padded prompts (lens (B,) real tokens, P a multiple of the block size)
     then x0; masked (B, N): the state, xt = x0 with these positions masked. loss: the divergence between the
     teacher's next-token distribution and the student's denoiser at every masked, valid position, reduced per
-    `reduction`. Divergences over ids < vocab_size (the tokenizer's). stats: kl (the full forward KL, the same
-    reduction), masked (positions trained), rollout_len (generated tokens up to and with eos, mean per row).
+    `reduction`; eos_id: the end ids (an id or several: valid_positions). Divergences over ids < vocab_size (the
+    tokenizer's). stats: kl (the full forward KL, the same reduction), masked (positions trained), rollout_len
+    (generated tokens up to and with the first end token, mean per row).
     vectorised=False: the per-block reference forward (tests, bench)."""
     B, real, pos = x.shape[0], *layout(lens, P, x.shape[1])
     sel = masked & valid_positions(x[:, P:], eos_id, train_eos)  # (B, N)
@@ -185,14 +189,17 @@ def distill_loss(student, teacher, x, lens, P, masked, *, eos_id, vocab_size, di
                                                   masked=torch.tensor(float(d.numel())), rollout_len=resp)
 
 
-def make_batch(student, items, L, policy, gen, *, eos_id, vocab_limit, threshold=0.9, temperature=1.0):
+def make_batch(student, items, L, policy, gen, *, eos_id, vocab_limit, pad_id=None, threshold=0.9,
+               temperature=1.0):
     """items: [(prompt ids, data continuation ids)] -> x (B, P + L) [left-padded prompt, x0], prompt lens (B,),
-    P, masked (B, L), stats. on: x0 the student's rollout (threshold, temperature), masked a state of its own
-    trajectory; off: the same kind of rollout, masked at random; data: x0 the data continuation (eos-padded),
-    masked at random. stats (rollouts): tokens per forward (the mean over rows of each row's), nfe."""
+    P, masked (B, L), stats. on: x0 the student's rollout (threshold, temperature; it stops at any of the end ids
+    eos_id, an id or several), masked a state of its own trajectory; off: the same kind of rollout, masked at
+    random; data: x0 the data continuation (padded with pad_id, one of the end ids: default the first), masked at
+    random. stats (rollouts): tokens per forward (the mean over rows of each row's), nfe."""
     bs, prompts = student.config.block_size, [ids for ids, _ in items]
     if policy == "data":
-        x, lens, P, _, _ = prepare(student, prompts, L, eos_id, eos_id, multiple=bs)
+        pad = pad_id if pad_id is not None else eos_id if isinstance(eos_id, int) else eos_id[0]
+        x, lens, P, _, _ = prepare(student, prompts, L, pad, pad, multiple=bs)
         for b, (_, tail) in enumerate(items):
             x[b, P:P + min(L, len(tail))] = torch.as_tensor(tail[:L], device=x.device)
         return x, lens, P, random_states(len(items), L, bs, gen, x.device), {}
@@ -219,8 +226,8 @@ def prompt_pool(args, tok, span):
 
 
 @torch.no_grad()
-def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, threshold=0.9, temperature=1.0,
-             ctx=None, seed=EVAL_SEED):
+def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, pad_id=None, threshold=0.9,
+             temperature=1.0, ctx=None, seed=EVAL_SEED):
     """Two forward KLs from the teacher (full vocabulary, seq reduction, batches weighted by their rows) at length
     L on the fixed prompts `items` [(prompt ids, data continuation ids)]:
     - val_kl: on the student's own rollouts (threshold, temperature, a fixed seed) at states of its own
@@ -228,8 +235,9 @@ def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, thre
       that samples text the teacher finds easy to predict scores well; val_tokens_per_forward there (the mean
       over rows of each row's).
     - val_kl_data: teacher-forced on fixed states that every model sees identically: x0 the real continuation
-      (eos-padded), per block a random mask (random_states, from a seed of its own): the number comparable
-      across models and policies. Only when every item has a continuation (not with --prompts)."""
+      (padded with pad_id: make_batch), per block a random mask (random_states, from a seed of its own): the
+      number comparable across models and policies. Only when every item has a continuation (not with --prompts).
+    eos_id: the end ids (an id or several); a rollout stops at any, and the loss ends at the first."""
     dev = student.lm_head.weight.device
     gen, gen_data = torch.Generator(dev).manual_seed(seed), torch.Generator(dev).manual_seed(seed)
     kl, kl_data, tpf, was_training = 0.0, 0.0, 0.0, student.training
@@ -244,7 +252,7 @@ def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, thre
                                vocab_size=vocab_size)[1]["kl"].item() * len(batch)
             if real_text:
                 x, lens, P, masked, _ = make_batch(student, batch, L, "data", gen_data, eos_id=eos_id,
-                                                   vocab_limit=vocab_size)
+                                                   vocab_limit=vocab_size, pad_id=pad_id)
                 kl_data += distill_loss(student, teacher, x, lens, P, masked, eos_id=eos_id,
                                         vocab_size=vocab_size)[1]["kl"].item() * len(batch)
         tpf += st["tokens_per_forward"] * len(batch)
@@ -300,8 +308,9 @@ if __name__ == "__main__":
         student.model.compile(dynamic=True)
         teacher.model.compile(dynamic=True)
     eval_items = pool[:args.eval_batches * args.batch_size]
-    sampling = dict(eos_id=tok.eos_id, threshold=args.threshold, temperature=args.temperature)
-    loss_kw = dict(eos_id=tok.eos_id, vocab_size=tok.vocab_size, divergence=args.divergence, top_k=args.teacher_top_k,
+    ends = tok.end_ids(c)  # every end id the student declares: rollouts stop at any, the loss ends at the first
+    sampling = dict(eos_id=ends, pad_id=tok.eos_id, threshold=args.threshold, temperature=args.temperature)
+    loss_kw = dict(eos_id=ends, vocab_size=tok.vocab_size, divergence=args.divergence, top_k=args.teacher_top_k,
                    reduction=args.kl_reduction, train_eos=args.train_eos)
 
     def run_eval():  # at the final length --rollout_max: the states the trained student is sampled in

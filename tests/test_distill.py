@@ -357,6 +357,86 @@ def test_eos_and_padding_excluded(world):
     assert torch.allclose(la, l1, atol=1e-6)
 
 
+def slow_valid(row, ends, train_eos):
+    """Position by position: valid until the first token in `ends`, which is valid itself only with train_eos."""
+    out, ended = [], False
+    for t in row:
+        out.append(not ended and (t not in ends or train_eos))
+        ended = ended or t in ends
+    return out
+
+
+def test_valid_positions_with_several_end_ids_against_a_loop():
+    g = torch.Generator().manual_seed(0)
+    gen_tokens = torch.randint(0, 8, (64, 12), generator=g)  # ids 5 and 6 end a row: most rows meet one
+    for ends in (5, [5, 6], (6, 5), [6]):
+        for train_eos in (False, True):
+            ids = {ends} if isinstance(ends, int) else set(ends)
+            want = [slow_valid(r, ids, train_eos) for r in gen_tokens.tolist()]
+            assert distill.valid_positions(gen_tokens, ends, train_eos).tolist() == want, (ends, train_eos)
+    both, first = distill.valid_positions(gen_tokens, [5, 6]), distill.valid_positions(gen_tokens, 5)
+    assert (both.sum(1) < first.sum(1)).any() and (both <= first).all()  # the second id ends rows earlier
+
+
+def test_loss_ends_at_either_end_id(world):
+    """distill_loss with eos_id a list: a row that ends at the second id trains the positions before it only."""
+    student, teacher = student_of(world, "block"), Qwen3.from_pretrained(world / "ar")
+    x, lens, P, masked = ragged_batch()
+    x[0, P + 5], x[1, P + 8] = 258, EOS  # row 0 ends at the second id, row 1 at eos
+    masked[:] = True
+    kw = dict(vocab_size=256)
+    _, st = distill.distill_loss(student, teacher, x, lens, P, masked, eos_id=[EOS, 258], **kw)
+    assert st["masked"] == 5 + 8 + 12 and st["rollout_len"] == pytest.approx((6 + 9 + 12) / 3)
+    _, st = distill.distill_loss(student, teacher, x, lens, P, masked, eos_id=EOS, **kw)
+    assert st["masked"] == 12 + 8 + 12  # one id: row 0 runs on past 258
+    l1, _ = distill.distill_loss(student, teacher, x, lens, P, masked, eos_id=(258, EOS), **kw)
+    x[0, P + 6:] = torch.randint(0, 250, (6,))  # what follows row 0's end changes nothing
+    l2, _ = distill.distill_loss(student, teacher, x, lens, P, masked, eos_id=(258, EOS), **kw)
+    assert torch.allclose(l1, l2, atol=1e-6)
+
+
+def test_rollouts_stop_at_every_end_id_and_data_windows_are_padded():
+    """make_batch on a stand-in block student (test_sample's oracle: the token at RoPE position p is f(p)) that emits
+    the second end id 2 at position 9: each rollout stops there (it fills the rest of the row), and the loss's valid
+    positions end there. Data windows are padded with pad_id (default: the first end id)."""
+    from test_sample import make, oracle
+    f = lambda p: torch.where(p == 9, 2, p % 40 + 3)  # noqa: E731
+    student = oracle(make("block", shift=False, block_size=4), f, by="pos")
+    items = [([3, 4, 5], [6, 7]), ([6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17])]
+    g = torch.Generator().manual_seed(0)
+    for ends in ([1, 2], [2, 1]):
+        x, lens, P, masked, st = distill.make_batch(student, items, 12, "on", g, eos_id=ends, vocab_limit=47)
+        for b, (prompt, _) in enumerate(items):
+            j = 9 - len(prompt)  # the generated index at position 9
+            assert x[b, P:P + j].tolist() == f(torch.arange(len(prompt), 9)).tolist()
+            assert (x[b, P + j:] == 2).all()
+        assert distill.valid_positions(x[:, P:], ends).sum(1).tolist() == [6, 2]
+        assert distill.valid_positions(x[:, P:], 1).sum(1).tolist() == [12, 12]
+    for pad_id, want in ((None, 1), (2, 2)):
+        x, lens, P, masked, st = distill.make_batch(student, items, 12, "data", g, eos_id=[1, 2], vocab_limit=47,
+                                                    pad_id=pad_id)
+        assert x[0, P:].tolist() == [6, 7] + [want] * 10 and x[1, P:].tolist() == [13, 14, 15, 16, 17] + [want] * 7
+
+
+def test_script_rolls_out_and_pads_with_the_declared_end_ids(world, tmp_path, monkeypatch):
+    """distill.py on a student whose generation_config.json declares [<|im_end|>, <|endoftext|>]: its rollouts get
+    both end ids; data windows (the evaluation's val_kl_data) are padded with <|endoftext|>, the documents'
+    separator (a rollout's left pads are the sampler's: the first end id)."""
+    import shutil
+
+    import sample
+    student = tmp_path / "student"
+    shutil.copytree(world / "block", student)
+    (student / "generation_config.json").write_text(json.dumps({"eos_token_id": [258, EOS]}))
+    seen, gen, prep = [], sample.block_generate, sample.prepare
+    monkeypatch.setattr(sample, "block_generate", lambda *a, **k: seen.append(("ends", k["eos_id"])) or gen(*a, **k))
+    monkeypatch.setattr(sample, "prepare", lambda *a, **k: seen.append(("pad", a[3:5])) or prep(*a, **k))
+    r = run_script("distill.py", *common(world, tmp_path / "out"), "--init", student, "--max_iters", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("ends", [258, EOS]) in seen and all(v == [258, EOS] for k, v in seen if k == "ends")
+    assert ("pad", (EOS, EOS)) in seen and ("pad", (258, 259)) in seen  # data windows; a rollout (pad, mask fill)
+
+
 def test_curriculum_is_a_quarter_cosine():
     assert distill.curriculum(0, 100, 4000, 100, 4) == 100
     mid = 100 + 3900 * (1 - math.cos(math.pi / 4))  # 1242.3: a quarter-cosine is past a third of the way at half time
