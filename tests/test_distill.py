@@ -3,8 +3,9 @@ per block (shift false and true, ragged prompts), the state construction from re
 states of the rollout itself, per-row tokens per forward by hand, the evaluation's KL on fixed masks of real text
 against a row-by-row, block-by-block reference, the teacher's targets off by one, the divergences against slow loops
 (the sparse top-k one unrenormalised, by hand), the seq and token reductions against loops over rows, eos/padding
-exclusion, the quarter-cosine curriculum, the FlexAttention BlockMask against the dense mask (flex_attention runs
-eagerly on CPU, forward only), the number of graphs --compile makes over a curriculum (a counting backend, no real
+exclusion, two end ids (valid positions against a loop, rollouts, data-window padding, the script's wiring), the
+quarter-cosine curriculum, the FlexAttention BlockMask against the dense mask (flex_attention runs eagerly on CPU,
+forward only), the number of graphs --compile makes over a curriculum (a counting backend, no real
 compile), and the script: learning, the final evaluation at --rollout_max, resume == no interruption, both ablations,
 flags and refusals."""
 import json

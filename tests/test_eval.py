@@ -3,7 +3,8 @@ plain block-attention forward per row and block) and against the uniform model (
 perplexity = V); the HumanEval harness on the canonical solutions (pass@1 = 1),
 empty completions (0) and hostile completions (each caught, bounded time, nothing written outside, no secret
 leaked, no process left behind); the 4-gram repetition rate against a slow count; generate (from the data and from a
-prompts file) and humaneval end to end on micro checkpoints; tasks through its command line: the oracle stand-in
+prompts file) and humaneval end to end on micro checkpoints, and both on a stand-in declaring two end ids (each row
+stopped and cut at the second); tasks through its command line: the oracle stand-in
 scores 1.0 and the wrong one 0.0 at every threshold, an AR model gets one run, a checkpoint with another tokenizer
 than the task data's is refused."""
 import contextlib

@@ -1,8 +1,9 @@
 """merge.py (AR-MAP): response log-probs and the DPO loss against slow references, LoRA (and its reference with the
 adapters off), in-place apply/revert, TIES and DARE on hand-made tensors, spectral norms against the SVD, the ELBO
 estimate (deterministic, common masks, a slow position-by-position reference, padding), the rewards and margins of
-the γ grid against a slow loop, shared vs independent masks, pick_gamma, the synthetic pairs, and the CLI end to end
-(γ chosen on training pairs without reading the held-out ones)."""
+the γ grid against a slow loop, shared vs independent masks, pick_gamma, the synthetic pairs, win-rate samples cut at
+either of two end ids, DPO resume (LoRA's train_state.pt without the merged weights), and the CLI end to end (γ
+chosen on training pairs without reading the held-out ones)."""
 import contextlib
 import json
 import math

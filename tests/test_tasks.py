@@ -2,8 +2,8 @@
 answer and reject near misses; the held-out split is disjoint by construction and deterministic; the text format
 tokenizes the same with and without its answer; exact_match scores an oracle stand-in checkpoint (its logits put
 the right next token first) at 1.0 and a wrong one at 0 under all three samplers, summarises each family over its
-own rows, and counts each row's forwards as the sampler spends them on that row decoded alone (eval.py tasks, its
-command line, is tested in test_eval.py)."""
+own rows, counts each row's forwards as the sampler spends them on that row decoded alone, and stops and cuts each
+row at either of two declared end ids (eval.py tasks, its command line, is tested in test_eval.py)."""
 import json
 import random
 
