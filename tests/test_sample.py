@@ -278,6 +278,14 @@ def test_several_end_ids(name):
         run([])
 
 
+def test_until_end():
+    """A completion's ids: up to, not including, the first of any end id; all of them without one (or eos_id None)."""
+    ids = [5, 7, E2, 9, EOS, E2]
+    assert S.until_end(ids, [EOS, E2]) == S.until_end(ids, (E2,)) == [5, 7]
+    assert S.until_end(ids, EOS) == [5, 7, E2, 9] and S.until_end(ids, None) == ids == S.until_end(ids, [3])
+    assert S.until_end([EOS, 5], [E2, EOS]) == [] and S.until_end([], EOS) == []
+
+
 # ---- every sampler: shift, the mask token, seeds ------------------------------------------------
 
 def run_all(m_for, **kw):
