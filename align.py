@@ -229,12 +229,11 @@ def print_samples(model, tok, val_data, args, device):
     model.eval()
     prompts = data.code_prompts(val_data, tok, args.samples, 32)
     n, bl = args.sample_len, 32 if args.sample_len % 32 == 0 else args.sample_len
-    gen = sample.diffusion_generate(model, prompts, n, bl, n, eos_id=tok.eos_id, vocab_limit=tok.vocab_size,
-                                    generator=torch.Generator(device).manual_seed(args.seed))
+    g = torch.Generator(device).manual_seed(args.seed)
+    gen = sample.diffusion_generate(model, prompts, n, bl, n, eos_id=tok.end_ids(model.config),  # any end id
+                                    vocab_limit=tok.vocab_size, generator=g)
     for b, ids in enumerate(prompts):
-        seq = gen.sequence(b).tolist()
-        if tok.eos_id in seq[len(ids):]:
-            seq = seq[:seq.index(tok.eos_id, len(ids)) + 1]
+        seq = gen.sequence(b)[:len(ids) + int(gen.row_tokens[b])].tolist()  # up to and with its first end token
         print(f"--- prompt: {tok.decode(ids)!r}\n{tok.decode(seq)}")
     print(f"(masked diffusion, {n} tokens, block {bl}, {n} steps: {gen.nfe} forwards)")
 
