@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 import data
 import diffusion
+import tasks
 import training
 from model import Qwen3
 
@@ -63,6 +64,13 @@ p.add_argument("--align_metric", default="cos", choices=["cos", "l2"], help="l2:
 p.add_argument("--extra_ce", action="store_true",
                help="add the public code's exp(-CE)·CE per masked token (detached weight)")
 p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_head (published: embed,lm_head)")
+p.add_argument("--loss_after", default=None, metavar="TEXT",
+               help="mask only the tokens after TEXT in their own document (one token; the task world's ' ='): an "
+               "answer-only loss, on windows that begin at a document's start")
+p.add_argument("--tasks", default=None, metavar="FILE",
+               help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
+               "threshold 0.9 (task_acc, task_tpf in log.jsonl)")
+p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
 training.add_loop_args(p, frozen="the AR teacher", max_iters=200, batch_size=8, seq_len=256, lr=1e-3, min_lr=1e-4,
                        warmup=10, eval_interval=50, eval_batches=8)
 p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N steps (and at the last step); "
@@ -150,14 +158,15 @@ def repr_align_loss(student_hidden, teacher_hidden, positions, *, layers, metric
 
 
 def loss_step(student, teacher, x0, generator, *, layers, lambda_align=10.0, eps=1 / 500, metric="cos",
-              norm="mean", positions="masked", extra_ce=False):
+              norm="mean", positions="masked", extra_ce=False, maskable=None):
     """One micro-batch of clean sequences x0 (B, T) -> (L, stats): corrupt x0 with the generator, then
     L = L_diff + lambda_align · L_align (repr_align_loss over `layers`, at the `positions` "masked" or "all").
-    teacher=None: the λ = 0 baseline, the diffusion loss alone (no hidden states kept, nothing run twice)."""
+    teacher=None: the λ = 0 baseline, the diffusion loss alone (no hidden states kept, nothing run twice).
+    maskable (B, T) bool: only these positions may be masked (an answer-only loss); default every one."""
     if teacher is None and lambda_align > 0:
         raise ValueError("loss_step: lambda_align > 0 needs a teacher")
     c = student.config
-    xt, masked, t = diffusion.corrupt(x0, c.mask_token_id, c.shift, generator, eps)
+    xt, masked, t = diffusion.corrupt(x0, c.mask_token_id, c.shift, generator, eps, where=maskable)
     if teacher is None:
         l_diff = diffusion.diffusion_loss(student, x0, xt, masked, t, norm, extra_ce=extra_ce)
         return l_diff, dict(diff_loss=l_diff)
@@ -240,8 +249,10 @@ def print_samples(model, tok, val_data, args, device):
 
 if __name__ == "__main__":
     args = training.parse_loop_args(p)
-    if not 0 <= args.eps < 0.5 or args.lambda_align < 0 or args.ckpt_interval <= 0:
-        p.error("need 0 <= --eps < 0.5, --lambda_align >= 0 and --ckpt_interval > 0")
+    if not 0 <= args.eps < 0.5 or args.lambda_align < 0 or args.ckpt_interval <= 0 or args.tasks_n <= 0:
+        p.error("need 0 <= --eps < 0.5, --lambda_align >= 0, --ckpt_interval > 0 and --tasks_n > 0")
+    if args.tasks and not Path(args.tasks).is_file():
+        p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
     freeze = [g for g in args.freeze.split(",") if g]
     if bad := set(freeze) - {"embed", "mlp", "attn", "lm_head"}:
         p.error(f"--freeze: unknown groups {sorted(bad)}; choose from embed, mlp, attn, lm_head")
@@ -265,7 +276,10 @@ if __name__ == "__main__":
     if student.config.tie_word_embeddings and ({"embed", "lm_head"} & set(freeze)):
         print("tied embeddings: freezing embed or lm_head freezes both (the output head IS the embedding matrix)")
     n_frozen = sum(q.numel() for q in student.parameters() if not q.requires_grad)
-    val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len, args.eval_batches, device)
+    sep_id, starts = training.answers_only(args.loss_after, tok, train_data, val_data, args.seq_len, "align")
+    val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len, args.eval_batches, device,
+                                    starts=starts["val"])
+    task_items = tasks.load_items(args.tasks, args.tasks_n) if args.tasks else None
     teacher_path, teacher, cosines = args.teacher or student.config.converted_from, None, None
     if args.lambda_align > 0:
         teacher = load_teacher(teacher_path, student, device)
@@ -305,14 +319,16 @@ if __name__ == "__main__":
         lr = training.set_lr(opt, step, args)
         stats = dict(loss=0.0)
         for k in range(args.grad_accum):
-            x0 = data.get_batch(train_data, args.batch_size, args.seq_len, device, gen)
+            x0 = data.get_batch(train_data, args.batch_size, args.seq_len, device, gen, starts=starts["train"])
             if not training.mine(k):  # another rank's micro-batch: its mask drawn too, so the generators stay in step
                 diffusion.corrupt(x0, student.config.mask_token_id, student.config.shift, gen, args.eps)
                 continue
+            answers = None if sep_id is None else data.after_separator(x0, sep_id, tok.eos_id)
             with ctx:
                 loss, s = training.run(loss_step, student, teacher, x0, gen, layers=layers,
                                        lambda_align=args.lambda_align, eps=args.eps, metric=args.align_metric,
-                                       norm=args.loss_norm, positions=args.align_positions, extra_ce=args.extra_ce)
+                                       norm=args.loss_norm, positions=args.align_positions, extra_ce=args.extra_ce,
+                                       maskable=answers)
             (loss / args.grad_accum).backward()
             for name, v in dict(s, loss=loss).items():
                 stats[name] = stats.get(name, 0) + v.detach() / args.grad_accum
@@ -332,6 +348,9 @@ if __name__ == "__main__":
         last = step == args.max_iters - 1
         if step % args.eval_interval == 0 or last:
             last_eval = dict(step=step, **training.run(evaluate, student, val_batches, ctx, cosines))
+            if task_items:
+                with ctx:
+                    last_eval.update(training.run(tasks.log_record, student, tok, task_items))
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
         if step % args.ckpt_interval == 0 or last:
             training.save_checkpoint(out_dir, student, tok, opt, step, gen, extra=vars(args))

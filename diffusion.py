@@ -50,11 +50,12 @@ def maskable(B, T, shift, prompt_lens=None, device=None):
     return ok
 
 
-def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=None, *, block_size=None):
+def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=None, *, block_size=None, where=None):
     """-> xt (B, T), masked (B, T) bool, t. Per sequence t ~ U(eps, 1-eps) (or the given t: a float or (B,)),
     returned as (B,); with block_size, per (sequence, block) (BD3-LM; block g holds positions g·bs..g·bs+bs-1;
     a given t: a float or (B, n_blocks)), returned per position, (B, T). Each maskable token is replaced by
-    mask_id independently with probability t (its block's)."""
+    mask_id independently with probability t (its block's). where (B, T) bool: only these positions are
+    maskable besides `maskable`'s rule (an answer-only loss: data.after_separator)."""
     B, T = x0.shape
     gdev = generator.device if generator is not None else torch.device("cpu")
     shape = (B, -(-T // block_size)) if block_size else (B,)
@@ -65,6 +66,8 @@ def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=No
         t = t.repeat_interleave(block_size, 1)[:, :T]  # (B, T): each position its block's t
     u = torch.rand(B, T, generator=generator, device=gdev)
     masked = (u < per_position(t)).to(x0.device) & maskable(B, T, shift, prompt_lens, x0.device)  # P(masked) = t
+    if where is not None:
+        masked = masked & where
     return torch.where(masked, torch.full_like(x0, mask_id), x0), masked, t.to(x0.device)
 
 

@@ -52,6 +52,7 @@ import torch
 from tqdm import tqdm
 
 import data
+import tasks
 import training
 from diffusion import block_logits, layout, per_block_logits
 from sample import attend, block_generate, prepare
@@ -72,6 +73,10 @@ p.add_argument("--kl_reduction", default="seq", choices=["seq", "token"],
 p.add_argument("--teacher_top_k", type=int, default=None,
                help="sparse fkl over the teacher's top-k ids, not renormalised (published: 16)")
 p.add_argument("--train_eos", action="store_true", help="also train the position of the first end token")
+p.add_argument("--tasks", default=None, metavar="FILE",
+               help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
+               "--threshold, greedy (task_acc, task_tpf in log.jsonl)")
+p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
 p.add_argument("--threshold", type=float, default=0.9, help="rollout confidence threshold")
 p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
 p.add_argument("--rollout_min", type=int, default=16, help="curriculum start, tokens (published: 100)")
@@ -271,6 +276,8 @@ if __name__ == "__main__":
         p.error("--teacher_top_k must be positive and goes with --divergence fkl")
     if args.policy == "data" and args.prompts:
         p.error("--policy data takes x0 from the data: it cannot use --prompts")
+    if args.tasks and not Path(args.tasks).is_file() or args.tasks_n <= 0:
+        p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl); --tasks_n > 0")
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     gen = torch.Generator(device).manual_seed(args.seed)  # prompts, rollouts, states: all randomness
@@ -313,9 +320,15 @@ if __name__ == "__main__":
     loss_kw = dict(eos_id=ends, vocab_size=tok.vocab_size, divergence=args.divergence, top_k=args.teacher_top_k,
                    reduction=args.kl_reduction, train_eos=args.train_eos)
 
+    task_items = tasks.load_items(args.tasks, args.tasks_n) if args.tasks else None
+
     def run_eval():  # at the final length --rollout_max: the states the trained student is sampled in
-        return training.run(evaluate, student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,
-                            vocab_size=tok.vocab_size, ctx=ctx, **sampling)
+        res = training.run(evaluate, student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,
+                           vocab_size=tok.vocab_size, ctx=ctx, **sampling)
+        if task_items:
+            with ctx:
+                res.update(training.run(tasks.log_record, student, tok, task_items, threshold=args.threshold))
+        return res
     log = training.Log(out_dir, args.resume)
     print(f"student: {student.num_params() / 1e6:.2f}M parameters, block {c.block_size}, shift={c.shift}; teacher "
           f"{teacher_dir} ({str(teacher.lm_head.weight.dtype).removeprefix('torch.')}); {len(pool)} prompts; "

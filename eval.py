@@ -252,12 +252,14 @@ def thresholds(text):
 
 def task_table(sampler, runs):
     """The markdown table of task_curve's runs: a row per threshold and family, then the threshold's overall row."""
-    lines = ["| sampler | threshold | family | n | exact match | tokens/forward (mean ± std) | min | max |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| sampler | threshold | family | n | exact match | largest first | tokens/forward (mean ± std) "
+             "| min | max |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         t = "—" if run["threshold"] is None else f"{run['threshold']:g}"
         for f, r in [*run["families"].items(), ("all", run)]:
-            lines.append(f"| {sampler} | {t} | {f} | {r['n']} | {r['accuracy']:.3f} | {r['tokens_per_forward']:.2f} ± "
+            pref = f"{r['preferred']:.3f}" if f == "sort" else "—"
+            lines.append(f"| {sampler} | {t} | {f} | {r['n']} | {r['accuracy']:.3f} | {pref} | "
+                         f"{r['tokens_per_forward']:.2f} ± "
                          f"{r['tokens_per_forward_std']:.2f} | {r['tokens_per_forward_min']:.2f} | "
                          f"{r['tokens_per_forward_max']:.2f} |")
     return "\n".join(lines)
@@ -268,7 +270,6 @@ def task_curve(args):
     per family and overall, with each row's tokens per forward; a DLM once per threshold (the accuracy-versus-
     parallelism curve), an AR model once (thresholds do not apply). -> dict(sampler, prompts, runs=[dict(threshold,
     accuracy, families, **sample.throughput)]); the rows themselves are not kept."""
-    import data
     import sample
     import tasks
     import torch
@@ -277,11 +278,7 @@ def task_curve(args):
     path = Path(args.data) / "heldout.jsonl"
     if not path.is_file():
         raise SystemExit(f"eval: no {path}; write one with: python tasks.py --out_dir {args.data}")
-    items = data.read_jsonl(path, ("prompt", "answer", "family"))
-    by_family = {}
-    for it in items:
-        by_family.setdefault(it["family"], []).append(it)
-    items = [it for rows in by_family.values() for it in rows[:args.num_prompts]]  # None: all of them
+    items = tasks.load_items(path, args.num_prompts)  # None: all of them
     model, tok, device, _ = load(args.ckpt, args.device, args.seed)
     training.same_tokenizer(fingerprint_of(args.data), f"eval: the task data {args.data}",
                             model.config.tokenizer_sha256, f"the checkpoint {args.ckpt}",

@@ -98,15 +98,9 @@ if __name__ == "__main__":
     tok = training.load_tokenizer(args.data, model.config)
     if model.config.attn != "causal":
         raise SystemExit(f"pretrain.py trains AR models; this checkpoint has attn={model.config.attn!r}")
-    loss_kw, starts = {}, dict(train=None, val=None)  # every token of random windows
-    if args.loss_after is not None:  # the answers of windows that begin at a document's start
-        sep = tok.encode(args.loss_after)
-        if len(sep) != 1 or not (train_data == sep[0]).any():
-            raise SystemExit(f"pretrain: --loss_after {args.loss_after!r} is {len(sep)} tokens of the data's "
-                             f"tokenizer and must be one that occurs in the training data; pass one such token's text")
-        loss_kw = dict(sep_id=sep[0], eos_id=tok.eos_id)
-        starts = dict(train=data.document_starts(train_data, tok.eos_id, args.seq_len + 1),
-                      val=data.document_starts(val_data, tok.eos_id, args.seq_len + 1))
+    # --loss_after: the answers of windows that begin at a document's start; else every token of random windows
+    sep_id, starts = training.answers_only(args.loss_after, tok, train_data, val_data, args.seq_len + 1, "pretrain")
+    loss_kw = {} if sep_id is None else dict(sep_id=sep_id, eos_id=tok.eos_id)
     model.model.gradient_checkpointing = args.grad_checkpoint
     model = training.shard(model)  # --fsdp
     opt = training.optimizer(model, args, device, state)

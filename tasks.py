@@ -84,6 +84,12 @@ def check(family, prompt, completion):
     return completion.split(EOS)[0].split() == solve(family, prompt).split()
 
 
+def preferred(family, prompt, completion):
+    """The preference of the AR-MAP demonstration, judged by a rule: a sort answer written largest first (the
+    prompt's digits in descending order). The teacher was never shown one; only sort has a preferred form."""
+    return family == "sort" and completion.split(EOS)[0].split() == solve(family, prompt).split()[::-1]
+
+
 def held_out(prompt, fraction):
     """The split rule: a stable hash of the prompt's text (the same on every machine and for every seed)."""
     return data.is_val(prompt, fraction)
@@ -112,11 +118,40 @@ def build(*, seed=1337, n_train=100_000, n_heldout=200, families=FAMILIES, heldo
     return train, items
 
 
-def write(out_dir, train, items):
+def prompts_and_pairs(train, items, *, n_prompts=2000, seed=1337):
+    """From build()'s output -> (training prompts: up to n_prompts distinct prompts of the training documents, the
+    prompt pool of distill.py; preference pairs for train and held-out: every sort prompt whose digits are not all
+    equal, chosen = its digits largest first (`preferred`), rejected = the taught smallest-first answer)."""
+    prompts = list(dict.fromkeys(t[:t.index(" =") + 2] for t in train))  # distinct, in order of appearance
+    prompts = random.Random(f"prompts-{seed}").sample(prompts, min(n_prompts, len(prompts)))
+    pool = [dict(prompt=q, family=q.split(" ")[0]) for q in prompts]
+
+    def pair(prompt):
+        answer = solve("sort", prompt)
+        return dict(prompt=prompt, chosen=digits_text(answer.split()[::-1]), rejected=answer)
+    sorts = [q for q in prompts if q.startswith("sort ") and len(set(q.split()[1:-1])) > 1]
+    held = [it["prompt"] for it in items if it["family"] == "sort" and len(set(it["prompt"].split()[1:-1])) > 1]
+    return pool, [pair(q) for q in sorts], [pair(q) for q in held]
+
+
+def write(out_dir, train, items, pool=(), train_pairs=(), heldout_pairs=()):
+    """train.jsonl ({"text"}), heldout.jsonl ({"prompt", "answer", "family"}), and when given prompts.jsonl
+    ({"prompt", "family"}), pairs_train.jsonl and pairs_heldout.jsonl ({"prompt", "chosen", "rejected"})."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train.jsonl").write_text("".join(json.dumps(dict(text=t)) + "\n" for t in train))
-    (out / "heldout.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
+    files = {"train.jsonl": [dict(text=t) for t in train], "heldout.jsonl": items, "prompts.jsonl": pool,
+             "pairs_train.jsonl": train_pairs, "pairs_heldout.jsonl": heldout_pairs}
+    for name, recs in files.items():
+        if recs:
+            (out / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def load_items(path, per_family=None):
+    """heldout.jsonl's items, at most per_family of each family (the first ones; None: all), families in order."""
+    by_family = {}
+    for it in data.read_jsonl(path, ("prompt", "answer", "family")):
+        by_family.setdefault(it["family"], []).append(it)
+    return [it for rows in by_family.values() for it in rows[:per_family]]
 
 
 # ---- evaluation ----------------------------------------------------------------------------------
@@ -160,7 +195,8 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
             for b, i in enumerate(batch):
                 text = tok.decode(sample.until_end(gen.generated[b].tolist(), ends))
                 rows[i] = dict(family=f, prompt=items[i]["prompt"], completion=text,
-                               correct=check(f, items[i]["prompt"], text), tokens=int(gen.row_tokens[b]),
+                               correct=check(f, items[i]["prompt"], text),
+                               preferred=preferred(f, items[i]["prompt"], text), tokens=int(gen.row_tokens[b]),
                                forwards=int(gen.row_nfe[b]))
         if dev.type == "cuda":
             torch.cuda.synchronize()
@@ -169,9 +205,27 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     for f in gens:
         rs = [r for r in rows if r["family"] == f]
         families[f] = dict(n=len(rs), accuracy=sum(r["correct"] for r in rs) / len(rs),
-                           **sample.throughput(gens[f], secs[f]))
+                           preferred=sum(r["preferred"] for r in rs) / len(rs), **sample.throughput(gens[f], secs[f]))
     return dict(n=len(rows), accuracy=sum(r["correct"] for r in rows) / len(rows), families=families, rows=rows,
                 **sample.throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
+
+
+def log_record(model, tok, items, *, threshold=0.9, batch_size=64, seed=1337):
+    """The flat record a training script logs at an evaluation: task_acc (all items), task_acc_<family>,
+    task_tpf (tokens per forward, the mean over rows), task_pref_sort (the share answered largest first), from
+    exact_match with the model's own sampler at `threshold` (AR: greedy), temperature 0, a fixed seed."""
+    was_training = model.training
+    model.eval()
+    dev = model.model.embed_tokens.weight.device
+    res = exact_match(model, tok, items, batch_size=batch_size, generator=torch.Generator(dev).manual_seed(seed),
+                      threshold=None if model.config.attn == "causal" else threshold)
+    model.train(was_training)
+    fam = res["families"]
+    rec = dict(task_acc=res["accuracy"], **{f"task_acc_{f}": r["accuracy"] for f, r in fam.items()},
+               task_tpf=res["tokens_per_forward"])
+    if "sort" in fam:
+        rec["task_pref_sort"] = fam["sort"]["preferred"]
+    return rec
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
@@ -183,6 +237,7 @@ def main():
     p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, from " + ", ".join(FAMILIES))
     p.add_argument("--n_train", type=int, default=100_000, help="training documents")
     p.add_argument("--n_heldout", type=int, default=200, help="held-out prompts per family")
+    p.add_argument("--n_prompts", type=int, default=2000, help="distinct training prompts in prompts.jsonl")
     p.add_argument("--heldout_fraction", type=float, default=0.05, help="share of the prompt space held out")
     p.add_argument("--min_len", type=int, default=2, help="sort, rev: the shortest list")
     p.add_argument("--max_len", type=int, default=4, help="sort, rev: the longest list")
@@ -196,8 +251,11 @@ def main():
     train, items = build(seed=args.seed, n_train=args.n_train, n_heldout=args.n_heldout, families=families,
                          heldout_fraction=args.heldout_fraction, min_len=args.min_len, max_len=args.max_len,
                          max_digits=args.max_digits)
-    write(args.out_dir, train, items)
-    print(f"wrote {args.out_dir}/train.jsonl ({len(train):,} documents) and heldout.jsonl ({len(items)} prompts)")
+    pool, train_pairs, heldout_pairs = prompts_and_pairs(train, items, n_prompts=args.n_prompts, seed=args.seed)
+    write(args.out_dir, train, items, pool, train_pairs, heldout_pairs)
+    print(f"wrote {args.out_dir}/: train.jsonl ({len(train):,} documents), heldout.jsonl ({len(items)} prompts), "
+          f"prompts.jsonl ({len(pool)} training prompts), pairs_train.jsonl / pairs_heldout.jsonl "
+          f"({len(train_pairs)} / {len(heldout_pairs)} 'sort largest first' preference pairs)")
 
 
 if __name__ == "__main__":

@@ -354,6 +354,19 @@ def load_tokenizer(path, config):
 
 # ---- checkpoints ---------------------------------------------------------------------------------
 
+def answers_only(text, tok, train_data, val_data, window, who):
+    """--loss_after TEXT -> (sep_id, starts): the separator's id and, per split, the offsets at which a window of
+    `window` tokens begins a document (data.document_starts). TEXT None -> (None, no starts: any offset)."""
+    if text is None:
+        return None, dict(train=None, val=None)
+    sep = tok.encode(text)
+    if len(sep) != 1 or not (train_data == sep[0]).any():
+        raise SystemExit(f"{who}: --loss_after {text!r} is {len(sep)} tokens of the data's tokenizer and must be "
+                         f"one that occurs in the training data; pass one such token's text")
+    return sep[0], dict(train=data.document_starts(train_data, tok.eos_id, window),
+                        val=data.document_starts(val_data, tok.eos_id, window))
+
+
 def save_dtype(config, args):
     """The dtype checkpoints are stored in: --save_dtype, or (auto) the model's stored dtype (config.torch_dtype:
     bfloat16 for Qwen3, float32 for the tiny presets; float32 when it names no floating dtype)."""

@@ -315,3 +315,13 @@ def test_chunked_evaluation_equals_one_piece(shift, monkeypatch):
         ce, top = diffusion.head_ce(model, h, target, argmax=True)
         torch.testing.assert_close(ce, ref.detach(), rtol=1e-6, atol=1e-6)
         assert torch.equal(top, model.lm_head(h).argmax(-1))
+
+
+def test_corrupt_where_limits_the_masks():
+    """where: only those positions may be masked; the draws are otherwise the same (same generator state)."""
+    x0 = torch.arange(2 * 12).view(2, 12)
+    where = torch.zeros(2, 12, dtype=torch.bool)
+    where[0, 5:], where[1, 2:4] = True, True
+    xt, m, t = diffusion.corrupt(x0, 99, True, torch.Generator().manual_seed(0), t=0.7, where=where)
+    xt_all, m_all, _ = diffusion.corrupt(x0, 99, True, torch.Generator().manual_seed(0), t=0.7)
+    assert torch.equal(m, m_all & where) and torch.equal(xt, torch.where(m, 99, x0)) and m.any()

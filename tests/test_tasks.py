@@ -104,6 +104,14 @@ def test_check_accepts_answer_rejects_near_misses():
     assert not tasks.check("sort", "sort 3 1 2 =", " 3 2 1") and tasks.check("rev", "rev 3 1 2 =", " 2 1 3")
 
 
+def test_preferred_is_the_sort_answer_largest_first():
+    assert tasks.preferred("sort", "sort 3 1 2 =", " 3 2 1") and tasks.preferred("sort", "sort 3 1 2 =", "3 2 1" + EOS)
+    for near in (" 3 2 1 1", " 3 1 2", " 1 2 3", " 3 2", ""):
+        assert not tasks.preferred("sort", "sort 3 1 2 =", near)
+    assert not tasks.preferred("rev", "rev 1 2 3 =", " 3 2 1")  # only sort has a preferred form
+    assert tasks.preferred("sort", "sort 4 4 =", " 4 4") and tasks.check("sort", "sort 4 4 =", " 4 4")
+
+
 @pytest.mark.parametrize("family, prompt", [
     ("sort", "sort 3 1 2"), ("sort", "sort 12 3 ="), ("sort", "sort ="), ("sort", "rev 3 1 ="), ("sort", "sort 3  1 ="),
     ("rev", "rev 3 x ="), ("add", "add 0 1 + 2 ="), ("add", "add 1 + ="), ("add", "add + 2 ="), ("add", "add 1 2 ="),
@@ -172,6 +180,21 @@ def test_cli_writes_files_data_py_reads(tmp_path):
     assert len(items) == 21 and all(set(it) == {"prompt", "answer", "family"} for it in items)
     meta = data.prepare(str(tmp_path), source=str(tmp_path / "train.jsonl"), tokenizer="byte")
     assert sum(s["documents"] for s in meta["splits"].values()) == 400
+    pool = data.read_prompts(tmp_path / "prompts.jsonl")  # distill.py's --prompts: whole training prompts
+    texts = {d["text"] for d in docs}
+    assert pool and all(any(t.startswith(r["prompt"]) for t in texts) and r["prompt"].endswith(" =") for r in pool)
+    for name, split in (("pairs_train.jsonl", texts), ("pairs_heldout.jsonl", None)):
+        pairs = data.read_pairs(tmp_path / name)
+        assert pairs and all(r["prompt"].startswith("sort ") and r["chosen"] != r["rejected"] for r in pairs)
+        for r in pairs:  # rejected: the taught answer; chosen: the same digits largest first
+            assert tasks.check("sort", r["prompt"], r["rejected"]) and not tasks.check("sort", r["prompt"], r["chosen"])
+            assert tasks.preferred("sort", r["prompt"], r["chosen"])
+            assert split is None or r["prompt"] + r["rejected"] in split
+    held = {it["prompt"] for it in items}
+    assert {r["prompt"] for r in data.read_pairs(tmp_path / "pairs_heldout.jsonl")} <= held
+    assert not held & {r["prompt"] for r in data.read_pairs(tmp_path / "pairs_train.jsonl")}
+    assert [it["family"] for it in tasks.load_items(tmp_path / "heldout.jsonl", 2)] == [
+        f for f in tasks.FAMILIES for _ in range(2)]
     again = tmp_path / "again"
     assert run_script("tasks.py", "--out_dir", again, *small).returncode == 0
     assert (again / "train.jsonl").read_text() == (tmp_path / "train.jsonl").read_text()
@@ -314,3 +337,17 @@ def test_exact_match_stops_and_cuts_at_every_end_id(world, attn, kw):
         res = tasks.exact_match(model, tok, items, batch_size=4, max_new_tokens=16, **kw)
         assert res["accuracy"] == 1.0 and all(r["completion"] == it["answer"] for r, it in zip(res["rows"], items))
         assert all(r["tokens"] == len(tok.encode(it["answer"])) + 1 for r, it in zip(res["rows"], items))
+
+
+def test_log_record_summarises_exact_match(world):
+    """The flat record the training scripts log: the same numbers as exact_match, and the preference share."""
+    tok, items = world
+    desc = {it["prompt"]: (it["answer"] if it["family"] != "sort" else tasks.digits_text(it["answer"].split()[::-1]))
+            for it in items}
+    model = Oracle(tok, desc, "block", 4)
+    rec = tasks.log_record(model, tok, items, threshold=0.9, batch_size=4)
+    res = tasks.exact_match(model, tok, items, batch_size=4, threshold=0.9)
+    assert rec["task_acc"] == res["accuracy"] and rec["task_tpf"] == pytest.approx(res["tokens_per_forward"])
+    assert rec["task_acc_rev"] == rec["task_acc_add"] == 1.0
+    distinct = [len(set(it["prompt"].split()[1:-1])) > 1 for it in items if it["family"] == "sort"]
+    assert rec["task_pref_sort"] == 1.0 and rec["task_acc_sort"] == 1 - sum(distinct) / len(distinct)
