@@ -55,7 +55,7 @@ import diffusion
 import training
 from model import atomic_write, load_config, weight_files
 from sample import attend, block_generate, diffusion_generate, until_end
-from tokenizer import Tokenizer
+from tokenizer import EOS, Tokenizer
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TYPES = LORA_TARGETS + ("embed_tokens", "lm_head", "norms")  # spectrum's rows, in this order
@@ -93,6 +93,9 @@ s.add_argument("--pairs", default="data/pairs/train.jsonl", help="training pairs
 s.add_argument("--heldout", default="data/pairs/heldout.jsonl", help="every pair is scored at each evaluation")
 s.add_argument("--out_dir", default="out/ar-dpo", help="the DPO-trained AR checkpoint goes here")
 s.add_argument("--beta", type=float, default=0.1, help="DPO's β: the strength of the pull away from π_ref")
+s.add_argument("--sft_weight", type=float, default=0.0,
+               help="α: add α times the chosen responses' per-token NLL to the DPO loss (not in the published recipe; "
+               "keeps a small model's generations intact while it learns a preference)")
 s.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning; r > 0: LoRA, and π_ref is the "
                "policy's own base with the adapters off (one copy, held as the policy is; --frozen_dtype unused)")
 s.add_argument("--lora_alpha", type=float, default=16.0, help="LoRA scale α (the update is (α/r)·BA)")
@@ -187,7 +190,7 @@ def read_pairs(path, tok, seq_len):
         raise SystemExit(f"merge: {e}")
     out = []
     for k, r in enumerate(recs, 1):
-        yw, yl = tok.encode(r["chosen"])[:seq_len // 2], tok.encode(r["rejected"])[:seq_len // 2]
+        yw, yl = (tok.encode(r[k], allowed_special={EOS})[:seq_len // 2] for k in ("chosen", "rejected"))
         x = tok.encode(r["prompt"])[-(seq_len - max(len(yw), len(yl))):]
         if not x:
             raise SystemExit(f"merge: {path}: record {k} has an empty prompt")
@@ -308,8 +311,8 @@ def evaluate(model, items, ref_lp, args, ctx, device):
 
 
 def cmd_dpo(args):
-    if args.beta <= 0 or args.lora_rank < 0:
-        p.error("need --beta > 0 and --lora_rank >= 0")
+    if args.beta <= 0 or args.lora_rank < 0 or args.sft_weight < 0:
+        p.error("need --beta > 0, --lora_rank >= 0 and --sft_weight >= 0")
     if args.fsdp and args.lora_rank:
         p.error("--fsdp shards full fine-tuning only; LoRA's adapters are small: drop --fsdp (DDP) or --lora_rank")
     device, ctx = training.setup(args.device, args.seed)
@@ -360,6 +363,8 @@ def cmd_dpo(args):
             with ctx:
                 pi_w, pi_l = training.run(response_logps, policy, ids, resp).chunk(2)  # log π(y|x)
             loss, r_w, r_l = dpo_loss(pi_w, pi_l, ref_w, ref_l, args.beta)
+            if args.sft_weight:  # + α · (−log π(y_w|x) / |y_w|): the chosen responses' NLL per token
+                loss = loss + args.sft_weight * (-pi_w / resp.chunk(2)[0].sum(1).clamp(min=1)).mean()
             (loss / args.grad_accum).backward()
             for name, v in dict(loss=loss.detach(), reward_acc=(r_w > r_l).float().mean(), margin=(r_w - r_l).mean(),
                                 reward_chosen=r_w.mean(), reward_rejected=r_l.mean()).items():
