@@ -252,13 +252,12 @@ def thresholds(text):
 
 def task_table(sampler, runs):
     """The markdown table of task_curve's runs: a row per threshold and family, then the threshold's overall row."""
-    lines = ["| sampler | threshold | family | n | exact match | largest first | tokens/forward (mean ± std) "
+    lines = ["| sampler | threshold | family | n | exact match | with a full stop | tokens/forward (mean ± std) "
              "| min | max |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         t = "—" if run["threshold"] is None else f"{run['threshold']:g}"
         for f, r in [*run["families"].items(), ("all", run)]:
-            pref = f"{r['preferred']:.3f}" if f == "sort" else "—"
-            lines.append(f"| {sampler} | {t} | {f} | {r['n']} | {r['accuracy']:.3f} | {pref} | "
+            lines.append(f"| {sampler} | {t} | {f} | {r['n']} | {r['accuracy']:.3f} | {r['preferred']:.3f} | "
                          f"{r['tokens_per_forward']:.2f} ± "
                          f"{r['tokens_per_forward_std']:.2f} | {r['tokens_per_forward_min']:.2f} | "
                          f"{r['tokens_per_forward_max']:.2f} |")

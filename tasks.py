@@ -84,10 +84,13 @@ def check(family, prompt, completion):
     return completion.split(EOS)[0].split() == solve(family, prompt).split()
 
 
+MARK = "."  # the preference of the AR-MAP demonstration: end the answer with a full stop
+
+
 def preferred(family, prompt, completion):
-    """The preference of the AR-MAP demonstration, judged by a rule: a sort answer written largest first (the
-    prompt's digits in descending order). The teacher was never shown one; only sort has a preferred form."""
-    return family == "sort" and completion.split(EOS)[0].split() == solve(family, prompt).split()[::-1]
+    """The rule-judged preference of the AR-MAP demonstration: the right answer followed by a full stop, then the end
+    (" 1 2 3." for " 1 2 3"). The teacher never saw a full stop; `check` counts such an answer wrong."""
+    return completion.split(EOS)[0].split() == (solve(family, prompt) + MARK).split()
 
 
 def held_out(prompt, fraction):
@@ -120,18 +123,16 @@ def build(*, seed=1337, n_train=100_000, n_heldout=200, families=FAMILIES, heldo
 
 def prompts_and_pairs(train, items, *, n_prompts=2000, seed=1337):
     """From build()'s output -> (training prompts: up to n_prompts distinct prompts of the training documents, the
-    prompt pool of distill.py; preference pairs for train and held-out: every sort prompt whose digits are not all
-    equal, chosen = its digits largest first (`preferred`), rejected = the taught smallest-first answer)."""
+    prompt pool of distill.py; preference pairs for train and held-out: chosen = the answer with a full stop, then
+    the end, rejected = the taught answer, then the end (the eos text, which merge.py reads as the eos id))."""
     prompts = list(dict.fromkeys(t[:t.index(" =") + 2] for t in train))  # distinct, in order of appearance
     prompts = random.Random(f"prompts-{seed}").sample(prompts, min(n_prompts, len(prompts)))
     pool = [dict(prompt=q, family=q.split(" ")[0]) for q in prompts]
 
     def pair(prompt):
-        answer = solve("sort", prompt)
-        return dict(prompt=prompt, chosen=digits_text(answer.split()[::-1]), rejected=answer)
-    sorts = [q for q in prompts if q.startswith("sort ") and len(set(q.split()[1:-1])) > 1]
-    held = [it["prompt"] for it in items if it["family"] == "sort" and len(set(it["prompt"].split()[1:-1])) > 1]
-    return pool, [pair(q) for q in sorts], [pair(q) for q in held]
+        answer = solve(prompt.split(" ")[0], prompt)
+        return dict(prompt=prompt, chosen=answer + MARK + EOS, rejected=answer + EOS)
+    return pool, [pair(q) for q in prompts], [pair(it["prompt"]) for it in items]
 
 
 def write(out_dir, train, items, pool=(), train_pairs=(), heldout_pairs=()):
@@ -169,12 +170,12 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     row (mean, std, min, max), forwards per row, tokens/s. A row's tokens and forwards are the sampler's own
     per-row counts (Generation.row_tokens, row_nfe: up to and including its eos, as if decoded alone). A row
     stops, and its completion is cut, at the first of the checkpoint's end ids (Tokenizer.end_ids).
-    Each family is decoded in batches of its own, timed apart. max_new_tokens: default the longest answer + eos,
-    rounded up to the block size (block) or block_length (masked diffusion; default one block of that length);
-    steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9).
-    Rows are scored by `check`."""
+    Each family is decoded in batches of its own, timed apart. max_new_tokens: default the longest answer + full
+    stop + eos, rounded up to the block size (block) or block_length (masked diffusion; default one block of that
+    length); steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9).
+    Rows are scored by `check` (correct) and `preferred` (the right answer with a full stop)."""
     c, dev, ends = model.config, model.model.embed_tokens.weight.device, tok.end_ids(model.config)
-    N = max_new_tokens or max(len(tok.encode(it["answer"])) for it in items) + 1
+    N = max_new_tokens or max(len(tok.encode(it["answer"] + MARK)) for it in items) + 1  # room for the mark and eos
     if c.attn == "block":
         N = round_up(N, block_size or c.block_size)
     elif c.attn == "bidirectional":
@@ -206,14 +207,15 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
         rs = [r for r in rows if r["family"] == f]
         families[f] = dict(n=len(rs), accuracy=sum(r["correct"] for r in rs) / len(rs),
                            preferred=sum(r["preferred"] for r in rs) / len(rs), **sample.throughput(gens[f], secs[f]))
-    return dict(n=len(rows), accuracy=sum(r["correct"] for r in rows) / len(rows), families=families, rows=rows,
+    return dict(n=len(rows), accuracy=sum(r["correct"] for r in rows) / len(rows),
+                preferred=sum(r["preferred"] for r in rows) / len(rows), families=families, rows=rows,
                 **sample.throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
 
 
 def log_record(model, tok, items, *, threshold=0.9, batch_size=64, seed=1337):
     """The flat record a training script logs at an evaluation: task_acc (all items), task_acc_<family>,
-    task_tpf (tokens per forward, the mean over rows), task_pref_sort (the share answered largest first), from
-    exact_match with the model's own sampler at `threshold` (AR: greedy), temperature 0, a fixed seed."""
+    task_tpf (tokens per forward, the mean over rows), task_pref (the share of right answers with a full stop),
+    from exact_match with the model's own sampler at `threshold` (AR: greedy), temperature 0, a fixed seed."""
     was_training = model.training
     model.eval()
     dev = model.model.embed_tokens.weight.device
@@ -222,9 +224,7 @@ def log_record(model, tok, items, *, threshold=0.9, batch_size=64, seed=1337):
     model.train(was_training)
     fam = res["families"]
     rec = dict(task_acc=res["accuracy"], **{f"task_acc_{f}": r["accuracy"] for f, r in fam.items()},
-               task_tpf=res["tokens_per_forward"])
-    if "sort" in fam:
-        rec["task_pref_sort"] = fam["sort"]["preferred"]
+               task_tpf=res["tokens_per_forward"], task_pref=res["preferred"])
     return rec
 
 
@@ -255,7 +255,7 @@ def main():
     write(args.out_dir, train, items, pool, train_pairs, heldout_pairs)
     print(f"wrote {args.out_dir}/: train.jsonl ({len(train):,} documents), heldout.jsonl ({len(items)} prompts), "
           f"prompts.jsonl ({len(pool)} training prompts), pairs_train.jsonl / pairs_heldout.jsonl "
-          f"({len(train_pairs)} / {len(heldout_pairs)} 'sort largest first' preference pairs)")
+          f"({len(train_pairs)} / {len(heldout_pairs)} preference pairs: an answer ending in a full stop is chosen)")
 
 
 if __name__ == "__main__":

@@ -104,12 +104,12 @@ def test_check_accepts_answer_rejects_near_misses():
     assert not tasks.check("sort", "sort 3 1 2 =", " 3 2 1") and tasks.check("rev", "rev 3 1 2 =", " 2 1 3")
 
 
-def test_preferred_is_the_sort_answer_largest_first():
-    assert tasks.preferred("sort", "sort 3 1 2 =", " 3 2 1") and tasks.preferred("sort", "sort 3 1 2 =", "3 2 1" + EOS)
-    for near in (" 3 2 1 1", " 3 1 2", " 1 2 3", " 3 2", ""):
-        assert not tasks.preferred("sort", "sort 3 1 2 =", near)
-    assert not tasks.preferred("rev", "rev 1 2 3 =", " 3 2 1")  # only sort has a preferred form
-    assert tasks.preferred("sort", "sort 4 4 =", " 4 4") and tasks.check("sort", "sort 4 4 =", " 4 4")
+def test_preferred_is_the_answer_with_a_full_stop():
+    assert tasks.preferred("sort", "sort 3 1 2 =", " 1 2 3.")
+    assert tasks.preferred("sort", "sort 3 1 2 =", "1 2 3." + EOS)
+    assert tasks.preferred("add", "add 9 + 3 =", " 1 2.") and not tasks.check("add", "add 9 + 3 =", " 1 2.")
+    for near in (" 1 2 3", " 1 2 3 .", " 1 2 3..", " 1 3 2.", " 1 2.", ".", " 1 2 3.4"):
+        assert not tasks.preferred("sort", "sort 3 1 2 =", near), near
 
 
 @pytest.mark.parametrize("family, prompt", [
@@ -183,15 +183,20 @@ def test_cli_writes_files_data_py_reads(tmp_path):
     pool = data.read_prompts(tmp_path / "prompts.jsonl")  # distill.py's --prompts: whole training prompts
     texts = {d["text"] for d in docs}
     assert pool and all(any(t.startswith(r["prompt"]) for t in texts) and r["prompt"].endswith(" =") for r in pool)
+    tok = Tokenizer.byte_level()
     for name, split in (("pairs_train.jsonl", texts), ("pairs_heldout.jsonl", None)):
         pairs = data.read_pairs(tmp_path / name)
-        assert pairs and all(r["prompt"].startswith("sort ") and r["chosen"] != r["rejected"] for r in pairs)
-        for r in pairs:  # rejected: the taught answer; chosen: the same digits largest first
-            assert tasks.check("sort", r["prompt"], r["rejected"]) and not tasks.check("sort", r["prompt"], r["chosen"])
-            assert tasks.preferred("sort", r["prompt"], r["chosen"])
-            assert split is None or r["prompt"] + r["rejected"] in split
+        assert pairs
+        for r in pairs:  # rejected: the taught answer, then eos; chosen: the same with a full stop; eos one token
+            family = r["prompt"].split()[0]
+            w, l = (tok.encode(r[k], allowed_special={EOS}) for k in ("chosen", "rejected"))
+            assert w[-1] == l[-1] == tok.eos_id and w.count(tok.eos_id) == l.count(tok.eos_id) == 1
+            assert tasks.check(family, r["prompt"], r["rejected"]) and not tasks.check(family, r["prompt"], r["chosen"])
+            assert tasks.preferred(family, r["prompt"], r["chosen"]) and not tasks.preferred(family, r["prompt"],
+                                                                                             r["rejected"])
+            assert split is None or r["prompt"] + r["rejected"].removesuffix(EOS) in split
     held = {it["prompt"] for it in items}
-    assert {r["prompt"] for r in data.read_pairs(tmp_path / "pairs_heldout.jsonl")} <= held
+    assert {r["prompt"] for r in data.read_pairs(tmp_path / "pairs_heldout.jsonl")} == held
     assert not held & {r["prompt"] for r in data.read_pairs(tmp_path / "pairs_train.jsonl")}
     assert [it["family"] for it in tasks.load_items(tmp_path / "heldout.jsonl", 2)] == [
         f for f in tasks.FAMILIES for _ in range(2)]
@@ -340,14 +345,12 @@ def test_exact_match_stops_and_cuts_at_every_end_id(world, attn, kw):
 
 
 def test_log_record_summarises_exact_match(world):
-    """The flat record the training scripts log: the same numbers as exact_match, and the preference share."""
+    """The flat record the training scripts log: the same numbers as exact_match, and the full stop's share."""
     tok, items = world
-    desc = {it["prompt"]: (it["answer"] if it["family"] != "sort" else tasks.digits_text(it["answer"].split()[::-1]))
-            for it in items}
-    model = Oracle(tok, desc, "block", 4)
+    marked = {it["prompt"]: it["answer"] + (tasks.MARK if it["family"] == "sort" else "") for it in items}
+    model = Oracle(tok, marked, "block", 4)
     rec = tasks.log_record(model, tok, items, threshold=0.9, batch_size=4)
     res = tasks.exact_match(model, tok, items, batch_size=4, threshold=0.9)
     assert rec["task_acc"] == res["accuracy"] and rec["task_tpf"] == pytest.approx(res["tokens_per_forward"])
-    assert rec["task_acc_rev"] == rec["task_acc_add"] == 1.0
-    distinct = [len(set(it["prompt"].split()[1:-1])) > 1 for it in items if it["family"] == "sort"]
-    assert rec["task_pref_sort"] == 1.0 and rec["task_acc_sort"] == 1 - sum(distinct) / len(distinct)
+    assert rec["task_acc_rev"] == rec["task_acc_add"] == 1.0 and rec["task_acc_sort"] == 0.0
+    assert rec["task_pref"] == pytest.approx(1 / 3) and res["families"]["sort"]["preferred"] == 1.0
