@@ -516,3 +516,24 @@ def test_bad_inputs_give_one_line_errors(world, tmp_path):
     assert r.returncode == 1 and "merge pairs:" in r.stderr and not (tmp_path / "p").exists()  # no empty directory
     r = run("pairs", "--data", world / "data", "--out_dir", tmp_path / "p2")  # a corpus without quotes
     assert r.returncode == 1 and "quotes" in r.stderr and not (tmp_path / "p2").exists()
+
+
+def test_dpo_sft_weight_adds_the_chosen_nll_per_token(world, tmp_path):
+    """--sft_weight α: at step 0 the policy is the reference, so DPO's term is log 2 and the logged loss is
+    log 2 + α · (−log π(y_w|x)) / |y_w|, checked against a slow per-token loop on the one pair of the file (every
+    draw picks it). The chosen response ends in the eos text, read as the eos id."""
+    pair = dict(prompt="x = ", chosen="'a'<|endoftext|>", rejected="\"a\"<|endoftext|>")
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps(pair) + "\n")
+    r = run("dpo", "--ar", world / "ar", "--pairs", path, "--heldout", path, "--out_dir", tmp_path / "out",
+            "--batch_size", 2, "--max_iters", 1, "--sft_weight", 0.5)
+    assert r.returncode == 0, r.stderr[-2000:]
+    loss = json.loads((tmp_path / "out/log.jsonl").read_text().splitlines()[0])["loss"]
+    tok, model = Tokenizer.byte_level(), Qwen3.from_pretrained(world / "ar")
+    x, y = tok.encode(pair["prompt"]), tok.encode(pair["chosen"], allowed_special={"<|endoftext|>"})
+    assert y[-1] == tok.eos_id and len(y) == 4
+    ids = torch.tensor([x + y])
+    with torch.no_grad():
+        logp = model(ids, attn="causal")[0].log_softmax(-1)
+    nll = -sum(logp[len(x) + i - 1, y[i]].item() for i in range(len(y)))  # row j-1 predicts token j
+    assert loss == pytest.approx(math.log(2) + 0.5 * nll / len(y), rel=1e-4)

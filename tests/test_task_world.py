@@ -1,0 +1,83 @@
+"""The methods on the exact-answer world: align.py --loss_after masks answers only (windows at document starts)
+and, with --tasks, logs exact match and tokens per forward at every evaluation; distill.py takes tasks.py's
+prompts.jsonl and logs the same; the numbers logged are tasks.log_record's (tested in test_tasks.py)."""
+import json
+
+import pytest
+import torch
+
+import align
+import convert
+import data
+import diffusion
+import tasks
+from conftest import run_script
+from model import Qwen3, preset
+from tokenizer import Tokenizer
+
+TASK_KEYS = {"task_acc", "task_acc_sort", "task_acc_rev", "task_acc_add", "task_tpf", "task_pref"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """tasks.py's files (small), prepared with the byte tokenizer ("=" is one token), a micro AR model with random
+    weights, and its bidirectional and block conversions."""
+    root = tmp_path_factory.mktemp("tasks")
+    train, items = tasks.build(seed=0, n_train=600, n_heldout=4)
+    tasks.write(root / "data", train, items, *tasks.prompts_and_pairs(train, items, n_prompts=40))
+    data.prepare(str(root / "data"), source=str(root / "data/train.jsonl"), tokenizer="byte")
+    Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
+    Tokenizer.byte_level().save_pretrained(root / "ar")
+    convert.convert(root / "ar", root / "dlm", "bidirectional")
+    convert.convert(root / "ar", root / "block", "block", block_size=4, shift=True)
+    return root
+
+
+def log(out):
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_answer_only_masks(world):
+    """loss_step(maskable=answers) masks nothing outside the answers and their eos (data.after_separator)."""
+    tok, seen = Tokenizer.byte_level(), []
+    train = data.load_split(world / "data", "train")
+    sep = tok.encode("=")[0]
+    x0 = data.get_batch(train, 8, 24, starts=data.document_starts(train, tok.eos_id, 24),
+                        generator=torch.Generator().manual_seed(0))
+    assert all(tok.decode(row[:4].tolist()) in ("sort", "rev ", "add ") for row in x0)  # windows open documents
+    answers = data.after_separator(x0, sep, tok.eos_id)
+    student = Qwen3.from_pretrained(world / "dlm")
+    orig = diffusion.diffusion_loss
+    spy = lambda model, x0, xt, masked, *a, **kw: seen.append(masked) or orig(model, x0, xt, masked, *a, **kw)
+    diffusion.diffusion_loss = spy
+    try:
+        for seed in range(4):
+            align.loss_step(student, None, x0, torch.Generator().manual_seed(seed), layers=[], lambda_align=0,
+                            maskable=answers)
+    finally:
+        diffusion.diffusion_loss = orig
+    masked = torch.stack(seen)
+    assert masked.any() and not (masked & ~answers).any()
+
+
+def test_align_and_distill_log_the_task_world(world, tmp_path):
+    d, heldout = world / "data", world / "data/heldout.jsonl"
+    small = ["--batch_size", 4, "--max_iters", 3, "--eval_interval", 2, "--tasks", heldout, "--tasks_n", 2]
+    r = run_script("align.py", "--init", world / "dlm", "--data", d, "--out_dir", tmp_path / "align", "--loss_after",
+                   "=", "--seq_len", 24, "--eval_batches", 1, "--samples", 0, *small)
+    assert r.returncode == 0, r.stderr[-2000:]
+    evals = [rec for rec in log(tmp_path / "align") if "val_nelbo" in rec]
+    assert [rec["step"] for rec in evals] == [0, 2] and all(TASK_KEYS <= set(rec) for rec in evals)
+    assert all(0 <= rec["task_acc"] <= 1 and rec["task_tpf"] > 0 for rec in evals)
+    r = run_script("distill.py", "--init", world / "block", "--teacher", world / "ar", "--prompts",
+                   d / "prompts.jsonl", "--out_dir", tmp_path / "distill", "--seq_len", 16, "--rollout_min", 8,
+                   "--rollout_max", 8, "--train_eos", "--eval_batches", 1, *small)
+    assert r.returncode == 0, r.stderr[-2000:]
+    evals = [rec for rec in log(tmp_path / "distill") if "val_kl" in rec]
+    assert [rec["step"] for rec in evals] == [0, 2] and all(TASK_KEYS <= set(rec) for rec in evals)
+    bad = run_script("align.py", "--init", world / "dlm", "--data", d, "--out_dir", tmp_path / "bad", "--loss_after",
+                     "sort", *small)
+    assert bad.returncode != 0 and "--loss_after 'sort' is 4 tokens" in bad.stderr
+    bad = run_script("align.py", "--init", world / "dlm", "--data", d, "--out_dir", tmp_path / "bad", "--tasks",
+                     tmp_path / "none.jsonl")
+    assert bad.returncode == 2 and "no such file" in bad.stderr
