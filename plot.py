@@ -30,6 +30,8 @@ DEFAULT_PANELS = (
     ("OPDLM: KL(teacher ‖ student) per masked token", ("kl", "val_kl")),
     ("OPDLM: rollout length (tokens)", ("max_len", "rollout_len")),
     ("tokens per forward", ("tokens_per_forward", "val_tokens_per_forward")),
+    ("exact match on held-out tasks (task_acc: all families)", ("task_acc*",)),
+    ("tasks: tokens per forward per row; share answered with a full stop", ("task_tpf", "task_pref")),
     ("DPO: reward accuracy", ("reward_acc", "heldout_reward_acc")),
     ("DPO: reward margin r(y_w) − r(y_l)", ("margin", "heldout_margin")),
 )

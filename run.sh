@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# The embedded default, end to end on a CPU (about 15 minutes on 2 cores): installs the run-time requirements
-# into the current Python, then
-#   corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversion (bidirectional
-#   and block DLMs) -> REPR-ALIGN (and its λ = 0 baseline) -> OPDLM (the block student) -> DPO on the AR model
-#   + AR-MAP merge into the REPR-ALIGN DLM -> evaluation of every model
-# and ends with one table (likelihood, generation quality, tokens per forward, reward accuracy), printed and
-# written to out/results.md. A stage whose output exists is reused, and says so; an interrupted training run
-# is resumed; a failing stage stops the run with its name. Settings are the scripts' defaults except where
-# set below (shorter runs, so that the whole chain fits the budget).
+# The embedded default, end to end on a CPU (about 15 minutes on 2 cores). Installs the run-time requirements into
+# the current Python, then runs one of two worlds and ends with its table, printed and written to a results.md:
+#
+#   bash run.sh          (or: bash run.sh tasks)  the exact-answer world, out/tasks/results.md:
+#       tasks.py (sort / rev / add prompts, preference pairs) -> tiny AR teacher (answer-only loss) -> conversions
+#       (bidirectional and block DLMs) -> REPR-ALIGN and its λ = 0 baseline, exact match logged every 20 steps ->
+#       OPDLM and its off-policy ablation -> DPO on the AR model (prefer a full stop after the answer) + AR-MAP
+#       merge into the REPR-ALIGN DLM -> exact match and tokens per forward of every model at four thresholds
+#   bash run.sh stdlib   the standard-library world, out/results.md:
+#       corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversions ->
+#       REPR-ALIGN (and λ = 0) -> OPDLM -> DPO + AR-MAP merge -> likelihood and generation quality of every model
+#
+# A stage whose output exists is reused, and says so; an interrupted training run is resumed; a failing stage stops
+# the run with its name. Settings are the scripts' defaults except where set below (shorter runs, so that the whole
+# chain fits the budget).
 set -euo pipefail
 cd "$(dirname "$0")"
+WORLD=${1:-tasks}
+if [ "$WORLD" != tasks ] && [ "$WORLD" != stdlib ]; then
+  echo "usage: bash run.sh [tasks|stdlib]   (default: tasks, the exact-answer world)" >&2; exit 2
+fi
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
 
@@ -26,6 +36,83 @@ stage() {  # stage NAME OUTPUT_FILE COMMAND...
 }
 resume() { [ -e "$1/train_state.pt" ] && echo --resume || true; }  # an interrupted run continues
 
+tasks_world() {
+D=data/tasks O=out/tasks
+stage tasks     $D/heldout.jsonl        "$PYTHON" tasks.py --out_dir $D
+stage corpus    $D/meta.json            "$PYTHON" data.py --source $D/train.jsonl --out_dir $D
+# the loss on the answers only, every window opening a document: the teacher learns the tasks in minutes
+stage pretrain  $O/ar/results.json      "$PYTHON" pretrain.py --data $D --out_dir $O/ar --loss_after " =" --seq_len 16 \
+                                          --batch_size 64 --max_iters 1200 --eval_interval 300 $(resume $O/ar)
+stage convert   $O/dlm/config.json      "$PYTHON" convert.py --ar $O/ar --out_dir $O/dlm --attn bidirectional
+stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $O/ar --out_dir $O/block --attn block --block_size 4 \
+                                          --shift true
+# exact match and tokens per forward (threshold 0.9) on 50 held-out prompts per family at every evaluation
+TASKS=(--tasks $D/heldout.jsonl --tasks_n 50)
+ALIGN=(--init $O/dlm --data $D --loss_after " =" --seq_len 16 --batch_size 64 --max_iters 200 --eval_interval 20
+       --ckpt_interval 100 --eval_batches 4 --samples 0 "${TASKS[@]}")
+stage align     $O/align/results.json   "$PYTHON" align.py "${ALIGN[@]}" --out_dir $O/align $(resume $O/align)
+stage align-λ0  $O/align0/results.json  "$PYTHON" align.py "${ALIGN[@]}" --out_dir $O/align0 --lambda_align 0 \
+                                          $(resume $O/align0)
+# rollouts of 8 tokens (two blocks: every answer, its eos and the full stop fit), the eos position trained too
+DISTILL=(--init $O/block --teacher $O/ar --prompts $D/prompts.jsonl --seq_len 16 --rollout_min 8 --rollout_max 8
+         --curriculum_steps 0 --train_eos --batch_size 32 --max_iters 200 --eval_interval 20 "${TASKS[@]}")
+stage distill   $O/distill/results.json "$PYTHON" distill.py "${DISTILL[@]}" --out_dir $O/distill $(resume $O/distill)
+stage distill-off $O/distill-off/results.json "$PYTHON" distill.py "${DISTILL[@]}" --policy off \
+                                          --out_dir $O/distill-off $(resume $O/distill-off)
+# the preference: end the answer with a full stop. Plain DPO (--sft_weight 0) breaks this small teacher's answers;
+# the chosen answers' NLL (--sft_weight 1) keeps them
+stage dpo       $O/ar-dpo/results.json  "$PYTHON" merge.py dpo --ar $O/ar --pairs $D/pairs_train.jsonl \
+                                          --heldout $D/pairs_heldout.jsonl --out_dir $O/ar-dpo --max_iters 100 --lr 1e-3 \
+                                          --batch_size 16 --eval_interval 50 --sft_weight 1 $(resume $O/ar-dpo)
+stage merge     $O/merged/merge.json    "$PYTHON" merge.py merge --ar $O/ar --ar_aligned $O/ar-dpo --dlm $O/align \
+                                          --pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --out_dir $O/merged \
+                                          --gammas 0,0.25,0.5,0.75,1 --n_masks 2 --samples 0
+
+MODELS="ar ar-dpo dlm align0 align block distill-off distill merged"
+for m in $MODELS; do
+  stage "eval $m" $O/eval/$m.json "$PYTHON" eval.py tasks --ckpt $O/$m --data $D --num_prompts 100 \
+    --thresholds 0.5,0.7,0.9,0.95 --out $O/eval/$m.json
+done
+"$PYTHON" - $MODELS <<'PY' | tee $O/results.md
+import json, sys
+from pathlib import Path
+O = Path("out/tasks")
+what = {"ar": "AR teacher (pretrain.py)", "ar-dpo": "AR after DPO (merge.py dpo)",
+        "dlm": "bidirectional conversion, untrained", "align0": "masked diffusion, λ = 0 (align.py)",
+        "align": "REPR-ALIGN, λ = 10 (align.py)", "block": "block conversion, untrained",
+        "distill-off": "OPDLM off-policy ablation (distill.py --policy off)", "distill": "OPDLM (distill.py)",
+        "merged": "REPR-ALIGN + AR-MAP (merge.py merge)"}
+runs = {m: json.loads((O / f"eval/{m}.json").read_text())["results"]["runs"] for m in sys.argv[1:]}
+merge = json.loads((O / "merged/merge.json").read_text())
+print("Exact match on 100 held-out prompts per family (greedy; the DLMs commit every token whose confidence reaches "
+      "the threshold) and tokens per forward, the mean over rows of each row's own count.\n")
+print("| model | threshold | sort | rev | add | all | tokens per forward | answered with a full stop |")
+print("|---|---|---|---|---|---|---|---|")
+for m, rs in runs.items():
+    for r in rs if m in ("ar", "ar-dpo") else [x for x in rs if x["threshold"] == 0.9]:
+        f = r["families"]
+        t = "—" if r["threshold"] is None else f"{r['threshold']:g}"
+        name = what[m] + (f" (γ = {merge['best_gamma']:g})" if m == "merged" else "")
+        print(f"| {m}: {name} | {t} | {f['sort']['accuracy']:.2f} | {f['rev']['accuracy']:.2f} | "
+              f"{f['add']['accuracy']:.2f} | {r['accuracy']:.2f} | {r['tokens_per_forward']:.2f} | {r['preferred']:.2f} |")
+print("\nAccuracy against parallelism: exact match (all families) / tokens per forward, per threshold\n")
+ts = [r["threshold"] for r in runs["align"]]
+print("| model | " + " | ".join(f"threshold {t:g}" for t in ts) + " |")
+print("|---|" + "---|" * len(ts))
+for m, rs in runs.items():
+    if m not in ("ar", "ar-dpo"):
+        print(f"| {m} | " + " | ".join(f"{r['accuracy']:.2f} / {r['tokens_per_forward']:.2f}" for r in rs) + " |")
+k = merge["gammas"].index(merge["best_gamma"])
+print(f"\nAR-MAP: γ = {merge['best_gamma']:g} chosen on {merge['train']['n_pairs']} training pairs (reward accuracy "
+      f"{merge['train']['reward_accuracy'][k]:.3f}); held-out reward accuracy {merge['heldout']['reward_accuracy'][k]:.3f}")
+PY
+if "$PYTHON" -c "import matplotlib" 2>/dev/null; then
+  "$PYTHON" plot.py $O/align $O/align0 $O/distill $O/distill-off --keys task_acc task_tpf --out $O/curves.png
+fi
+echo "run.sh: done in $((SECONDS - T0)) s; the tables are in $O/results.md. Try: python sample.py --ckpt $O/distill --prompt 'sort 3 1 2 =' --show_rounds"
+}
+
+stdlib_world() {
 stage corpus    data/stdlib/meta.json     "$PYTHON" data.py --out_dir data/stdlib
 stage pretrain  out/ar-tiny/results.json  "$PYTHON" pretrain.py --data data/stdlib --out_dir out/ar-tiny $(resume out/ar-tiny)
 stage convert   out/dlm-tiny/config.json  "$PYTHON" convert.py --ar out/ar-tiny --out_dir out/dlm-tiny --attn bidirectional
@@ -83,3 +170,6 @@ print(f"\nAR-MAP win rate of out/dlm-merged over out/align under the rule 'prefe
       f"{merge['win_rate']:.3f} ({merge['samples']} samples each)")
 PY
 echo "run.sh: done in $((SECONDS - T0)) s; the table is in out/results.md. Try: python sample.py --ckpt out/align"
+}
+
+"${WORLD}_world"
