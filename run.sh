@@ -86,15 +86,17 @@ runs = {m: json.loads((O / f"eval/{m}.json").read_text())["results"]["runs"] for
 merge = json.loads((O / "merged/merge.json").read_text())
 print("Exact match on 100 held-out prompts per family (greedy; the DLMs commit every token whose confidence reaches "
       "the threshold) and tokens per forward, the mean over rows of each row's own count.\n")
-print("| model | threshold | sort | rev | add | all | tokens per forward | answered with a full stop |")
-print("|---|---|---|---|---|---|---|---|")
+print("| model | threshold | sort | rev | add | all | all, with or without the full stop | tokens per forward "
+      "| answered with a full stop |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m, rs in runs.items():
     for r in rs if m in ("ar", "ar-dpo") else [x for x in rs if x["threshold"] == 0.9]:
         f = r["families"]
         t = "—" if r["threshold"] is None else f"{r['threshold']:g}"
         name = what[m] + (f" (γ = {merge['best_gamma']:g})" if m == "merged" else "")
         print(f"| {m}: {name} | {t} | {f['sort']['accuracy']:.2f} | {f['rev']['accuracy']:.2f} | "
-              f"{f['add']['accuracy']:.2f} | {r['accuracy']:.2f} | {r['tokens_per_forward']:.2f} | {r['preferred']:.2f} |")
+              f"{f['add']['accuracy']:.2f} | {r['accuracy']:.2f} | {r['right']:.2f} | {r['tokens_per_forward']:.2f} | "
+              f"{r['preferred']:.2f} |")
 print("\nAccuracy against parallelism: exact match (all families) / tokens per forward, per threshold\n")
 ts = [r["threshold"] for r in runs["align"]]
 print("| model | " + " | ".join(f"threshold {t:g}" for t in ts) + " |")

@@ -173,7 +173,7 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     Each family is decoded in batches of its own, timed apart. max_new_tokens: default the longest answer + full
     stop + eos, rounded up to the block size (block) or block_length (masked diffusion; default one block of that
     length); steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9).
-    Rows are scored by `check` (correct) and `preferred` (the right answer with a full stop)."""
+    Rows are scored by `check` (correct) and `preferred` (the right answer with a full stop); `right` is either."""
     c, dev, ends = model.config, model.model.embed_tokens.weight.device, tok.end_ids(model.config)
     N = max_new_tokens or max(len(tok.encode(it["answer"] + MARK)) for it in items) + 1  # room for the mark and eos
     if c.attn == "block":
@@ -206,9 +206,12 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     for f in gens:
         rs = [r for r in rows if r["family"] == f]
         families[f] = dict(n=len(rs), accuracy=sum(r["correct"] for r in rs) / len(rs),
-                           preferred=sum(r["preferred"] for r in rs) / len(rs), **sample.throughput(gens[f], secs[f]))
+                           preferred=sum(r["preferred"] for r in rs) / len(rs),
+                           right=sum(r["correct"] or r["preferred"] for r in rs) / len(rs),
+                           **sample.throughput(gens[f], secs[f]))
     return dict(n=len(rows), accuracy=sum(r["correct"] for r in rows) / len(rows),
-                preferred=sum(r["preferred"] for r in rows) / len(rows), families=families, rows=rows,
+                preferred=sum(r["preferred"] for r in rows) / len(rows),
+                right=sum(r["correct"] or r["preferred"] for r in rows) / len(rows), families=families, rows=rows,
                 **sample.throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
 
 

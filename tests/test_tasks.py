@@ -354,3 +354,4 @@ def test_log_record_summarises_exact_match(world):
     assert rec["task_acc"] == res["accuracy"] and rec["task_tpf"] == pytest.approx(res["tokens_per_forward"])
     assert rec["task_acc_rev"] == rec["task_acc_add"] == 1.0 and rec["task_acc_sort"] == 0.0
     assert rec["task_pref"] == pytest.approx(1 / 3) and res["families"]["sort"]["preferred"] == 1.0
+    assert res["right"] == 1.0 and res["families"]["sort"]["right"] == 1.0
