@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The exact-answer world's comparisons over several training seeds, after `bash run.sh` (it reuses out/tasks/{ar,dlm,
+# block,ar-dpo,align}): REPR-ALIGN against λ = 0 and OPDLM against its off-policy ablation, each trained with seeds
+# 1..N (run.sh's settings), scored on 200 held-out prompts per family at four thresholds; and AR-MAP's merge at each γ
+# of a grid, scored at threshold 0.9 (the share of answers with the full stop against the accuracy kept).
+# Writes out/tasks/repro/results.md and curves.png (with matplotlib). About 15 minutes on 2 cores with N = 3.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+SEEDS=${SEEDS:-"1 2 3"}
+D=data/tasks O=out/tasks R=out/tasks/repro
+for need in $O/align/results.json $O/ar-dpo/results.json $O/block/config.json; do
+  [ -e $need ] || { echo "repro_tasks.sh: $need is missing; run 'bash run.sh' first" >&2; exit 1; }
+done
+TASKS=(--tasks $D/heldout.jsonl --tasks_n 50)
+ALIGN=(--init $O/dlm --data $D --loss_after " =" --seq_len 16 --batch_size 64 --max_iters 200 --eval_interval 20
+       --ckpt_interval 1000 --eval_batches 4 --samples 0 --weights_only "${TASKS[@]}")
+DISTILL=(--init $O/block --teacher $O/ar --prompts $D/prompts.jsonl --seq_len 16 --rollout_min 8 --rollout_max 8
+         --curriculum_steps 0 --train_eos --batch_size 32 --max_iters 200 --eval_interval 20 --weights_only "${TASKS[@]}")
+run() {  # run OUT_DIR COMMAND...: skipped when OUT_DIR/results.json exists
+  local out=$1; shift
+  [ -e "$out/results.json" ] && { echo "== reusing $out"; return; }
+  echo "== $out"; "$@" --out_dir "$out" > "$out.log" 2>&1 || { echo "failed: $* (see $out.log)" >&2; exit 1; }
+}
+mkdir -p $R
+for s in $SEEDS; do
+  run $R/align-s$s "$PYTHON" align.py "${ALIGN[@]}" --seed $s
+  run $R/align0-s$s "$PYTHON" align.py "${ALIGN[@]}" --seed $s --lambda_align 0
+  run $R/distill-s$s "$PYTHON" distill.py "${DISTILL[@]}" --seed $s
+  run $R/distill-off-s$s "$PYTHON" distill.py "${DISTILL[@]}" --seed $s --policy off
+  for m in align align0 distill distill-off; do
+    [ -e $R/eval-$m-s$s.json ] || "$PYTHON" eval.py tasks --ckpt $R/$m-s$s --data $D --num_prompts 200 \
+      --thresholds 0.5,0.7,0.9,0.95 --out $R/eval-$m-s$s.json > /dev/null
+  done
+done
+GAMMAS="0 0.25 0.5 0.75 1 1.5"
+for g in $GAMMAS; do
+  [ -e $R/merged-g$g/merge.json ] || "$PYTHON" merge.py merge --ar $O/ar --ar_aligned $O/ar-dpo --dlm $O/align \
+    --pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --out_dir $R/merged-g$g --gammas $g --n_masks 1 \
+    --samples 0 > /dev/null 2>&1
+  [ -e $R/eval-merged-g$g.json ] || "$PYTHON" eval.py tasks --ckpt $R/merged-g$g --data $D --num_prompts 200 \
+    --thresholds 0.9 --out $R/eval-merged-g$g.json > /dev/null
+done
+
+"$PYTHON" - "$SEEDS" "$GAMMAS" <<'PY' | tee $R/results.md
+import json, statistics, sys
+from pathlib import Path
+R, seeds, gammas = Path("out/tasks/repro"), sys.argv[1].split(), sys.argv[2].split()
+runs = lambda name: json.loads(Path(name).read_text())["results"]["runs"]
+fmt = lambda xs: f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}"
+print(f"Exact match (all families, 200 held-out prompts each) / tokens per forward, mean ± sd over seeds {', '.join(seeds)}"
+      " (200 training steps each)\n")
+ts = [r["threshold"] for r in runs(R / f"eval-align-s{seeds[0]}.json")]
+print("| model | " + " | ".join(f"threshold {t:g}" for t in ts) + " | add at 0.9 |")
+print("|---|" + "---|" * (len(ts) + 1))
+for m, what in [("align0", "masked diffusion, λ = 0"), ("align", "REPR-ALIGN, λ = 10"),
+                ("distill-off", "OPDLM, off-policy ablation"), ("distill", "OPDLM, on-policy")]:
+    rs = [runs(R / f"eval-{m}-s{s}.json") for s in seeds]
+    cells = [f"{fmt([r[k]['accuracy'] for r in rs])} / {fmt([r[k]['tokens_per_forward'] for r in rs])}"
+             for k in range(len(ts))]
+    add = fmt([r[ts.index(0.9)]["families"]["add"]["accuracy"] for r in rs])
+    print(f"| {what} | " + " | ".join(cells) + f" | {add} |")
+print("\nAR-MAP: out/tasks/ar-dpo's task vector merged into out/tasks/align at each γ (threshold 0.9, 200 prompts per "
+      "family)\n")
+print("| γ | held-out reward accuracy | exact match | right, with or without the full stop | answered with a full stop "
+      "| tokens per forward |\n|---|---|---|---|---|---|")
+for g in gammas:
+    r = runs(R / f"eval-merged-g{g}.json")[0]
+    m = json.loads((R / f"merged-g{g}/merge.json").read_text())
+    print(f"| {g} | {m['heldout']['reward_accuracy'][0]:.3f} | {r['accuracy']:.2f} | {r['right']:.2f} | "
+          f"{r['preferred']:.2f} | {r['tokens_per_forward']:.2f} |")
+PY
+if "$PYTHON" -c "import matplotlib" 2>/dev/null; then
+  s=${SEEDS%% *}
+  "$PYTHON" plot.py $R/align-s$s $R/align0-s$s $R/distill-s$s $R/distill-off-s$s --keys task_acc task_tpf \
+    --out $R/curves.png
+fi
