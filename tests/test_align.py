@@ -225,7 +225,7 @@ def test_lambda_zero_never_runs_the_teacher_in_training(world, tmp_path, monkeyp
 
     monkeypatch.setattr(Qwen3, "from_pretrained", classmethod(count_teacher))
     monkeypatch.setattr(Qwen3Model, "forward", no_causal_in_training)
-    monkeypatch.setattr(data, "get_batch", lambda *a: training_started.append(1) or get_batch(*a))
+    monkeypatch.setattr(data, "get_batch", lambda *a, **kw: training_started.append(1) or get_batch(*a, **kw))
     r = run(*common(world, tmp_path / "l0"), "--teacher", world / "ar", "--lambda_align", "0", "--max_iters", "3",
             "--eval_interval", "2")
     assert r.returncode == 0, r.stderr[-2000:]
