@@ -24,7 +24,7 @@ INIT=${INIT:-out/dlm-tiny}
 DATA=${DATA:-data/stdlib}
 ONLY=${ONLY:-all}      # all | claim
 EXTRA=${EXTRA:-}       # more align.py flags for every run (a smoke test: --batch_size 2 --seq_len 32 ...)
-[ -e "$INIT/config.json" ] || { echo "repro_align.sh: no $INIT; run 'bash run.sh' first (it makes it)" >&2; exit 1; }
+[ -e "$INIT/config.json" ] || { echo "repro_align.sh: no $INIT; run 'bash run.sh stdlib' first (it makes it)" >&2; exit 1; }
 case $ONLY in all|claim) ;; *) echo "repro_align.sh: ONLY=$ONLY; use all or claim" >&2; exit 1 ;; esac
 
 RUNS=()

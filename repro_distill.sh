@@ -45,7 +45,7 @@ DISTILL_ARGS=${DISTILL_ARGS:-"--curriculum_steps 40 --eval_batches 4"}  # extra 
 LIK_ARGS=${LIK_ARGS:-"--n_batches 4 --n_draws 4"}
 GEN_ARGS=${GEN_ARGS:-"--num_prompts 32 --max_new_tokens 64"}
 for f in out/ar-tiny/config.json data/stdlib/meta.json; do
-  [ -e $f ] || { echo "repro_distill.sh: run 'bash run.sh' first (it makes $(dirname $f))" >&2; exit 1; }
+  [ -e $f ] || { echo "repro_distill.sh: run 'bash run.sh stdlib' first (it makes $(dirname $f))" >&2; exit 1; }
 done
 T0=$SECONDS
 mkdir -p "$OUT/eval"

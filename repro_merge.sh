@@ -23,13 +23,13 @@ else
 fi
 DLM=${DLM:-out/repro/lambda10}
 for f in data/stdlib/meta.json out/ar-tiny/config.json; do
-  [ -e $f ] || { echo "repro_merge.sh: run 'bash run.sh' first (it makes $(dirname $f))" >&2; exit 1; }
+  [ -e $f ] || { echo "repro_merge.sh: run 'bash run.sh stdlib' first (it makes $(dirname $f))" >&2; exit 1; }
 done
 if [ ! -e "$DLM/config.json" ]; then
   echo "repro_merge.sh: no $DLM ('bash repro_align.sh' makes it); using the unaligned conversion out/dlm-tiny" \
        "instead, whose τ_diff is zero (no shadowing to measure)" >&2
   DLM=out/dlm-tiny
-  [ -e $DLM/config.json ] || { echo "repro_merge.sh: no $DLM either: run 'bash run.sh' first" >&2; exit 1; }
+  [ -e $DLM/config.json ] || { echo "repro_merge.sh: no $DLM either: run 'bash run.sh stdlib' first" >&2; exit 1; }
 fi
 
 T0=$SECONDS

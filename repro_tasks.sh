@@ -33,6 +33,15 @@ for s in $SEEDS; do
       --thresholds 0.5,0.7,0.9,0.95 --out $R/eval-$m-s$s.json > /dev/null
   done
 done
+# plain DPO (no NLL term), as published, beside run.sh's --sft_weight 1 (out/tasks/ar-dpo)
+[ -e $R/ar-dpo-plain/results.json ] || "$PYTHON" merge.py dpo --ar $O/ar --pairs $D/pairs_train.jsonl \
+  --heldout $D/pairs_heldout.jsonl --out_dir $R/ar-dpo-plain --max_iters 100 --lr 1e-3 --batch_size 16 \
+  --eval_interval 50 --weights_only > $R/ar-dpo-plain.log 2>&1
+for m in ar ar-dpo; do
+  [ -e $R/eval-$m.json ] || "$PYTHON" eval.py tasks --ckpt $O/$m --data $D --num_prompts 200 --out $R/eval-$m.json > /dev/null
+done
+[ -e $R/eval-ar-dpo-plain.json ] || "$PYTHON" eval.py tasks --ckpt $R/ar-dpo-plain --data $D --num_prompts 200 \
+  --out $R/eval-ar-dpo-plain.json > /dev/null
 GAMMAS="0 0.25 0.5 0.75 1 1.5"
 for g in $GAMMAS; do
   [ -e $R/merged-g$g/merge.json ] || "$PYTHON" merge.py merge --ar $O/ar --ar_aligned $O/ar-dpo --dlm $O/align \
@@ -60,6 +69,15 @@ for m, what in [("align0", "masked diffusion, λ = 0"), ("align", "REPR-ALIGN, �
              for k in range(len(ts))]
     add = fmt([r[ts.index(0.9)]["families"]["add"]["accuracy"] for r in rs])
     print(f"| {what} | " + " | ".join(cells) + f" | {add} |")
+print("\nDPO on the AR teacher (greedy, 200 held-out prompts per family): exact match / with a full stop\n")
+print("| model | sort | rev | add | held-out reward accuracy |\n|---|---|---|---|---|")
+for m, what in [("ar", "the teacher"), ("ar-dpo-plain", "plain DPO (--sft_weight 0)"),
+                ("ar-dpo", "DPO + the chosen answers' NLL (--sft_weight 1, run.sh)")]:
+    f = runs(R / f"eval-{m}.json")[0]["families"]
+    res = Path("out/tasks" + ("/repro/" if m == "ar-dpo-plain" else "/") + m) / "results.json"
+    acc = json.loads(res.read_text()).get("heldout_reward_acc") if m != "ar" else None
+    print(f"| {what} | " + " | ".join(f"{f[k]['accuracy']:.2f} / {f[k]['preferred']:.2f}" for k in ("sort", "rev", "add"))
+          + f" | {'—' if acc is None else f'{acc:.3f}'} |")
 print("\nAR-MAP: out/tasks/ar-dpo's task vector merged into out/tasks/align at each γ (threshold 0.9, 200 prompts per "
       "family)\n")
 print("| γ | held-out reward accuracy | exact match | right, with or without the full stop | answered with a full stop "
