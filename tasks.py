@@ -127,7 +127,7 @@ def round_up(n, k):
 
 @torch.no_grad()
 def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temperature=0.0, threshold=None,
-                block_length=None, steps=None, block_size=None, generator=None):
+                block_length=None, steps=None, block_size=None, generator=None, cache="none", compile=False):
     """Score items ({"prompt", "answer", "family"}) with the checkpoint's own sampler (sample.generate) -> dict(n,
     accuracy, families={family: dict(n, accuracy, **throughput)}, rows=[dict(family, prompt, completion, correct,
     tokens, forwards)], **throughput), throughput being sample.throughput of those rows: tokens per forward per
@@ -135,8 +135,9 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     per-row counts (Generation.row_tokens, row_nfe: up to and including its eos, as if decoded alone).
     Each family is decoded in batches of its own, timed apart. max_new_tokens: default the longest answer + eos,
     rounded up to the block size (block) or block_length (masked diffusion; default one block of that length);
-    steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9).
-    Rows are scored by `check`."""
+    steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9);
+    cache (masked diffusion: "none" | "prefix" | "dual", Fast-dLLM's approximate KV cache) and compile as in
+    sample.generate. Rows are scored by `check`."""
     c, dev = model.config, model.model.embed_tokens.weight.device
     N = max_new_tokens or max(len(tok.encode(it["answer"])) for it in items) + 1
     if c.attn == "block":
@@ -154,7 +155,8 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
             batch = idx[j:j + batch_size]
             gen = sample.generate(model, [tok.encode(items[i]["prompt"]) for i in batch], N, temperature=temperature,
                                   eos_id=tok.eos_id, generator=generator, vocab_limit=tok.vocab_size,
-                                  block_length=block_length, steps=steps, threshold=threshold, block_size=block_size)
+                                  block_length=block_length, steps=steps, threshold=threshold, block_size=block_size,
+                                  cache=cache, compile=compile)
             gens[f].append(gen)
             for b, i in enumerate(batch):
                 ids = gen.generated[b].tolist()
