@@ -29,8 +29,8 @@ What is notable here:
   family and overall, with tokens per forward counted per row as in generate (mean ± std, min, max over rows).
   A DLM is decoded once per --thresholds value (Fast-dLLM parallel decoding: the accuracy-versus-parallelism
   curve), an AR model once; --cache prefix|dual decodes a masked-diffusion DLM with Fast-dLLM's approximate
-  KV cache (with --block_length shorter than the answer, or the cache holds the prompt alone). The checkpoint
-  must have the task data's tokenizer.
+  KV cache (in one block, the default, the two are the same: nothing follows the block). The checkpoint must
+  have the task data's tokenizer.
 - humaneval: generated code is untrusted. Each program runs in its own `python -I -B` process in a fresh
   temporary directory (its cwd) with a minimal environment, stdin closed, rlimits (CPU, address space, file
   size, core, processes), a wall-clock limit, and the whole process group killed afterwards. stdout+stderr
