@@ -30,7 +30,9 @@ What is notable here:
 - tasks: exact match on tasks.py's held-out prompts (the prompt -> answer world with a checker per task), per
   family and overall, with tokens per forward counted per row as in generate (mean ± std, min, max over rows).
   A DLM is decoded once per --thresholds value (Fast-dLLM parallel decoding: the accuracy-versus-parallelism
-  curve), an AR model once. The checkpoint must have the task data's tokenizer.
+  curve), an AR model once; --cache prefix|dual decodes a masked-diffusion DLM with Fast-dLLM's approximate
+  KV cache (in one block, the default, the two are the same: nothing follows the block). The checkpoint must
+  have the task data's tokenizer.
 - humaneval: generated code is untrusted. Each program runs in its own `python -I -B` process in a fresh
   temporary directory (its cwd) with a minimal environment, stdin closed, rlimits (CPU, address space, file
   size, core, processes), a wall-clock limit, and the whole process group killed afterwards. stdout+stderr
@@ -287,8 +289,10 @@ def task_curve(args):
     for t in [None] if model.config.attn == "causal" else args.thresholds:
         g = torch.Generator(device).manual_seed(args.seed)
         res = tasks.exact_match(model, tok, items, batch_size=args.batch_size, threshold=t,
-                                block_length=args.block_length, generator=g)
+                                block_length=args.block_length, generator=g, cache=args.cache, compile=args.compile)
         runs.append(dict(threshold=t, **{k: v for k, v in res.items() if k != "rows"}))
+    if args.cache != "none":
+        sampler += f", {args.cache} cache"
     print(task_table(sampler, runs))
     return dict(sampler=sampler, prompts=len(items), runs=runs)
 
@@ -452,6 +456,12 @@ def humaneval(args):
 
 # ---- CLI -----------------------------------------------------------------------------------------
 
+def cache_args(p):
+    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"],
+                   help="masked diffusion: Fast-dLLM's approximate KV cache, refreshed once per block (none: exact)")
+    p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile")
+
+
 def sampler_args(p, max_new_tokens):
     p.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="AR: at most; DLMs: the length")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
@@ -465,9 +475,7 @@ def sampler_args(p, max_new_tokens):
                    help="in (0, 1], on the raw probability; diffusion: Fast-dLLM (off); block: default 0.9")
     p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
     p.add_argument("--no_cache", action="store_true", help="AR, block: recompute every step (reference)")
-    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"],
-                   help="masked diffusion: Fast-dLLM's approximate KV cache, refreshed once per block (none: exact)")
-    p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile")
+    cache_args(p)
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
     p.add_argument("--ignore_eos", action="store_true", help="do not stop a row at the checkpoint's end ids (its "
                    "completion is still scored up to the first)")
@@ -519,6 +527,7 @@ def parser():
     tk.add_argument("--block_length", type=int, default=None,
                     help="masked diffusion: semi-AR block (default the whole answer, one block)")
     tk.add_argument("--batch_size", type=int, default=64, help="rows per sampler call")
+    cache_args(tk)
     for s in (lk, gn, he, tk):
         s.add_argument("--out", default=None, help="write the results here (JSON)")
         s.add_argument("--seed", type=int, default=1337, help="seeds the sampler and the masks (runs repeat)")

@@ -163,7 +163,7 @@ def round_up(n, k):
 
 @torch.no_grad()
 def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temperature=0.0, threshold=None,
-                block_length=None, steps=None, block_size=None, generator=None):
+                block_length=None, steps=None, block_size=None, generator=None, cache="none", compile=False):
     """Score items ({"prompt", "answer", "family"}) with the checkpoint's own sampler (sample.generate) -> dict(n,
     accuracy, families={family: dict(n, accuracy, **throughput)}, rows=[dict(family, prompt, completion, correct,
     tokens, forwards)], **throughput), throughput being sample.throughput of those rows: tokens per forward per
@@ -173,7 +173,9 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     Each family is decoded in batches of its own, timed apart. max_new_tokens: default the longest answer + full
     stop + eos, rounded up to the block size (block) or block_length (masked diffusion; default one block of that
     length); steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9).
-    Rows are scored by `check` (correct) and `preferred` (the right answer with a full stop); `right` is either."""
+    cache (masked diffusion: "none" | "prefix" | "dual", Fast-dLLM's approximate KV cache) and compile as in
+    sample.generate. Rows are scored by `check` (correct) and `preferred` (the answer with a full stop); `right`
+    is either."""
     c, dev, ends = model.config, model.model.embed_tokens.weight.device, tok.end_ids(model.config)
     N = max_new_tokens or max(len(tok.encode(it["answer"] + MARK)) for it in items) + 1  # room for the mark and eos
     if c.attn == "block":
@@ -191,7 +193,8 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
             batch = idx[j:j + batch_size]
             gen = sample.generate(model, [tok.encode(items[i]["prompt"]) for i in batch], N, temperature=temperature,
                                   eos_id=ends, generator=generator, vocab_limit=tok.vocab_size,
-                                  block_length=block_length, steps=steps, threshold=threshold, block_size=block_size)
+                                  block_length=block_length, steps=steps, threshold=threshold, block_size=block_size,
+                                  cache=cache, compile=compile)
             gens[f].append(gen)
             for b, i in enumerate(batch):
                 text = tok.decode(sample.until_end(gen.generated[b].tolist(), ends))

@@ -26,6 +26,7 @@ import convert
 import data
 import diffusion
 import eval as E
+import sample as S
 import tasks
 from conftest import ROOT, run_script, tiny_world
 from model import Qwen3, preset
@@ -448,6 +449,35 @@ def test_tasks_oracle_scores_one_and_wrong_zero(task_data, tmp_path, monkeypatch
         assert [[c.strip() for c in r[1:5]] for r in rows[1:]] == [
             ["—" if t is None else f"{t:g}", f, str(n), f"{want:.3f}"]
             for t in thresholds for f, n in (*((f, 3) for f in tasks.FAMILIES), ("all", 9))]
+
+
+def test_tasks_cache_and_compile_reach_the_sampler(world, task_data, tmp_path, monkeypatch):
+    """eval.py tasks --cache and --compile: passed to the sampler for every batch and named in the sampler column;
+    the run's exact match and forwards are those of tasks.exact_match with that cache; refused for an AR model."""
+    seen, real = [], S.generate
+
+    def spy(*a, **k):
+        seen.append((k["cache"], k["compile"]))
+        return real(*a, **k)
+    monkeypatch.setattr(S, "generate", spy)
+    r = run_script("eval.py", "tasks", "--ckpt", world / "dlm", "--data", task_data["byte"], "--num_prompts", 2,
+                   "--thresholds", "0.9", "--block_length", 2, "--cache", "dual", "--compile", "--device", "cpu",
+                   "--out", tmp_path / "dual.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert seen == [("dual", True)] * 3  # one batch per family
+    assert "| masked diffusion, dual cache | 0.9 | all | 6 |" in r.stdout
+    run = json.loads((tmp_path / "dual.json").read_text())["results"]["runs"][0]
+    monkeypatch.setattr(S, "generate", real)
+    m = Qwen3.from_pretrained(world / "dlm").eval()
+    items = [it for f in tasks.FAMILIES for it in
+             [it for it in data.read_jsonl(task_data["byte"] / "heldout.jsonl") if it["family"] == f][:2]]
+    want = tasks.exact_match(m, Tokenizer.from_pretrained(world / "dlm"), items, threshold=0.9, block_length=2,
+                             cache="dual", generator=torch.Generator().manual_seed(1337))
+    assert (run["accuracy"], run["forwards_per_row"], run["nfe"]) == (want["accuracy"], want["forwards_per_row"],
+                                                                       want["nfe"])
+    r = run_script("eval.py", "tasks", "--ckpt", world / "ar", "--data", task_data["byte"], "--cache", "prefix")
+    assert r.returncode == 1 and r.stderr.strip().endswith("cache: not used by the AR sampler (config.attn "
+                                                           "'causal'); drop it")
 
 
 def test_tasks_on_checkpoints_and_bad_input(world, task_data, tmp_path, monkeypatch, capsys):

@@ -6,6 +6,8 @@ against the eager ones token for token; and the number of graphs torch.compile m
 generation lengths, batch sizes and steps, counted with a backend that only counts."""
 import pytest
 import torch
+import torch.nn.functional as F
+from torch._inductor.utils import run_and_get_code
 
 import sample as S
 from sample import ar_generate, block_generate, diffusion_generate
@@ -84,6 +86,7 @@ def test_compiled_samplers_equal_eager():
     torch._dynamo.reset()
     ar, blk = make(), make("block", shift=True, block_size=4)
     runs = {"ar": lambda **kw: ar_generate(ar, PROMPTS, 12, eos_id=[EOS, 2], **kw),
+            "ar, batch 1": lambda **kw: ar_generate(ar, PROMPTS[1:2], 12, **kw),  # one-row matmuls (one_row_mm)
             "block": lambda **kw: block_generate(blk, PROMPTS, 16, threshold=0.7, record=True, eos_id=EOS, **kw)}
     for name, run in runs.items():
         eager, compiled = run(), run(compile=True)
@@ -91,6 +94,27 @@ def test_compiled_samplers_equal_eager():
         assert torch.equal(eager.row_nfe, compiled.row_nfe) and eager.nfe == compiled.nfe, name
         if name == "block":
             assert torch.equal(eager.rounds, compiled.rounds)
+
+
+def test_one_row_mm():
+    """The CPU backend of compiled steps: a (1, K) @ (K, N) product, as every linear layer of a batch-1 decode
+    step makes, is compiled as inductor's own reduction (no BLAS call in the generated code) and agrees with
+    torch.mm; with two rows it stays a BLAS call. Inductor's on-disk cache is off, so the code is generated."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 24, generator=g)  # nn.Linear's (out, in): F.linear reads it transposed
+
+    def linear(x):
+        return F.linear(x, w)
+    for rows, blas in ((1, False), (2, True)):
+        x = torch.randn(rows, 24, generator=g)
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
+            out, code = run_and_get_code(torch.compile(linear, backend=S.inductor_cpu), x)
+        torch.testing.assert_close(out, x @ w.T)
+        assert ("extern_kernels.mm" in "".join(code)) == blas, rows
+    a, b = torch.randn(1, 24, generator=g), torch.randn(24, 40, generator=g)
+    torch.testing.assert_close(S.one_row_mm(a, b), torch.mm(a, b))  # the decomposition itself, run eagerly
 
 
 def test_compiled_graphs_stay_bounded(monkeypatch):
