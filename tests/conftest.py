@@ -32,6 +32,8 @@ def run_script(name, *args):
             code = e.code or 0
     finally:
         sys.argv = argv
+        if "training" in sys.modules:  # a script's parsed flags (training.RUN) must not leak into the next one
+            sys.modules["training"].RUN.update(args=None, out_dir=None, step=None, checkpoint=None)
     return Result(code, out.getvalue(), err.getvalue())
 
 
