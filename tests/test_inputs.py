@@ -398,8 +398,9 @@ def test_ctrl_c_is_one_line_and_resume_continues_exactly(world, tmp_path):
                   r"rerun with --resume\n", err)
     assert m and m.group(3) == str(cut), err[-3000:]
     step, ckpt = int(m.group(1)), int(m.group(2))
-    assert ckpt % 4 == 0 and ckpt <= step and log_steps(cut) == list(range(step))
-    lost = {ckpt} - set(range(step))  # interrupted between the checkpoint and its step's record: that record is lost
+    logged = log_steps(cut)  # SIGINT may land just after step `step`'s record was written
+    assert ckpt % 4 == 0 and ckpt <= step and logged in (list(range(step)), list(range(step + 1)))
+    lost = {ckpt} - set(logged)  # interrupted between the checkpoint and its step's record: that record is lost
     end = ckpt + 3
     r = run_script("pretrain.py", *common, "--out_dir", cut, "--max_iters", end, "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
