@@ -67,10 +67,7 @@ p.add_argument("--freeze", default="", help="comma list of embed,mlp,attn,lm_hea
 p.add_argument("--loss_after", default=None, metavar="TEXT",
                help="mask only the tokens after TEXT in their own document (one token; the task world's ' ='): an "
                "answer-only loss, on windows that begin at a document's start")
-p.add_argument("--tasks", default=None, metavar="FILE",
-               help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
-               "threshold 0.9 (task_acc, task_tpf in log.jsonl)")
-p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
+tasks.add_eval_args(p, "threshold 0.9")
 training.add_loop_args(p, frozen="the AR teacher", max_iters=200, batch_size=8, seq_len=256, lr=1e-3, min_lr=1e-4,
                        warmup=10, eval_interval=50, eval_batches=8)
 p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N steps (and at the last step); "
@@ -249,10 +246,9 @@ def print_samples(model, tok, val_data, args, device):
 
 if __name__ == "__main__":
     args = training.parse_loop_args(p)
-    if not 0 <= args.eps < 0.5 or args.lambda_align < 0 or args.ckpt_interval <= 0 or args.tasks_n <= 0:
-        p.error("need 0 <= --eps < 0.5, --lambda_align >= 0, --ckpt_interval > 0 and --tasks_n > 0")
-    if args.tasks and not Path(args.tasks).is_file():
-        p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
+    if not 0 <= args.eps < 0.5 or args.lambda_align < 0 or args.ckpt_interval <= 0:
+        p.error("need 0 <= --eps < 0.5, --lambda_align >= 0 and --ckpt_interval > 0")
+    task_items = tasks.eval_items(p, args)
     freeze = [g for g in args.freeze.split(",") if g]
     if bad := set(freeze) - {"embed", "mlp", "attn", "lm_head"}:
         p.error(f"--freeze: unknown groups {sorted(bad)}; choose from embed, mlp, attn, lm_head")
@@ -279,7 +275,6 @@ if __name__ == "__main__":
     sep_id, starts = training.answers_only(args.loss_after, tok, train_data, val_data, args.seq_len, "align")
     val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len, args.eval_batches, device,
                                     starts=starts["val"])
-    task_items = tasks.load_items(args.tasks, args.tasks_n) if args.tasks else None
     teacher_path, teacher, cosines = args.teacher or student.config.converted_from, None, None
     if args.lambda_align > 0:
         teacher = load_teacher(teacher_path, student, device)

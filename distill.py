@@ -73,10 +73,7 @@ p.add_argument("--kl_reduction", default="seq", choices=["seq", "token"],
 p.add_argument("--teacher_top_k", type=int, default=None,
                help="sparse fkl over the teacher's top-k ids, not renormalised (published: 16)")
 p.add_argument("--train_eos", action="store_true", help="also train the position of the first end token")
-p.add_argument("--tasks", default=None, metavar="FILE",
-               help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
-               "--threshold, greedy (task_acc, task_tpf in log.jsonl)")
-p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
+tasks.add_eval_args(p, "--threshold")
 p.add_argument("--threshold", type=float, default=0.9, help="rollout confidence threshold")
 p.add_argument("--temperature", type=float, default=1.0, help="rollout temperature")
 p.add_argument("--rollout_min", type=int, default=16, help="curriculum start, tokens (published: 100)")
@@ -276,8 +273,7 @@ if __name__ == "__main__":
         p.error("--teacher_top_k must be positive and goes with --divergence fkl")
     if args.policy == "data" and args.prompts:
         p.error("--policy data takes x0 from the data: it cannot use --prompts")
-    if args.tasks and not Path(args.tasks).is_file() or args.tasks_n <= 0:
-        p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl); --tasks_n > 0")
+    task_items = tasks.eval_items(p, args)
     device, ctx = training.setup(args.device, args.seed)
     out_dir = Path(args.out_dir)
     gen = torch.Generator(device).manual_seed(args.seed)  # prompts, rollouts, states: all randomness
@@ -319,8 +315,6 @@ if __name__ == "__main__":
     sampling = dict(eos_id=ends, pad_id=tok.eos_id, threshold=args.threshold, temperature=args.temperature)
     loss_kw = dict(eos_id=ends, vocab_size=tok.vocab_size, divergence=args.divergence, top_k=args.teacher_top_k,
                    reduction=args.kl_reduction, train_eos=args.train_eos)
-
-    task_items = tasks.load_items(args.tasks, args.tasks_n) if args.tasks else None
 
     def run_eval():  # at the final length --rollout_max: the states the trained student is sampled in
         res = training.run(evaluate, student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,

@@ -218,6 +218,25 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
                 **sample.throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
 
 
+def add_eval_args(p, threshold):
+    """--tasks FILE and --tasks_n on a training script's parser: the exact-match evaluation it logs (log_record)."""
+    p.add_argument("--tasks", default=None, metavar="FILE",
+                   help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
+                   f"{threshold}, greedy (task_acc, task_tpf, task_pref in log.jsonl)")
+    p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
+
+
+def eval_items(p, args):
+    """The items --tasks names (the first --tasks_n of each family), or None without --tasks; p.error on bad flags."""
+    if args.tasks_n <= 0:
+        p.error("--tasks_n must be > 0")
+    if args.tasks is None:
+        return None
+    if not Path(args.tasks).is_file():
+        p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
+    return load_items(args.tasks, args.tasks_n)
+
+
 def log_record(model, tok, items, *, threshold=0.9, batch_size=64, seed=1337):
     """The flat record a training script logs at an evaluation: task_acc (all items), task_acc_<family>,
     task_tpf (tokens per forward, the mean over rows), task_pref (the share of right answers with a full stop),
