@@ -39,6 +39,13 @@ and the caches' agreement is that of a model without preferences: use --ckpt for
 forward and agreement. On a machine shared with other jobs, run with OMP_NUM_THREADS=1 (two threads that
 wait on each other under load can be 20x slower) and compare within a table, not across runs.
 
+--what cache: Fast-dLLM's approximate caches on a TRAINED masked-diffusion DLM of the exact-answer world (--ckpt,
+--data: tasks.py's output): every held-out prompt decoded by tasks.exact_match with cache none / prefix / dual,
+interleaved, for one block and for blocks of 4, at threshold 0.9 and 1: exact match per family, the share of
+answers identical to the uncached sampler's, tokens per forward, tokens/s. What the caches cost in answers, where
+random weights (--what sample) can only show what they gain in speed.
+Example: python bench.py --what cache --ckpt out/tasks/align --data data/tasks --batch_size 64
+
 --what align: one align.py training step for λ = 0 (the "AR fine-tuning" baseline: no teacher), λ = 10, and
 λ = 10 with embed+mlp frozen (shared with the teacher), interleaved; step-time ratios against λ = 0 (the
 teacher's forward is the overhead) and the throughput gain from freezing. On a GPU:
@@ -74,6 +81,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -381,6 +389,52 @@ def bench_sample(args, device, dtype):
         print(f"| {thr} | {s['tokens_per_forward']:.2f} ({s['tokens_per_forward_min']:.2f}-"
               f"{s['tokens_per_forward_max']:.2f}) | {n / g.nfe:.2f} | {s['forwards_per_row']:.1f} | {g.nfe} | "
               f"{s['tokens_per_s']:,.0f} | {s['raw_tokens_per_s']:,.0f} |")
+
+
+# ---- --what cache --------------------------------------------------------------------------------
+
+def bench_cache(args, device, dtype):
+    """Fast-dLLM's approximate caches on a trained masked-diffusion DLM of the exact-answer world: what they cost in
+    answers, next to what they gain in speed. Every held-out prompt of --data (tasks.py's heldout.jsonl) decoded
+    greedily by tasks.exact_match with cache none / prefix / dual, run interleaved --iters times (tokens/s: the
+    median), for one block holding the whole answer (prefix and dual coincide: nothing follows it) and blocks of 4,
+    at threshold 0.9 and 1 (at most the one most confident token a forward). 'same answers': the share of
+    completions identical to the uncached sampler's."""
+    import tasks
+    import training
+    from tokenizer import fingerprint_of
+    if not (args.ckpt and args.data):
+        raise SystemExit("bench: --what cache needs --ckpt (a masked-diffusion DLM) and --data (tasks.py's output)")
+    model = Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
+    if model.config.attn != "bidirectional":
+        raise SystemExit(f"bench: {args.ckpt} is a {model.config.attn} model; the caches are masked diffusion's")
+    tok = training.load_tokenizer(args.ckpt, model.config)
+    training.same_tokenizer(fingerprint_of(args.data), f"bench: the task data {args.data}",
+                            model.config.tokenizer_sha256, f"the checkpoint {args.ckpt}",
+                            "use the task data this checkpoint was trained on")
+    items, iters = tasks.load_items(Path(args.data) / "heldout.jsonl"), args.iters or 3
+    print(f"{machine(device)}; {args.ckpt}; {len(items)} held-out prompts, batches of {args.batch_size}; tokens/s: "
+          f"median of {iters}, interleaved\n")
+    fams = list(dict.fromkeys(it["family"] for it in items))
+    head = ("| block length | threshold | cache | " + " | ".join(fams) + " | exact match | same answers as none | "
+            "tokens per forward | forwards a row | tokens/s | speed-up vs none |")
+    print(head + "\n" + "|---" * (head.count("|") - 1) + "|")
+    for bl in (None, 4):
+        for thr in (0.9, 1.0):
+            speed, res = {k: [] for k in ("none", "prefix", "dual")}, {}
+            for _ in range(iters):
+                for k in speed:
+                    res[k] = tasks.exact_match(model, tok, items, batch_size=args.batch_size, threshold=thr,
+                                               block_length=bl, cache=k)
+                    speed[k].append(res[k]["tokens_per_s"])
+            for k, r in res.items():
+                none_rows = res["none"]["rows"]
+                same = statistics.mean(a["completion"] == b["completion"] for a, b in zip(r["rows"], none_rows))
+                med = statistics.median(speed[k])
+                print(f"| {bl or 'the answer (one block)'} | {thr:g} | {k} | "
+                      + " | ".join(f"{r['families'][f]['accuracy']:.3f}" for f in fams)
+                      + f" | {r['accuracy']:.3f} | {same:.1%} | {r['tokens_per_forward']:.2f} | "
+                      f"{r['forwards_per_row']:.2f} | {med:,.0f} | {med / statistics.median(speed['none']):.2f}x |")
 
 
 # ---- --what align --------------------------------------------------------------------------------
@@ -833,7 +887,7 @@ def gpu_check(device, dtype, tiny):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--what", default="model", choices=["model", "sample", "align", "distill", "gpu_check"],
+    p.add_argument("--what", default="model", choices=["model", "sample", "cache", "align", "distill", "gpu_check"],
                    help="which benchmark to run")
     p.add_argument("--preset", default="tiny", choices=sorted(SHAPES),
                    help="mid: hidden 512, 8 layers, tiny's vocabulary")
@@ -841,7 +895,7 @@ def main():
     p.add_argument("--seq_len", type=int, default=256,
                    help="tokens per sequence (sample: the longest generation, also run at 1/4 and 1/2)")
     p.add_argument("--iters", type=int, default=None, help="timed runs of each (the median is reported); default "
-                   "10 (model), 3 (sample)")
+                   "10 (model), 3 (sample, cache)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -850,11 +904,13 @@ def main():
                    "the compiled AR and block samplers")
     p.add_argument("--no_hf", action="store_true", help="skip transformers (two copies of a big model may not fit)")
     p.add_argument("--grad_checkpoint", action="store_true", help="gradient checkpointing in both models")
-    p.add_argument("--ckpt", default=None, help="sample: trained weights from this checkpoint instead of --preset")
+    p.add_argument("--ckpt", default=None, help="sample: trained weights from this checkpoint instead of "
+                   "--preset; cache: the masked-diffusion DLM to measure")
     p.add_argument("--tiny", action="store_true", help="gpu_check: the micro preset, tiny lengths, one step of "
                    "each (a CPU run of the same code in seconds); gpu_check takes no other shape flags")
-    p.add_argument("--data", default=None, help="sample, with --ckpt: prompts from this prepared dataset's "
-                   "validation split (the start of its documents' first functions) instead of random ids")
+    p.add_argument("--data", default=None, help="cache: tasks.py's output directory; sample, with --ckpt: "
+                   "prompts from this prepared dataset's validation split (the start of its documents' first "
+                   "functions) instead of random ids")
     args = p.parse_args()
     if args.iters is not None and args.iters < 1:
         p.error("--iters must be at least 1")
@@ -872,6 +928,8 @@ def main():
         bench_distill(args, device, dtype)
     elif args.what == "gpu_check":
         gpu_check(device, dtype, args.tiny)
+    elif args.what == "cache":
+        bench_cache(args, device, dtype)
     else:
         bench_sample(args, device, dtype)
 
