@@ -310,9 +310,9 @@ def bench_sample(args, device, dtype):
     if not args.no_hf:
         hf_generate = hf_generator(model, device, dtype)
         runs["transformers"] = lambda B: hf_generate(prompts[:B], n)
-    print(f"\nAR greedy, {n} new tokens: ours (static cache), eager{' and compiled' * args.compile}, "
-          f"{'vs transformers generate(do_sample=False) on the same weights' * (not args.no_hf)}; batch > 1: "
-          "ragged prompts, left-padded; a compiled run's first (warmup) call compiles\n")
+    against = ", vs transformers generate(do_sample=False) on the same weights" * (not args.no_hf)
+    print(f"\nAR greedy, {n} new tokens: ours (static cache), eager{' and compiled' * args.compile}{against}; "
+          "batch > 1: ragged prompts, left-padded; a compiled run's first (warmup) call compiles\n")
     names = list(runs)
     head = "| batch | " + " | ".join(f"{k} tokens/s" for k in names) + " |"
     if "ours compiled" in runs:
@@ -329,7 +329,7 @@ def bench_sample(args, device, dtype):
         if "transformers" in runs:
             line += " " + " | ".join(f"{t['transformers'] / t[k]:.2f}x" for k in names[:-1]) + " |"
         agree = [f"{k} {int((r[k][1].generated == r['ours'][1].generated).all(1).sum())}/{B}" for k in names[1:]]
-        print(line + f" {', '.join(agree) or '-'} rows |")
+        print(line + (f" {', '.join(agree)} rows |" if agree else " - |"))
 
     mask = c.mask_token_id if c.mask_token_id is not None else c.vocab_size - 1
     shift = c.shift if c.shift is not None else True
