@@ -55,7 +55,7 @@ import data
 import tasks
 import training
 from diffusion import block_logits, layout, per_block_logits
-from sample import attend, block_generate, prepare
+from sample import attend, block_generate, end_list, prepare
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
 p.add_argument("--init", default="out/dlm-block", help="the student: a block DLM checkpoint (convert.py --attn block)")
@@ -200,7 +200,7 @@ def make_batch(student, items, L, policy, gen, *, eos_id, vocab_limit, pad_id=No
     random. stats (rollouts): tokens per forward (the mean over rows of each row's), nfe."""
     bs, prompts = student.config.block_size, [ids for ids, _ in items]
     if policy == "data":
-        pad = pad_id if pad_id is not None else eos_id if isinstance(eos_id, int) else eos_id[0]
+        pad = end_list(eos_id)[0] if pad_id is None else pad_id
         x, lens, P, _, _ = prepare(student, prompts, L, pad, pad, multiple=bs)
         for b, (_, tail) in enumerate(items):
             x[b, P:P + min(L, len(tail))] = torch.as_tensor(tail[:L], device=x.device)

@@ -105,10 +105,17 @@ def throughput(gens, seconds):
                 raw_tokens_per_s=sum(g.generated.numel() for g in gens) / seconds)
 
 
+def end_list(eos_id):
+    """eos_id as the samplers take it (None, an id, or several) -> a list of ids, [] for None."""
+    if eos_id is None:
+        return []
+    return [eos_id] if isinstance(eos_id, int) else list(eos_id)
+
+
 def until_end(ids, eos_id):
     """ids (a list) up to, not including, its first end token (eos_id: an id or several, as the samplers take it;
     None: no end, all of ids): the text of a completion."""
-    ends = set() if eos_id is None else {eos_id} if isinstance(eos_id, int) else set(eos_id)
+    ends = set(end_list(eos_id))
     return next((ids[:i] for i, t in enumerate(ids) if t in ends), ids)
 
 
@@ -197,7 +204,7 @@ def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, 
         generator.seed()  # fresh randomness, never the global RNG; pass a seeded generator to reproduce
     eos = None
     if eos_id is not None:
-        ids = [eos_id] if isinstance(eos_id, int) else list(eos_id)
+        ids = end_list(eos_id)
         if not ids or not all(isinstance(i, int) for i in ids):
             raise ValueError(f"eos_id must be an int or a non-empty list/tuple of ints, got {eos_id!r}")
         eos = torch.tensor(ids, device=dev)

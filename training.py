@@ -378,8 +378,9 @@ def save_dtype(config, args):
 
 @contextlib.contextmanager
 def interrupts_deferred():
-    """Ctrl-C inside the block takes effect at its end (the main thread only: where Python handles signals)."""
-    if threading.current_thread() is not threading.main_thread():
+    """Ctrl-C inside the block takes effect at its end (the main thread only: where Python handles signals). A
+    process that ignores SIGINT (a background job of a script inherits SIG_IGN) keeps ignoring it."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         yield
         return
     caught = []

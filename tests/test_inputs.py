@@ -382,16 +382,21 @@ def test_ctrl_c_is_one_line_and_resume_continues_exactly(world, tmp_path):
     cut, full = tmp_path / "cut", tmp_path / "full"
     common = ["--data", str(world / "data"), "--eval_interval", "4", "--lr", "3e-3", "--min_lr", "3e-3", *SMALL]
     cmd = [sys.executable, "pretrain.py", *common, "--out_dir", str(cut), "--max_iters", "100000"]
-    with open(tmp_path / "stderr", "w") as err:
+    with open(tmp_path / "stderr", "w") as err:  # SIGINT handled as in a terminal, even if this process ignores it
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"))
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if (cut / "log.jsonl").exists() and len((cut / "log.jsonl").read_text().splitlines()) >= 6:
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=120)
+                                env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if (cut / "log.jsonl").exists() and len((cut / "log.jsonl").read_text().splitlines()) >= 6:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()  # never leave a training run behind (a no-op once it has exited)
+        proc.wait()
     err = (tmp_path / "stderr").read_text()
     assert proc.returncode in (130, -signal.SIGINT) and "Traceback" not in err, err[-3000:]
     m = re.search(r"pretrain\.py: interrupted at step (\d+); the last checkpoint is step (\d+) in (\S+): "
@@ -431,15 +436,26 @@ def test_one_atomic_writer_without_torch_in_the_tokenizer(tmp_path):
     assert r.stdout.strip() == "False", r.stderr
 
 
-def test_ctrl_c_while_saving_waits_for_the_whole_checkpoint(monkeypatch):
+def test_ctrl_c_while_saving_waits_for_the_whole_checkpoint():
     """SIGINT between the weights and train_state.pt would leave a pair --resume refuses: it is held until both
-    are written, then raised; the previous handler is back afterwards."""
-    before, reached = signal.getsignal(signal.SIGINT), []
-    with pytest.raises(KeyboardInterrupt):
+    are written, then raised; the previous handler is back afterwards. A process that ignores SIGINT (a background
+    job of a script inherits SIG_IGN) still ignores it inside the block and after."""
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever pytest inherited
+    try:
+        reached = []
+        with pytest.raises(KeyboardInterrupt):
+            with training.interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGINT)  # delivered now, held by the block
+                time.sleep(0.05)
+                reached.append("the rest of the block")
+        assert reached == ["the rest of the block"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with training.interrupts_deferred():  # no signal: nothing raised
+            pass
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         with training.interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)  # delivered now, held by the block
+            os.kill(os.getpid(), signal.SIGINT)  # ignored, as the process asked
             time.sleep(0.05)
-            reached.append("the rest of the block")
-    assert reached == ["the rest of the block"] and signal.getsignal(signal.SIGINT) is before
-    with training.interrupts_deferred():  # no signal: nothing raised
-        pass
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, outer)
