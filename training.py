@@ -380,7 +380,8 @@ def save_dtype(config, args):
 def interrupts_deferred():
     """Ctrl-C inside the block takes effect at its end (the main thread only: where Python handles signals). A
     process that ignores SIGINT (a background job of a script inherits SIG_IGN) keeps ignoring it."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+            signal.SIG_IGN, None):  # None: a handler set outside Python, which signal.signal could not put back
         yield
         return
     caught = []

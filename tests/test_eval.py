@@ -480,15 +480,14 @@ def test_tasks_cache_and_compile_reach_the_sampler(world, task_data, tmp_path, m
                                                            "'causal'); drop it")
 
 
-
 def test_bench_cache_reports_exact_match_and_agreement(world, task_data, monkeypatch):
     """bench.py --what cache: a row per block length, threshold and cache, in that order; each row's exact match,
     family accuracies and tokens per forward are tasks.exact_match's with that cache, its 'same answers' the share
-    of completions equal to the uncached run's (computed here from the rows); the uncached rows agree with
-    themselves. A random model's answers do not depend on the cache, so a stand-in exact_match whose answers and
-    speeds do checks the agreement and speed-up columns by hand. Refused in one line for a block model or without
-    --data."""
-    r = run_script("bench.py", "--what", "cache", "--ckpt", world / "dlm", "--data", task_data["byte"], "--iters", 1,
+    of completions equal to the uncached run's (computed here from the rows); the uncached sampler gives the same
+    answers on its second run as on its first. A random model's answers do not depend on the cache, so a stand-in
+    exact_match whose answers and speeds do checks the agreement and speed-up columns by hand. Refused in one line
+    for a block model or without --data."""
+    r = run_script("bench.py", "--what", "cache", "--ckpt", world / "dlm", "--data", task_data["byte"], "--iters", 2,
                    "--batch_size", 4, "--device", "cpu")
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [x for x in r.stdout.splitlines() if x.startswith("| ")]
@@ -506,29 +505,34 @@ def test_bench_cache_reports_exact_match_and_agreement(world, task_data, monkeyp
         assert [sort, rev, add] == [f"{want['families'][f]['accuracy']:.3f}" for f in ("sort", "rev", "add")]
         if cache == "none":
             assert same == "100.0%"
-    calls = []
+    calls, fams = [], ("sort", "rev", "add")
+    speeds = {"none": [1, 2, 10], "prefix": [6, 20, 4], "dual": [9, 3, 12]}  # medians 2, 6, 9: ratios 3x, 4.5x
 
     def stand_in(model, tok, items, *, batch_size, threshold, block_length, cache):
+        run = sum(c == (block_length, threshold, cache) for c in calls)  # this configuration's run 0, 1, 2
         calls.append((block_length, threshold, cache))
         k = ("none", "prefix", "dual").index(cache)  # prefix and dual answer 3 of the 12 prompts differently
         rows = [dict(completion=cache if i % 4 == 0 and k else "same") for i in range(len(items))]
-        return dict(accuracy=0.5 / 2 ** k, rows=rows, tokens_per_forward=1.5, forwards_per_row=2.0,
-                    tokens_per_s=100.0 * (k + 1), families={f: dict(accuracy=j / 10) for j, f in enumerate(fams)})
-    fams = ("sort", "rev", "add")
+        return dict(accuracy=0.5 / 2 ** k, rows=rows, tokens_per_forward=1.5 + k, forwards_per_row=2.0,
+                    tokens_per_s=100.0 * speeds[cache][run],
+                    families={f: dict(accuracy=(j + 3 * k) / 10) for j, f in enumerate(fams)})
     monkeypatch.setattr(tasks, "exact_match", stand_in)
-    r = run_script("bench.py", "--what", "cache", "--ckpt", world / "dlm", "--data", task_data["byte"], "--iters", 2)
+    r = run_script("bench.py", "--what", "cache", "--ckpt", world / "dlm", "--data", task_data["byte"], "--iters", 3)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert len(calls) == 4 * 2 * 3  # every configuration, each cache --iters times, interleaved
-    assert calls[:6] == [(None, 0.9, c) for c in ("none", "prefix", "dual")] * 2
-    rows = [[c.strip() for c in x.strip("|").split(" | ")][2:] for x in r.stdout.splitlines()[4:] if x.startswith("| ")]
-    assert rows[:3] == [["none", "0.000", "0.100", "0.200", "0.500", "100.0%", "1.50", "2.00", "100", "1.00x"],
-                        ["prefix", "0.000", "0.100", "0.200", "0.250", "75.0%", "1.50", "2.00", "200", "2.00x"],
-                        ["dual", "0.000", "0.100", "0.200", "0.125", "75.0%", "1.50", "2.00", "300", "3.00x"]]
+    assert len(items) == 12 and len(calls) == 4 * 3 * 3  # every configuration, each cache --iters times
+    assert calls[:9] == [(None, 0.9, c) for c in ("none", "prefix", "dual")] * 3  # interleaved
+    lines = [x for x in r.stdout.splitlines() if x.startswith("| ")][1:]
+    rows = [[c.strip() for c in x.strip("|").split(" | ")] for x in lines]
+    want = [["none", "0.000", "0.100", "0.200", "0.500", "100.0%", "1.50", "2.00", "200", "1.00x"],
+            ["prefix", "0.300", "0.400", "0.500", "0.250", "75.0%", "2.50", "2.00", "600", "3.00x"],
+            ["dual", "0.600", "0.700", "0.800", "0.125", "75.0%", "3.50", "2.00", "900", "4.50x"]]
+    assert [row[2:] for row in rows] == want * 4  # the ratio of medians, not the median of per-run ratios
     monkeypatch.undo()
     r = run_script("bench.py", "--what", "cache", "--ckpt", world / "block", "--data", task_data["byte"])
     assert r.returncode == 1 and "is a block model; the caches are masked diffusion's" in r.stderr
     r = run_script("bench.py", "--what", "cache", "--ckpt", world / "dlm")
     assert r.returncode == 1 and "needs --ckpt (a masked-diffusion DLM) and --data" in r.stderr
+
 
 def test_tasks_on_checkpoints_and_bad_input(world, task_data, tmp_path, monkeypatch, capsys):
     """Real (untrained, byte-tokenizer) micro checkpoints end to end; the refusals, each in one line."""

@@ -382,10 +382,15 @@ def test_ctrl_c_is_one_line_and_resume_continues_exactly(world, tmp_path):
     cut, full = tmp_path / "cut", tmp_path / "full"
     common = ["--data", str(world / "data"), "--eval_interval", "4", "--lr", "3e-3", "--min_lr", "3e-3", *SMALL]
     cmd = [sys.executable, "pretrain.py", *common, "--out_dir", str(cut), "--max_iters", "100000"]
-    with open(tmp_path / "stderr", "w") as err:  # SIGINT handled as in a terminal, even if this process ignores it
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"),
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # the child must handle SIGINT as in a terminal even if pytest inherited SIG_IGN (a background job): a Python
+    # handler here becomes SIG_DFL at exec, where SIG_IGN would be inherited
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with open(tmp_path / "stderr", "w") as err:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"))
+    finally:
+        signal.signal(signal.SIGINT, outer)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
@@ -453,9 +458,12 @@ def test_ctrl_c_while_saving_waits_for_the_whole_checkpoint():
         with training.interrupts_deferred():  # no signal: nothing raised
             pass
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        with training.interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)  # ignored, as the process asked
-            time.sleep(0.05)
+        try:
+            with training.interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGINT)  # ignored, as the process asked
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            pytest.fail("a SIGINT the process ignores was raised by interrupts_deferred")
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, outer)
