@@ -111,15 +111,6 @@ def random_states(B, N, bs, gen, device):
     return (rank < k).view(B, N).to(device)
 
 
-def row_tokens_per_forward(rounds, bs):
-    """(B,) each row's tokens per forward in a recorded rollout: its generated positions over its forwards,
-    Σ over the blocks it generated of (its last round there + 1). Rounds in which a row had finished its block
-    and waited for the batch's other rows are not its forwards."""
-    B, N = rounds.shape
-    fwd = (rounds.view(B, N // bs, bs).max(-1).values + 1).sum(1)  # a block never generated: -1 + 1 = 0
-    return (rounds >= 0).sum(1) / fwd.clamp(min=1)
-
-
 def valid_positions(gen_tokens, eos_id, train_eos=False):
     """(B, N) bool: generated positions before the first end token (eos_id: an id or several, any of them ends a
     row), or up to and including it (train_eos); pads never get here."""
@@ -197,7 +188,8 @@ def make_batch(student, items, L, policy, gen, *, eos_id, vocab_limit, pad_id=No
     P, masked (B, L), stats. on: x0 the student's rollout (threshold, temperature; it stops at any of the end ids
     eos_id, an id or several), masked a state of its own trajectory; off: the same kind of rollout, masked at
     random; data: x0 the data continuation (padded with pad_id, one of the end ids: default the first), masked at
-    random. stats (rollouts): tokens per forward (the mean over rows of each row's), nfe."""
+    random. stats (rollouts): tokens per forward (the mean over rows of Generation.tokens_per_forward: each row's
+    tokens up to and including its first eos over the forwards it needed, as eval.py and tasks.py count it), nfe."""
     bs, prompts = student.config.block_size, [ids for ids, _ in items]
     if policy == "data":
         pad = end_list(eos_id)[0] if pad_id is None else pad_id
@@ -211,7 +203,7 @@ def make_batch(student, items, L, policy, gen, *, eos_id, vocab_limit, pad_id=No
         masked = rollout_states(g.rounds, bs, gen)
     else:
         masked = random_states(len(items), L, bs, gen, g.tokens.device)
-    stats = dict(tokens_per_forward=row_tokens_per_forward(g.rounds, bs).mean().item(), nfe=g.nfe)
+    stats = dict(tokens_per_forward=g.tokens_per_forward.mean().item(), nfe=g.nfe)
     return g.tokens, g.prompt_lens, g.start, masked, stats
 
 

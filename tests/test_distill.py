@@ -284,11 +284,26 @@ def test_val_kl_data_against_slow_reference(world, name):
     assert "val_kl_data" not in distill.evaluate(student, teacher, [(p, []) for p, _ in items], 12, **kw)
 
 
-def test_row_tokens_per_forward_by_hand():
-    rounds = torch.tensor([[0, 1, 1, 0, 0, 0, 0, 0, 2, 0, 1, 3],  # blocks: 2 + 1 + 4 rounds, 12 tokens: 12/7
-                           [0, 0, 0, 0, 0, 1, 0, 0, -1, -1, -1, -1]])  # 1 + 2 rounds, the third block never: 8/3
-    got = distill.row_tokens_per_forward(rounds, 4)
-    assert torch.allclose(got, torch.tensor([12 / 7, 8 / 3]))
+def test_rollout_tokens_per_forward_counts_each_row_up_to_its_eos(world, monkeypatch):
+    """make_batch's tokens_per_forward: the mean over rows of a row's tokens up to and including its first eos over
+    the forwards of its blocks up to that one (max recorded round + 1 each), recomputed here from the rollout's
+    rounds, with an eos in the middle of a block (the slots after it are not tokens)."""
+    student, seen, real = student_of(world, "block"), [], distill.block_generate
+    monkeypatch.setattr(distill, "block_generate", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    items, kw = [([1, 2, 3], []), ([4, 5, 6, 7, 8], [])], dict(vocab_limit=256, threshold=0.3)
+    distill.make_batch(student, items, 16, "on", torch.Generator().manual_seed(3), eos_id=[EOS], **kw)
+    eos = int(seen[-1].generated[0, 5])  # a token row 0 writes in its second block: now an end token
+    stats = distill.make_batch(student, items, 16, "on", torch.Generator().manual_seed(3), eos_id=[eos], **kw)[4]
+    g, want, ends = seen[-1], [], []
+    for b in range(2):
+        ids = g.generated[b].tolist()
+        n = next((i + 1 for i, t in enumerate(ids) if t == eos), len(ids))  # tokens up to and including the eos
+        want.append(n / sum(int(g.rounds[b, k:k + 4].max()) + 1 for k in range(0, n, 4)))
+        ends.append(n)
+    r = g.rounds[0].view(4, 4)  # row 0 keeps filling slots after its eos while row 1 decodes: not its tokens
+    every_slot = int((r >= 0).sum()) / int((r.max(-1).values + 1).sum())
+    assert ends[0] <= 6 and want[0] != pytest.approx(every_slot)
+    assert stats["tokens_per_forward"] == pytest.approx(sum(want) / 2)
 
 
 def test_teacher_targets_condition_on_the_exact_prefix(world):
