@@ -81,7 +81,6 @@ import os
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -404,17 +403,13 @@ def bench_cache(args, device, dtype):
     deterministic)."""
     import tasks
     import training
-    from tokenizer import fingerprint_of
     if not (args.ckpt and args.data):
         raise SystemExit("bench: --what cache needs --ckpt (a masked-diffusion DLM) and --data (tasks.py's output)")
     model = Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
     if model.config.attn != "bidirectional":
         raise SystemExit(f"bench: {args.ckpt} is a {model.config.attn} model; the caches are masked diffusion's")
     tok = training.load_tokenizer(args.ckpt, model.config)
-    training.same_tokenizer(fingerprint_of(args.data), f"bench: the task data {args.data}",
-                            model.config.tokenizer_sha256, f"the checkpoint {args.ckpt}",
-                            "use the task data this checkpoint was trained on")
-    items, iters = tasks.load_items(Path(args.data) / "heldout.jsonl"), args.iters or 3
+    items, iters = tasks.heldout_items(args.data, model.config, args.ckpt, "bench"), args.iters or 3
     print(f"{machine(device)}; {args.ckpt}; {len(items)} held-out prompts, batches of {args.batch_size}; tokens/s: "
           f"median of {iters}, interleaved\n")
     fams = list(dict.fromkeys(it["family"] for it in items))
@@ -423,13 +418,14 @@ def bench_cache(args, device, dtype):
     print(head + "\n" + "|---" * (head.count("|") - 1) + "|")
     for bl in (None, 4):
         for thr in (0.9, 1.0):
-            speed, res, first_none = {k: [] for k in ("none", "prefix", "dual")}, {}, None
-            for _ in range(iters):
+            speed, res = {k: [] for k in ("none", "prefix", "dual")}, {}
+            for i in range(iters):
                 for k in speed:
                     res[k] = tasks.exact_match(model, tok, items, batch_size=args.batch_size, threshold=thr,
                                                block_length=bl, cache=k)
                     speed[k].append(res[k]["tokens_per_s"])
-                    first_none = first_none or res["none"]["rows"]
+                if i == 0:
+                    first_none = res["none"]["rows"]
             for k, r in res.items():
                 same = statistics.mean(a["completion"] == b["completion"] for a, b in zip(r["rows"], first_none))
                 med = statistics.median(speed[k])

@@ -274,16 +274,8 @@ def task_curve(args):
     import sample
     import tasks
     import torch
-    import training
-    from tokenizer import fingerprint_of
-    path = Path(args.data) / "heldout.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"eval: no {path}; write one with: python tasks.py --out_dir {args.data}")
-    items = tasks.load_items(path, args.num_prompts)  # None: all of them
     model, tok, device, _ = load(args.ckpt, args.device, args.seed)
-    training.same_tokenizer(fingerprint_of(args.data), f"eval: the task data {args.data}",
-                            model.config.tokenizer_sha256, f"the checkpoint {args.ckpt}",
-                            "score a checkpoint trained on this data (pretrain.py --data DIR) or converted from one")
+    items = tasks.heldout_items(args.data, model.config, args.ckpt, "eval", args.num_prompts)  # None: all of them
     sampler = sample.SAMPLERS[model.config.attn]
     runs = []
     for t in [None] if model.config.attn == "causal" else args.thresholds:

@@ -41,7 +41,7 @@ import torch
 import data
 import sample
 import training
-from tokenizer import EOS
+from tokenizer import EOS, fingerprint_of
 
 FAMILIES = ("sort", "rev", "add")
 
@@ -145,6 +145,18 @@ def write(out_dir, train, items, pool=(), train_pairs=(), heldout_pairs=()):
     for name, recs in files.items():
         if recs:
             (out / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def heldout_items(data_dir, config, ckpt, who, per_family=None):
+    """The held-out items of the task data in data_dir (load_items), to score the checkpoint ckpt whose config is
+    given: refused in one line, naming `who`, when data_dir has no heldout.jsonl or was tokenized otherwise."""
+    path = Path(data_dir) / "heldout.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"{who}: no {path}; write one with: python tasks.py --out_dir {data_dir}")
+    training.same_tokenizer(fingerprint_of(data_dir), f"{who}: the task data {data_dir}", config.tokenizer_sha256,
+                            f"the checkpoint {ckpt}",
+                            "score a checkpoint trained on this data (pretrain.py --data DIR) or converted from one")
+    return load_items(path, per_family)
 
 
 def load_items(path, per_family=None):
