@@ -31,7 +31,6 @@ What is notable here:
   ratios 0.15/0.5/0.9, the negative ELBO, and per hidden state the cosine between student and teacher at the
   aligned positions S of a fixed 0.5-ratio corruption (val_cos; for λ = 0 runs too), whatever --align_layers is.
 """
-import argparse
 import contextlib
 import time
 from pathlib import Path
@@ -41,13 +40,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import cli
 import data
 import diffusion
 import tasks
 import training
 from model import Qwen3
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
+p = cli.parser(__doc__)
 p.add_argument("--init", default="out/dlm-tiny", help="the student: a bidirectional DLM checkpoint (convert.py)")
 p.add_argument("--teacher", default=None, help="the AR checkpoint (default: the student's config.converted_from)")
 p.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
@@ -75,28 +75,8 @@ p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N
 p.add_argument("--samples", type=int, default=3, help="diffusion samples printed at the end")
 p.add_argument("--sample_len", type=int, default=64, help="tokens per printed sample")
 
-EVAL_RATIOS, EVAL_SEED, ELBO_EPS, COS_RATIO = (0.15, 0.5, 0.9), 1234, 1e-3, 0.5
-
-
-def check_student(config, where):
-    if config.attn != "bidirectional" or config.mask_token_id is None or config.shift is None:
-        raise SystemExit(f"align: {where} is not a bidirectional DLM (attn={config.attn!r}, mask_token_id="
-                         f"{config.mask_token_id}, shift={config.shift}); make one with: "
-                         f"python convert.py --ar AR_DIR --out_dir DLM_DIR --attn bidirectional")
-
-
-def load_teacher(path, student, device="cpu"):
-    """The frozen AR teacher (eval mode, no gradients), checked to have the student's shapes. Training also
-    shares the frozen tensors (share_frozen); evaluating a λ = 0 run needs no sharing."""
-    if path is None:
-        raise SystemExit("align: no --teacher given and the student's config has no converted_from")
-    teacher = training.load_model(path, device, "align: teacher", attn="causal", like=student,
-                                  dtype=training.frozen_dtype(device))
-    teacher.requires_grad_(False).eval()
-    shapes = lambda m: {k: v.shape for k, v in m.state_dict().items()}
-    if shapes(teacher) != shapes(student) or teacher.config.tie_word_embeddings != student.config.tie_word_embeddings:
-        raise SystemExit(f"align: the teacher {path} and the student have different shapes")
-    return teacher
+COS_RATIO = 0.5  # the mask ratio of the val_cos corruption
+NO_ROWS = (torch.tensor([], dtype=torch.long),) * 2  # rows=NO_ROWS: a forward for its hidden states, lm_head on none
 
 
 def share_frozen(student, teacher):
@@ -170,27 +150,27 @@ def loss_step(student, teacher, x0, generator, *, layers, lambda_align=10.0, eps
     l_diff, hs = diffusion.diffusion_loss(student, x0, xt, masked, t, norm, extra_ce=extra_ce,
                                           output_hidden_states=True)
     with torch.no_grad():
-        # the clean x0, same positions; no lm_head needed
-        _, ht = teacher.model(x0, "causal", output_hidden_states=True)
+        # the clean x0, same positions; no rows for lm_head: the hidden states alone
+        _, ht = teacher(x0, "causal", rows=NO_ROWS, output_hidden_states=True)
     l_align, per_layer = repr_align_loss(hs, ht, align_rows(masked, c.shift, positions), layers=layers, metric=metric)
     return l_diff + lambda_align * l_align, dict(diff_loss=l_diff, align_loss=l_align, align_per_layer=per_layer)
 
 
 class CosineEval:
     """Per hidden state ℓ, the mean over the evaluation rows of cos(h_s[ℓ, i], h_t[ℓ, i]): the student on a
-    fixed corruption of each evaluation batch at mask ratio COS_RATIO (seed EVAL_SEED + 1), the teacher on the
+    fixed corruption of each evaluation batch at mask ratio COS_RATIO (seed diffusion.EVAL_SEED + 1), the teacher on the
     clean batch, at the positions S that carry the denoising loss. The teacher is run once, here: its states
     at S are kept (|S| ≈ COS_RATIO·B·T rows × (n_layers + 1) × C floats per batch), so λ = 0 runs can free it."""
 
     @torch.no_grad()
     def __init__(self, teacher, student_config, batches, ctx=None):
-        c, g = student_config, torch.Generator().manual_seed(EVAL_SEED + 1)
+        c, g = student_config, torch.Generator().manual_seed(diffusion.EVAL_SEED + 1)
         self.ctx, self.items = ctx or contextlib.nullcontext(), []
         for x0 in batches:
             xt, masked, _ = diffusion.corrupt(x0, c.mask_token_id, c.shift, g, t=COS_RATIO)
             rows = align_rows(masked, c.shift, "masked")
             with self.ctx:
-                _, ht = teacher.model(x0, "causal", output_hidden_states=True)
+                _, ht = teacher(x0, "causal", rows=NO_ROWS, output_hidden_states=True)
             self.items.append((xt, rows, [h[rows].float() for h in ht]))  # per layer (|S|, C)
 
     @torch.no_grad()
@@ -200,8 +180,7 @@ class CosineEval:
         total, n = 0, 0
         for xt, rows, ht in self.items:
             with self.ctx:
-                _, hs = student.model(xt, student.config.attn, block_size=student.config.block_size,
-                                      output_hidden_states=True)
+                _, hs = student(xt, rows=NO_ROWS, output_hidden_states=True)
             total = total + torch.stack([F.cosine_similarity(h[rows].float(), t, dim=-1).sum() for h, t in zip(hs, ht)])
             n += rows.sum().item()
         student.train()
@@ -209,11 +188,11 @@ class CosineEval:
 
 
 def evaluate(model, batches, ctx, cosines=None):
-    """On fixed batches with fixed masks (diffusion.fixed_mask_eval, seed EVAL_SEED): masked-token accuracy and
-    mean CE at the mask ratios EVAL_RATIOS, and a one-draw negative ELBO (nats/token; t ~ U(ε, 1-ε));
+    """On fixed batches with fixed masks (diffusion.fixed_mask_eval, diffusion.EVAL_SEED): masked-token accuracy and
+    mean CE at the mask ratios diffusion.EVAL_RATIOS, and a one-draw negative ELBO (nats/token; t ~ U(ε, 1-ε));
     with a CosineEval, also val_cos: the per-hidden-state cosines to the teacher."""
     model.eval()
-    out = diffusion.fixed_mask_eval(model, batches, ctx, EVAL_RATIOS, EVAL_SEED, ELBO_EPS)
+    out = diffusion.fixed_mask_eval(model, batches, ctx)
     model.train()
     return out if cosines is None else dict(out, val_cos=cosines(model).tolist())
 
@@ -266,7 +245,7 @@ if __name__ == "__main__":
         return student.init_weights(args.seed) if args.scratch else student
 
     student, state, start = training.resume_or_start(out_dir, args.resume, device, gen, fresh)
-    check_student(student.config, out_dir if args.resume else args.init)
+    training.require_dlm(student.config, out_dir if args.resume else args.init, "align", "bidirectional")
     tok = training.load_tokenizer(args.data, student.config)
     student.freeze(freeze)
     if student.config.tie_word_embeddings and ({"embed", "lm_head"} & set(freeze)):
@@ -277,7 +256,7 @@ if __name__ == "__main__":
                                     starts=starts["val"])
     teacher_path, teacher, cosines = args.teacher or student.config.converted_from, None, None
     if args.lambda_align > 0:
-        teacher = load_teacher(teacher_path, student, device)
+        teacher = training.load_teacher(teacher_path, student, device, "align", same_shapes=True)
         if not args.fsdp:  # a sharded student's tensors are not whole: the teacher keeps its own copy
             teacher = share_frozen(student, teacher)
         cosines = CosineEval(teacher, student.config, val_batches, ctx)
@@ -286,7 +265,8 @@ if __name__ == "__main__":
               f"it shares the student's {shared / 1e6:.2f}M frozen parameters and holds "
               f"{(teacher.num_params() - shared) / 1e6:.2f}M of its own")
     elif args.teacher or (teacher_path and Path(teacher_path).is_dir()):
-        cosines = CosineEval(load_teacher(teacher_path, student, device), student.config, val_batches, ctx)
+        teacher_once = training.load_teacher(teacher_path, student, device, "align", same_shapes=True)
+        cosines = CosineEval(teacher_once, student.config, val_batches, ctx)
         print(f"λ = 0: AR fine-tuning baseline; the teacher {teacher_path} was run once on the evaluation batches "
               f"(for val_cos) and freed: no teacher in training")
     else:
@@ -320,7 +300,7 @@ if __name__ == "__main__":
                 continue
             answers = None if sep_id is None else data.after_separator(x0, sep_id, tok.eos_id)
             with ctx:
-                loss, s = training.run(loss_step, student, teacher, x0, gen, layers=layers,
+                loss, s = loss_step(student, teacher, x0, gen, layers=layers,
                                        lambda_align=args.lambda_align, eps=args.eps, metric=args.align_metric,
                                        norm=args.loss_norm, positions=args.align_positions, extra_ce=args.extra_ce,
                                        maskable=answers)
@@ -342,10 +322,10 @@ if __name__ == "__main__":
             rec["mfu"] = fpt * rec["tokens_per_s"] / (peak * training.DIST["world_size"])
         last = step == args.max_iters - 1
         if step % args.eval_interval == 0 or last:
-            last_eval = dict(step=step, **training.run(evaluate, student, val_batches, ctx, cosines))
+            last_eval = dict(step=step, **evaluate(student, val_batches, ctx, cosines))
             if task_items:
                 with ctx:
-                    last_eval.update(training.run(tasks.log_record, student, tok, task_items))
+                    last_eval.update(tasks.log_record(student, tok, task_items))
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
         if step % args.ckpt_interval == 0 or last:
             training.save_checkpoint(out_dir, student, tok, opt, step, gen, extra=vars(args))
@@ -355,7 +335,7 @@ if __name__ == "__main__":
                         val_acc=f"{last_eval.get('val_acc@0.5', float('nan')):.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
 
     # ---- results and samples ---------------------------------------------------------------------
-    final = last_eval if last_eval.get("step") == args.max_iters - 1 else training.run(evaluate, student, val_batches,
+    final = last_eval if last_eval.get("step") == args.max_iters - 1 else evaluate(student, val_batches,
                                                                                        ctx, cosines)
     final = {k: v for k, v in final.items() if k != "step"}
     print("\nfinal eval: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k != "val_cos"))
@@ -368,4 +348,4 @@ if __name__ == "__main__":
                    trainable_params=student.num_params() - n_frozen, tokens_seen=args.max_iters * tokens_per_step)
     training.write_results(out_dir, results)
     if args.samples > 0:
-        training.run(print_samples, student, tok, val_data, args, device)
+        print_samples(student, tok, val_data, args, device)

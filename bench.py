@@ -74,7 +74,6 @@ compiled. No check starts after 6 minutes (its row says so). `--device cpu --tin
 preset in seconds; rows that need CUDA print "skipped (CPU)". Exit status 1 if a check failed (its row says FAILED
 or NOT EQUAL).
 """
-import argparse
 import contextlib
 import gc
 import os
@@ -87,7 +86,8 @@ import torch
 import torch.nn.functional as F
 
 from model import PRESETS, Qwen3, Qwen3Config
-from training import HelpFormatter, mfu, peak_flops, setup
+from cli import parser
+from training import mfu, peak_flops, setup
 
 
 # the presets, and a mid-size shape for CPU timing: the tiny teacher's vocabulary, hidden 512, 8 layers (26M params)
@@ -500,7 +500,7 @@ def bench_align(args, device, dtype):
 
 @contextlib.contextmanager
 def student_mask(how):
-    """Inside: distill.py's vectorised student forward (diffusion.block_hidden) attends through a dense (B, 1, T, T)
+    """Inside: distill.py's vectorised student forward (diffusion.block_logits) attends through a dense (B, 1, T, T)
     mask (how="dense") or a FlexAttention BlockMask ("flex") on any device; otherwise as distill.py chooses
     (FlexAttention on CUDA, the dense mask elsewhere)."""
     import diffusion
@@ -884,7 +884,7 @@ def gpu_check(device, dtype, tiny):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--what", default="model", choices=["model", "sample", "cache", "align", "distill", "gpu_check"],
                    help="which benchmark to run")
     p.add_argument("--preset", default="tiny", choices=sorted(SHAPES),

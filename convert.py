@@ -21,16 +21,16 @@ Everything else a checkpoint comes with is carried through unchanged: generation
 <|im_end|> among its eos_token_id), tokenizer_config.json (the chat template, the tokenizer class) and
 chat_template.jinja, so every DLM made from it, and every run trained from that, stops and chats as the AR model does.
 """
-import argparse
 import json
 import shutil
 from pathlib import Path
 
-import training
-from model import atomic_write, load_config, save_config, weight_files
-from tokenizer import Tokenizer
+import cli
+from checkpoint import weight_files
+from model import Qwen3Config
+from tokenizer import Tokenizer, atomic_write
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
+p = cli.parser(__doc__)
 p.add_argument("--ar", required=True, help="the AR (causal) Qwen3 checkpoint directory")
 p.add_argument("--out_dir", required=True, help="the DLM checkpoint directory to write (not inside --ar)")
 p.add_argument("--attn", required=True, choices=["bidirectional", "block"],
@@ -49,7 +49,7 @@ def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, 
         raise SystemExit(f"convert: --out_dir {out_dir} and --ar {ar} overlap (one is, or is inside, the other); "
                          f"choose an --out_dir outside the AR checkpoint")
     try:
-        config = load_config(ar)
+        config = Qwen3Config.load(ar)
         files = weight_files(ar)  # every file's header checked against its size: no truncated copy is made
         tok = Tokenizer.from_pretrained(ar)
     except (FileNotFoundError, ValueError) as e:
@@ -79,7 +79,7 @@ def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, 
     config.attn, config.block_size, config.mask_token_id = attn, block_size, mask
     config.shift = (attn == "bidirectional") if shift is None else shift
     config.converted_from = str(ar.resolve())
-    save_config(config, out_dir)  # written last: a directory with config.json is complete
+    config.save(out_dir)  # written last: a directory with config.json is complete
     return config
 
 

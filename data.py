@@ -20,7 +20,6 @@ What is notable here:
 - get_batch returns windows of tokens only (no shifted targets): each loss picks its own targets.
   eval_batches uses fixed offsets, no RNG, so every checkpoint is scored on identical tokens.
 """
-import argparse
 import json
 import os
 import platform
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import cli
 from tokenizer import Tokenizer, atomic_write, fingerprint_of
 
 STDLIB_SKIP = {"site-packages", "test", "tests", "idlelib", "__pycache__"}  # dirs left out of the default corpus
@@ -334,8 +334,7 @@ if __name__ == "__main__":
     vocab_size = 1024    # ids of the learnt BPE (256 bytes + merges + 3 special tokens)
     val_fraction = 0.05
     max_mb = None        # stop after this many MB of source text
-    import training  # here, not at the top: training imports this module
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
+    p = cli.parser(__doc__)
     p.add_argument("--out_dir", default=out_dir, help="train.bin, val.bin, meta.json and the tokenizer go here")
     p.add_argument("--source", default=source,
                    help="folder of text files or .jsonl with a 'text' field (None: the standard library)")

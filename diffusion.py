@@ -10,9 +10,9 @@ What is notable here:
 - The shift convention lives in one place, `denoiser_rows`: a shifted DLM's prediction for a masked
   position i is read at i-1 (the AR head's meaning), an unshifted one's at i. Under shift, position 0 has
   no prediction (there are no logits at -1), so it is never masked: it is context, like a prompt token.
-- `masked_logits` applies lm_head only to the rows that denoise a masked token: with Qwen3's 152k-row
-  head, the full (B, T, V) logits would dwarf everything else in memory. The losses go through `head_ce`, which
-  without grad (evaluation) also takes those rows CE_ROWS at a time: at t near 1 nearly every row is masked.
+- `denoiser_ce` has the model apply lm_head only to the rows that denoise a masked token and return their
+  cross-entropy (Qwen3.forward's rows and targets): with Qwen3's 152k-row head, the full (B, T, V) logits
+  would dwarf everything else in memory, and without grad the model takes those rows a chunk at a time.
 - A block DLM (config.attn == "block") denoises block b given the CLEAN blocks before it: the state its
   sampler and distill.py's training visit. So it is scored that way, not on the corrupted window at once.
   By definition that is one forward per block over [x0_<b, xt_b] under the plain block rule
@@ -34,10 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask
 
-from sample import attend
+from model import attend
 
 NORMS = ("mean", "elbo")
-CE_ROWS = 1024  # head_ce without grad: rows of logits at a time (Qwen3: 1024 x 151936 fp32 = 0.6 GB)
+# Every evaluation here scores each checkpoint on the same corruptions: masks from a generator of this seed, at
+# these mask ratios, and the ELBO's t ~ U(ELBO_EPS, 1 - ELBO_EPS) (align.py, eval.py likelihood, distill.py's seed)
+EVAL_RATIOS, EVAL_SEED, ELBO_EPS = (0.15, 0.5, 0.9), 1234, 1e-3
 
 
 def maskable(B, T, shift, prompt_lens=None, device=None):
@@ -81,25 +83,23 @@ def denoiser_rows(masked, shift):
     no shift: row i. In row-major order the k-th True row here predicts the k-th True position of masked."""
     if not shift:
         return masked
-    if masked[:, 0].any():
-        raise ValueError("under shift, position 0 cannot be denoised (no logits at -1): it must not be masked")
+    never_first(masked)
     return F.pad(masked[:, 1:], (0, 1), value=False)
 
 
+def never_first(masked):
+    """Under shift nothing predicts position 0 (there are no logits at -1): ValueError if it is masked."""
+    if masked[:, 0].any():
+        raise ValueError("under shift, position 0 cannot be denoised (no logits at -1): it must not be masked")
+
+
 # ---- block diffusion: block b given the clean blocks before it -----------------------------------------------
-
-def layout(lens, P, L):
-    """-> real (B, L) (slot holds a token, not a left pad) and RoPE positions (B, L), as sample.prepare:
-    prompts of lens (B,) tokens left-padded to P."""
-    rel = torch.arange(L, device=lens.device) - (P - lens)[:, None]
-    return rel >= 0, rel.clamp(min=0)
-
 
 def per_block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None):
     """The definition, one forward per block (the reference of tests and bench): x (B, P + N) the clean
     [prompt, x0] (P a multiple of the block size), xt (B, N) a noisy copy of x0, sel (B, N) the positions to
     read -> logits (n_sel, V) in row-major order: block b's from a forward over [prompt, x0_<b, xt_b] under the
-    plain block rule. real, pos: left pads and RoPE positions (layout; default none, the slot index)."""
+    plain block rule. real, pos: left pads and RoPE positions (model.left_padded; default none, the slot index)."""
     B, L = x.shape
     bs, shift = model.config.block_size, int(model.config.shift if shift is None else shift)
     real = torch.ones_like(x, dtype=torch.bool) if real is None else real
@@ -142,15 +142,11 @@ def train_mask(real, N, bs, *, flex=False):
     return train_rule(real, N, bs)(torch.arange(B, device=dev)[:, None, None, None], None, i[:, None], i)
 
 
-def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, flex=False):
+def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, flex=False, targets=None,
+                 reduction="none"):
     """The same as per_block_logits in one forward over [x, xt] (P + 2N slots) under `train_rule`, the noisy
-    copy at the RoPE positions of the clean one: -> logits (n_sel, V), row-major; lm_head on those rows only
-    (block_hidden: the rows before lm_head)."""
-    return model.lm_head(block_hidden(model, x, xt, sel, P=P, real=real, pos=pos, shift=shift, flex=flex))
-
-
-def block_hidden(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, flex=False):
-    """block_logits' final hidden states (n_sel, C), the rows it applies lm_head to.
+    copy at the RoPE positions of the clean one: -> logits (n_sel, V), row-major, lm_head on those rows only
+    (targets (n_sel,): the model's (ce, pred) instead, Qwen3.forward).
     Under shift a block's first position is read at the clean slot before it (P + i - 1, which sees the clean
     blocks < b, exactly what the sampler and the per-block forward read there), the others at noisy slot i - 1.
     flex: attend through a FlexAttention BlockMask (CUDA training) instead of the dense mask."""
@@ -158,64 +154,41 @@ def block_hidden(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, fle
     N, bs, shift = L - P, model.config.block_size, int(model.config.shift if shift is None else shift)
     if P % bs:
         raise ValueError(f"the prompt length P={P} must be a multiple of the block size {bs}")
-    if shift and P == 0 and sel[:, 0].any():
-        raise ValueError("under shift, position 0 cannot be denoised (no logits at -1): it must not be masked")
+    if shift and P == 0:
+        never_first(sel)
     real = torch.ones_like(x, dtype=torch.bool) if real is None else real
     pos = torch.arange(L, device=x.device).expand(B, L) if pos is None else pos
-    mask = train_mask(real, N, bs, flex=flex)
-    h, _ = model.model(torch.cat([x, xt], 1), mask, pos=torch.cat([pos, pos[:, P:]], 1))  # (B, L + N, C)
     b, i = sel.nonzero(as_tuple=True)
     first = (i % bs == 0) & bool(shift)
-    rows = torch.where(first, P + i - 1, L + i - shift)
-    return h[b, rows]
+    rows = torch.where(first, P + i - 1, L + i - shift)  # the slot of [x, xt] that denoises position i
+    return model(torch.cat([x, xt], 1), train_mask(real, N, bs, flex=flex), pos=torch.cat([pos, pos[:, P:]], 1),
+                 rows=(b, rows), targets=targets, reduction=reduction)
 
 
 # ---- the losses ----------------------------------------------------------------------------------------------
 
-def head_ce(model, h, target, *, reduction="none", argmax=False):
-    """CE_i = -log softmax(lm_head(h_i))[target_i] for final hidden states h (n, C) -> (n,) in fp32, or their sum
-    (reduction="sum") [, and the argmax ids (n,)]. Without grad the rows go CE_ROWS at a time, so the (n, V) logits
-    never exist at once (n can be every position of the batch); with grad in one piece, as the backward keeps them
-    anyway. One piece gives F.cross_entropy's numbers bit for bit."""
-    step = max(1, h.shape[0] if torch.is_grad_enabled() else CE_ROWS)
-    ce, top = [], []
-    for hc, tc in zip(h.split(step), target.split(step)):
-        logits = model.lm_head(hc).float()  # (≤ step, V)
-        ce.append(F.cross_entropy(logits, tc, reduction=reduction))
-        top.append(logits.argmax(-1) if argmax else tc)
-    ce = torch.cat(ce) if reduction == "none" else torch.stack(ce).sum()
-    return (ce, torch.cat(top)) if argmax else ce
-
-
-def masked_logits(model, xt, masked, attn=None, shift=None, output_hidden_states=False, *, x0=None):
-    """-> logits (n_masked, V) for the masked positions in row-major order (row k predicts x0[masked][k]),
-    and Hugging Face's hidden_states list when asked (else None). One forward; lm_head on n_masked rows only.
-    attn, shift: default the checkpoint's config. attn "block": BD3-LM, block b given the clean blocks before
-    it (block_logits over [x0, xt]: pass x0; no hidden states)."""
-    h, hidden = masked_hidden(model, xt, masked, attn, shift, output_hidden_states, x0=x0)
-    return model.lm_head(h), hidden
-
-
-def masked_hidden(model, xt, masked, attn=None, shift=None, output_hidden_states=False, *, x0=None):
-    """masked_logits before lm_head: -> the final hidden states (n_masked, C) of the rows that denoise the masked
-    positions, row-major, and hidden_states (or None)."""
+def denoiser_ce(model, x0, xt, masked, *, attn=None, shift=None, reduction="none", output_hidden_states=False):
+    """-> (CE (n_masked,), pred (n_masked,)) [, hidden_states]: CE_i = -log p_θ(x0_i | xt) (reduction="sum": their
+    sum) and the argmax at the masked positions in row-major order, from one forward with lm_head on the rows that
+    denoise them (denoiser_rows). attn, shift: default the checkpoint's config. attn "block": BD3-LM, block b
+    given the clean blocks before it (block_logits over [x0, xt]; no hidden states)."""
     c = model.config
     attn = c.attn if attn is None else attn
     shift = c.shift if shift is None else shift
     if shift is None:
         raise ValueError("the model's config has no `shift`: is it a DLM converted by convert.py?")
     if isinstance(attn, str) and attn == "block":
-        if x0 is None or output_hidden_states:
-            raise ValueError("a block DLM is read over [x0, xt] (BD3-LM): pass x0; hidden states are not offered")
-        return block_hidden(model, x0, xt, masked, shift=shift), None
-    h, hidden = model.model(xt, attn, block_size=c.block_size, output_hidden_states=output_hidden_states)  # (B, T, C)
-    return h[denoiser_rows(masked, shift)], hidden
+        if output_hidden_states:
+            raise ValueError("a block DLM is read over [x0, xt] (BD3-LM): hidden states are not offered")
+        return block_logits(model, x0, xt, masked, shift=shift, targets=x0[masked], reduction=reduction)
+    return model(xt, attn, rows=denoiser_rows(masked, shift), targets=x0[masked], reduction=reduction,
+                 output_hidden_states=output_hidden_states)
 
 
 def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None, prompt_lens=None,
                    extra_ce=False, output_hidden_states=False):
     """The masked-diffusion loss: -> scalar, or (scalar, hidden_states) with output_hidden_states.
-    t: (B,) per sequence or (B, T) per position (corrupt's). A block DLM is scored as BD3-LM (masked_logits).
+    t: (B,) per sequence or (B, T) per position (corrupt's). A block DLM is scored as BD3-LM (denoiser_ce).
     norm="mean": the mean cross-entropy over masked tokens (the REPR-ALIGN code).
     norm="elbo": sum over masked tokens of CE / t, divided by the number of tokens that can be masked
         (T, or T-1 under shift, less the prompt), averaged over sequences (LLaDA/MDLM; BD3-LM for a block DLM):
@@ -224,8 +197,8 @@ def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None,
         probability of the true token): its gradient is p·grad CE, i.e. confident tokens weigh up to twice."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-    h, hidden = masked_hidden(model, xt, masked, attn, shift, output_hidden_states, x0=x0)
-    ce = head_ce(model, h, x0[masked])  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
+    out = denoiser_ce(model, x0, xt, masked, attn=attn, shift=shift, output_hidden_states=output_hidden_states)
+    (ce, _), hidden = out if output_hidden_states else (out, None)  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
     if extra_ce:
         ce = ce + torch.exp(-ce.detach()) * ce  # CE_i + sg(exp(-CE_i)) · CE_i
     if norm == "mean":
@@ -252,17 +225,16 @@ def sequence_elbo(model, x0, masked, t, attn=None):
     """(B,) one draw of each sequence's ELBO term: -Σ_{i∈M_b} CE_{b,i} / t_b, for the given masks and rates (no
     normalisation; t (B,) or (B, T)). With M drawn at rate t ~ U(0, 1) over a response alone, its mean over draws
     is the bound log p(response | prompt) >= -E_{t,M}[Σ_{i∈M} CE_i / t] (LLaDA); merge.py's implicit rewards use
-    it. A block DLM under attn "block" is read as BD3-LM (masked_logits)."""
+    it. A block DLM under attn "block" is read as BD3-LM (denoiser_ce)."""
     xt = torch.where(masked, torch.full_like(x0, model.config.mask_token_id), x0)
-    h, _ = masked_hidden(model, xt, masked, attn, x0=x0)
-    ce = head_ce(model, h, x0[masked])  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
-    rows = masked.nonzero()[:, 0]  # the sequence of each masked token, in masked_logits' row-major order
+    ce, _ = denoiser_ce(model, x0, xt, masked, attn=attn)  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
+    rows = masked.nonzero()[:, 0]  # the sequence of each masked token, in denoiser_ce's row-major order
     tm = per_position(t.float()).expand(x0.shape)[masked]  # each masked token's rate
     return -torch.zeros(x0.shape[0], device=x0.device).index_add(0, rows, ce / tm)  # -Σ_{i∈M_b} CE_{b,i} / t_b
 
 
 @torch.no_grad()
-def fixed_mask_eval(model, batches, ctx=None, ratios=(0.15, 0.5, 0.9), seed=1234, elbo_eps=1e-3):
+def fixed_mask_eval(model, batches, ctx=None, ratios=EVAL_RATIOS, seed=EVAL_SEED, elbo_eps=ELBO_EPS):
     """On fixed batches with fixed masks (one generator, seeded here, so every call and every checkpoint sees
     the same corruptions): masked-token accuracy and mean CE at each mask ratio, and a one-draw negative ELBO
     (nats/token, `nelbo`). A block DLM reads block b's masked positions given the clean blocks before it (the
@@ -274,9 +246,8 @@ def fixed_mask_eval(model, batches, ctx=None, ratios=(0.15, 0.5, 0.9), seed=1234
         with ctx:
             for k, r in enumerate(ratios):
                 xt, masked, _ = corrupt(x0, c.mask_token_id, c.shift, g, t=r)
-                h, _ = masked_hidden(model, xt, masked, x0=x0)
                 target = x0[masked]
-                ce_k, top = head_ce(model, h, target, reduction="sum", argmax=True)
+                ce_k, top = denoiser_ce(model, x0, xt, masked, reduction="sum")
                 ce[k] += ce_k.item()
                 acc[k] += (top == target).sum().item()
                 n[k] += target.numel()

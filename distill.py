@@ -42,7 +42,6 @@ What is notable here:
   val_kl_data, the forward KL on fixed random block masks of the prompts' real continuations: the same states
   for every model, so the number to compare models and policies by (val_kl scores each on its own text).
 """
-import argparse
 import contextlib
 import math
 import time
@@ -51,13 +50,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+import cli
 import data
 import tasks
 import training
-from diffusion import block_logits, layout, per_block_logits
-from sample import attend, block_generate, end_list, prepare
+from diffusion import EVAL_SEED, block_logits, per_block_logits
+from model import attend, left_padded
+from sample import block_generate, end_list, prepare
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
+p = cli.parser(__doc__)
 p.add_argument("--init", default="out/dlm-block", help="the student: a block DLM checkpoint (convert.py --attn block)")
 p.add_argument("--teacher", default=None, help="the AR checkpoint (default: the student's config.converted_from)")
 p.add_argument("--data", default="data/stdlib", help="prompts are cut from its validation split")
@@ -83,7 +84,6 @@ p.add_argument("--curriculum_steps", type=int, default=100, help="quarter-cosine
                "rollout batch each (published: 100 rollout steps of 128 prompts, ~16 optimizer updates each)")
 training.add_loop_args(p, frozen="the AR teacher", max_iters=200, batch_size=8, seq_len=32, lr=1e-3, min_lr=1e-4,
                        warmup=5, eval_interval=50, eval_batches=2)
-EVAL_SEED = 1234
 
 
 def curriculum(step, lo, hi, steps, bs):
@@ -122,9 +122,8 @@ def valid_positions(gen_tokens, eos_id, train_eos=False):
 def teacher_logits(teacher, x, real, pos, P, sel):
     """(M, V): p_AR(. | prompt, x0_<i) for the positions sel, read at slot P + i - 1 of one causal forward."""
     mask = "causal" if real.all() else attend("causal", torch.arange(x.shape[1], device=x.device), real)
-    h = teacher.model(x, mask, pos=pos)[0]
     b, i = sel.nonzero(as_tuple=True)
-    return teacher.lm_head(h[b, P + i - 1])
+    return teacher(x, mask, pos=pos, rows=(b, P + i - 1))
 
 
 def token_divergence(t, s, kind="fkl", top_k=None):
@@ -164,7 +163,7 @@ def distill_loss(student, teacher, x, lens, P, masked, *, eos_id, vocab_size, di
     tokenizer's). stats: kl (the full forward KL, the same reduction), masked (positions trained), rollout_len
     (generated tokens up to and with the first end token, mean per row).
     vectorised=False: the per-block reference forward (tests, bench)."""
-    B, real, pos = x.shape[0], *layout(lens, P, x.shape[1])
+    B, real, pos = x.shape[0], *left_padded(lens, P, x.shape[1])
     sel = masked & valid_positions(x[:, P:], eos_id, train_eos)  # (B, N)
     t = teacher_logits(teacher, x, real, pos, P, sel)[:, :vocab_size]
     xt = x[:, P:].masked_fill(masked, student.config.mask_token_id)
@@ -272,15 +271,9 @@ if __name__ == "__main__":
     student, state, start = training.resume_or_start(out_dir, args.resume, device, gen,
                                                      lambda: training.load_model(args.init, device, "distill: student"))
     c = student.config
-    if c.attn != "block" or not c.block_size or c.mask_token_id is None or c.shift is None:
-        raise SystemExit(f"distill: {args.init} is not a block DLM (attn={c.attn!r}, block_size={c.block_size}); make "
-                         f"one with: python convert.py --ar AR_DIR --out_dir DLM_DIR --attn block --block_size 4")
+    training.require_dlm(c, args.init, "distill", "block")
     teacher_dir = args.teacher or c.converted_from
-    teacher = training.load_model(teacher_dir, device, "distill: teacher", attn="causal", like=student,
-                                  dtype=training.frozen_dtype(device))
-    teacher.requires_grad_(False).eval()
-    if teacher.config.vocab_size != c.vocab_size:
-        raise SystemExit("distill: the teacher and the student have different vocabularies")
+    teacher = training.load_teacher(teacher_dir, student, device, "distill")
     tok = training.load_tokenizer(args.init if not args.resume else out_dir, c)
     if not args.prompts:  # the prompts are cut from the data: it must share the student's tokenizer
         training.load_splits(args.data, "distill", like=student)
@@ -309,11 +302,11 @@ if __name__ == "__main__":
                    reduction=args.kl_reduction, train_eos=args.train_eos)
 
     def run_eval():  # at the final length --rollout_max: the states the trained student is sampled in
-        res = training.run(evaluate, student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,
+        res = evaluate(student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,
                            vocab_size=tok.vocab_size, ctx=ctx, **sampling)
         if task_items:
             with ctx:
-                res.update(training.run(tasks.log_record, student, tok, task_items, threshold=args.threshold))
+                res.update(tasks.log_record(student, tok, task_items, threshold=args.threshold))
         return res
     log = training.Log(out_dir, args.resume)
     print(f"student: {student.num_params() / 1e6:.2f}M parameters, block {c.block_size}, shift={c.shift}; teacher "
@@ -337,12 +330,12 @@ if __name__ == "__main__":
             t1 = time.time()
             student.eval()
             with ctx:
-                x, lens, P, masked, st = training.run(make_batch, student, [pool[j] for j in pick], L, args.policy, g,
+                x, lens, P, masked, st = make_batch(student, [pool[j] for j in pick], L, args.policy, g,
                                                       vocab_limit=tok.vocab_size, **sampling)
             student.train()
             t_roll += time.time() - t1
             with ctx:
-                loss, s = training.run(distill_loss, student, teacher, x, lens, P, masked, **loss_kw)
+                loss, s = distill_loss(student, teacher, x, lens, P, masked, **loss_kw)
             (loss / args.grad_accum).backward()
             n_tok += x.shape[0] * (x.shape[1] - P)
             for name, v in {**s, **st, "loss": loss.detach()}.items():

@@ -65,7 +65,6 @@ from pathlib import Path
 from tqdm import tqdm
 
 STOP = ("\ndef", "\nclass", "\nif __name__", "\nprint(")
-RATIOS, ACC_SEED = (0.15, 0.5, 0.9), 1234
 LN2 = math.log(2)
 
 
@@ -73,16 +72,15 @@ LN2 = math.log(2)
 
 def ar_likelihood(model, batches, ctx):
     """Next-token NLL over positions 1..T-1 of the fixed batches -> nats, bits/token, perplexity. lm_head and the
-    log-softmax take diffusion.CE_ROWS rows at a time (diffusion.head_ce): the (B, T, V) logits are never
+    log-softmax take model.CE_ROWS rows at a time (Qwen3.forward with targets): the (B, T, V) logits are never
     materialised (Qwen3 at 4 x 1024: 2.5 GB in fp32, and as much again for their log-softmax)."""
     import torch
-    import diffusion
     nll, n = 0.0, 0
     with torch.no_grad():
         for x in tqdm(batches, desc="AR likelihood", leave=False):
             with ctx:
-                h, _ = model.model(x[:, :-1], "causal")  # (B, T-1, C)
-                nll += diffusion.head_ce(model, h.flatten(0, 1), x[:, 1:].flatten(), reduction="sum").item()
+                ce, _ = model(x[:, :-1], "causal", targets=x[:, 1:].flatten(), reduction="sum")
+                nll += ce.item()
             n += x[:, 1:].numel()
     return dict(nll_nats=nll / n, bits_per_token=nll / n / LN2, perplexity=math.exp(nll / n), tokens=n)
 
@@ -122,9 +120,9 @@ def likelihood(args):
     bound = "BD3-LM" if c.attn == "block" else "masked diffusion"
     res = dict(kind="DLM", attn=c.attn, shift=c.shift, bound=bound,
                **dlm_nelbo(model, batches, ctx, args.n_draws, args.seed, args.eps))
-    fixed = diffusion.fixed_mask_eval(model, batches, ctx, RATIOS, ACC_SEED)
+    fixed = diffusion.fixed_mask_eval(model, batches, ctx)
     res.update({k.replace("val_loss", "ce_nats").replace("val_", ""): v for k, v in fixed.items() if k != "val_nelbo"})
-    return res
+    return dict(res, acc_seed=diffusion.EVAL_SEED)  # the masks of the accuracies: every checkpoint gets the same
 
 
 # ---- generation ----------------------------------------------------------------------------------
@@ -475,8 +473,8 @@ def sampler_args(p, max_new_tokens):
 
 
 def parser():
-    from training import HelpFormatter
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    from cli import HelpFormatter, parser
+    p = parser(__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     lk = sub.add_parser("likelihood", formatter_class=HelpFormatter,
                         help="AR perplexity / DLM negative ELBO, masked-token accuracy")
@@ -548,8 +546,8 @@ def main():
             print(f"  {k:<24} {v:.4f}" if isinstance(v, float) else f"  {k:<24} {v}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(dict(command=args.cmd, settings=vars(args), acc_seed=ACC_SEED,
-                                                  seconds=time.time() - t0, results=res), indent=1) + "\n")
+        Path(args.out).write_text(json.dumps(dict(command=args.cmd, settings=vars(args), seconds=time.time() - t0,
+                                                  results=res), indent=1) + "\n")
         print(f"wrote {args.out}")
 
 

@@ -50,12 +50,14 @@ from safetensors import SafetensorError, safe_open
 from torch.nn.utils import parametrize
 from tqdm import tqdm
 
+import cli
 import data
 import diffusion
 import training
-from model import atomic_write, load_config, weight_files
-from sample import attend, block_generate, diffusion_generate, until_end
-from tokenizer import EOS, Tokenizer
+from checkpoint import weight_files
+from model import Qwen3Config, attend
+from sample import block_generate, diffusion_generate, until_end
+from tokenizer import EOS, Tokenizer, atomic_write
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TYPES = LORA_TARGETS + ("embed_tokens", "lm_head", "norms")  # spectrum's rows, in this order
@@ -76,9 +78,9 @@ def gamma_list(text):
     return gammas
 
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
+p = cli.parser(__doc__)
 sub = p.add_subparsers(dest="cmd", required=True)
-s = sub.add_parser("pairs", formatter_class=training.HelpFormatter,
+s = sub.add_parser("pairs", formatter_class=cli.HelpFormatter,
                    help="synthetic preference pairs: prefer single-quoted strings")
 s.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
 s.add_argument("--out_dir", default="data/pairs", help="train.jsonl and heldout.jsonl go here")
@@ -87,7 +89,7 @@ for name, default, help in (("n_train", 512, "training pairs"), ("n_heldout", 12
                             ("response_chars", 96, "characters of each response"),
                             ("seed", 1337, "which corpus windows are cut")):
     s.add_argument(f"--{name}", type=int, default=default, help=help)
-s = sub.add_parser("dpo", formatter_class=training.HelpFormatter, help="DPO on the AR model")
+s = sub.add_parser("dpo", formatter_class=cli.HelpFormatter, help="DPO on the AR model")
 s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint; also the frozen reference")
 s.add_argument("--pairs", default="data/pairs/train.jsonl", help="training pairs ({prompt, chosen, rejected} JSONL)")
 s.add_argument("--heldout", default="data/pairs/heldout.jsonl", help="every pair is scored at each evaluation")
@@ -104,14 +106,14 @@ training.add_loop_args(s, frozen="the reference model π_ref (full fine-tuning)"
                        eval_batches=16)  # eval_batches: unused, the whole held-out set is scored
 # decay would add -η·λ·W to τ_pref, which is not the preference; fp32 weights, as bf16 would round a small τ_pref away
 s.set_defaults(weight_decay=0.0, save_dtype="float32")
-s = sub.add_parser("spectrum", formatter_class=training.HelpFormatter,
+s = sub.add_parser("spectrum", formatter_class=cli.HelpFormatter,
                    help="spectral norms of τ_diff and τ_pref per weight, by layer type")
 s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint (W_AR)")
 s.add_argument("--ar_aligned", default="out/ar-dpo", help="the AR checkpoint after DPO (W_AR_aligned)")
 s.add_argument("--dlm", default="out/repro/lambda10", help="the DLM converted from --ar and trained (W_DLM)")
 s.add_argument("--out", default=None, help="default: spectrum.json in the --ar_aligned directory")
 s.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
-s = sub.add_parser("merge", formatter_class=training.HelpFormatter,
+s = sub.add_parser("merge", formatter_class=cli.HelpFormatter,
                    help="W = W_DLM + γ·Δ, γ chosen on training pairs, reported on held-out pairs")
 s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint (W_AR)")
 s.add_argument("--ar_aligned", default="out/ar-dpo", help="the AR checkpoint after DPO (W_AR_aligned)")
@@ -217,9 +219,8 @@ def pair_batch(items, device):
 def response_logps(model, ids, resp_mask):
     """(B,) log π(y|x) = Σ_{i ∈ response} log p(ids_i | ids_<i): one causal forward, lm_head on the rows that
     predict a response token (row i-1 predicts token i, the AR head's shift); prompt and padding excluded."""
-    h, _ = model.model(ids, "causal")  # (B, T, C)
-    logp = model.lm_head(h[diffusion.denoiser_rows(resp_mask, True)]).float().log_softmax(-1)  # (n_resp, V)
-    tok_logp = logp.gather(-1, ids[resp_mask][:, None])[:, 0]  # log p(y_i | x, y_<i)
+    ce, _ = model(ids, "causal", rows=diffusion.denoiser_rows(resp_mask, True), targets=ids[resp_mask])
+    tok_logp = -ce  # log p(y_i | x, y_<i), (n_resp,)
     return torch.zeros(ids.shape[0], device=ids.device).index_add(0, resp_mask.nonzero()[:, 0], tok_logp)
 
 
@@ -361,7 +362,7 @@ def cmd_dpo(args):
             with torch.no_grad(), ctx, adapters_off(ref):
                 ref_w, ref_l = response_logps(ref, ids, resp).chunk(2)  # log π_ref(y|x), no gradient
             with ctx:
-                pi_w, pi_l = training.run(response_logps, policy, ids, resp).chunk(2)  # log π(y|x)
+                pi_w, pi_l = response_logps(policy, ids, resp).chunk(2)  # log π(y|x)
             loss, r_w, r_l = dpo_loss(pi_w, pi_l, ref_w, ref_l, args.beta)
             if args.sft_weight:  # + α · (−log π(y_w|x) / |y_w|): the chosen responses' NLL per token
                 loss = loss + args.sft_weight * (-pi_w / resp.chunk(2)[0].sum(1).clamp(min=1)).mean()
@@ -379,7 +380,7 @@ def cmd_dpo(args):
         rec = dict(step=step, **{k: v.item() for k, v in stats.items()}, lr=lr, grad_norm=norm,
                    tokens_per_s=n_tok / dt, mfu=training.mfu(policy, n_tok / dt, ids.shape[1], device))
         if step % args.eval_interval == 0 or step == args.max_iters - 1:
-            last_eval = dict(step=step, **training.run(evaluate, policy, heldout, ref_held, args, ctx, device))
+            last_eval = dict(step=step, **evaluate(policy, heldout, ref_held, args, ctx, device))
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
             lora = {k: v for k, v in policy.state_dict().items() if "lora_" in k}
             with merged(policy):  # LoRA resumes from --ar and A, B: no fp32 copy of the merged weights (exact=())
@@ -390,7 +391,7 @@ def cmd_dpo(args):
                         val_acc=f"{last_eval.get('heldout_reward_acc', float('nan')):.2f}")
 
     if last_eval.get("step") != args.max_iters - 1:  # a resumed run that had nothing left to train
-        last_eval = training.run(evaluate, policy, heldout, ref_held, args, ctx, device)
+        last_eval = evaluate(policy, heldout, ref_held, args, ctx, device)
     final = {k: v for k, v in last_eval.items() if k != "step"}
     final["heldout_pref_acc_before"] = (ref_held[:, 0] > ref_held[:, 1]).float().mean().item()  # the AR's own
     print("\nfinal held-out: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
@@ -407,7 +408,7 @@ def open_weights(paths):
     for path in paths:
         h = {}
         try:
-            tied = load_config(path).tie_word_embeddings  # a tied checkpoint may also store lm_head: it is embed
+            tied = Qwen3Config.load(path).tie_word_embeddings  # a tied checkpoint may also store lm_head: it is embed
             for f in weight_files(Path(path)):
                 sf = safe_open(f, "pt")
                 h.update({k: sf for k in sf.keys() if not (tied and k == "lm_head.weight")})
@@ -625,8 +626,7 @@ def cmd_merge(args):
     handles = open_weights([args.ar, args.ar_aligned, args.dlm])
     model = training.load_model(args.dlm, device, "merge: --dlm").requires_grad_(False).eval()
     c = model.config
-    if c.attn == "causal" or c.mask_token_id is None or c.shift is None:
-        raise SystemExit(f"merge: --dlm {args.dlm} is not a DLM (attn={c.attn!r}); make one with convert.py")
+    training.require_dlm(c, f"--dlm {args.dlm}", "merge")
     tok = training.load_tokenizer(args.dlm, c)
     train, heldout = read_pairs(args.pairs, tok, SEQ_LEN), read_pairs(args.heldout, tok, SEQ_LEN)
     train = random.Random(args.seed).sample(train, min(args.n_select, len(train)))  # the γ search's sample

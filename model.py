@@ -13,28 +13,23 @@ What is notable here:
   FlexAttention BlockMask goes to flex_attention instead (distill.py's training mask on CUDA): only the
   blocks the mask allows are computed, and no (T, T) mask exists.
 """
-import contextlib
-import json
-import math
-import os
-import struct
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask
 from torch.utils.checkpoint import checkpoint
 
-import tokenizer
-from tokenizer import atomic_write  # noqa: F401  (model.atomic_write: the one atomic writer, for the scripts)
+import compiling
+from checkpoint import ConfigFile, WeightsFile
 
 ATTN_MODES = ("causal", "bidirectional", "block")
+CE_ROWS = 1024  # Qwen3.cross_entropy without grad: rows of logits at a time (Qwen3: 1024 x 151936 fp32 = 0.6 GB)
 
 
 @dataclass
-class Qwen3Config:
+class Qwen3Config(ConfigFile):  # config.json I/O: checkpoint.ConfigFile
     # field names are Hugging Face's, so config.json maps onto this dataclass directly
     vocab_size: int = 151936  # embedding rows (the tokenizer uses 151669 of them)
     hidden_size: int = 1024
@@ -58,36 +53,13 @@ class Qwen3Config:
     shift: bool | None = None  # True: the logits at i-1 denoise position i (the AR head's meaning)
     converted_from: str | None = None
     # Tokenizer.fingerprint of the tokenizer it was trained with (training.save_checkpoint, convert.py); when
-    # config.json has none (older checkpoints, downloaded ones), load_config computes it from the tokenizer files
+    # config.json has none (older checkpoints, downloaded ones), ConfigFile.load computes it from the tokenizer files
     tokenizer_sha256: str | None = None
     path: str | None = field(default=None, repr=False, compare=False)  # the directory it was read from; not saved
     extra: dict = field(default_factory=dict, repr=False)  # other config.json keys, kept on save
     # generation_config.json (eos_token_id: the ids that end a turn, Tokenizer.end_ids; sampling defaults), read and
     # written with config.json but not part of it; None when the checkpoint has none
     generation: dict | None = field(default=None, repr=False)
-
-    @classmethod
-    def from_dict(cls, d, source="config"):
-        d = dict(d)
-        arch = d.get("architectures") or []
-        if d.get("model_type") != "qwen3" and "Qwen3ForCausalLM" not in arch:
-            raise ValueError(f"{source}: not a Qwen3 checkpoint (model_type={d.get('model_type')!r}, "
-                             f"architectures={arch}); only Qwen3 is supported")
-        rope = d.pop("rope_parameters", None) or {}  # transformers 5.x style
-        if "rope_theta" in rope:
-            d.setdefault("rope_theta", rope["rope_theta"])
-        if rope.get("rope_type", "default") != "default" or d.get("rope_scaling"):
-            raise ValueError(f"{source}: RoPE scaling is not supported (got {rope or d.get('rope_scaling')})")
-        if d.get("use_sliding_window"):
-            raise ValueError(f"{source}: sliding-window attention is not supported")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{source}: hidden_act={d['hidden_act']!r}, Qwen3 uses 'silu'")
-        if "dtype" in d:  # transformers 5.x name
-            d["torch_dtype"] = d.pop("dtype")
-        names = {f.name for f in fields(cls)} - {"extra", "path", "generation"}
-        cfg = cls(**{k: v for k, v in d.items() if k in names}, extra={k: v for k, v in d.items() if k not in names})
-        cfg.validate(source)
-        return cfg
 
     def validate(self, source="config"):
         if self.attn not in ATTN_MODES:
@@ -99,14 +71,6 @@ class Qwen3Config:
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"{source}: mask_token_id {self.mask_token_id} outside the {self.vocab_size} "
                              f"embedding rows")
-
-    def to_dict(self):
-        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "path", "generation")}
-        d["dtype"] = d["torch_dtype"]  # transformers 5.x reads "dtype", 4.x "torch_dtype"
-        d["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}  # 5.x; 4.x reads rope_theta
-        hf = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu",
-                  attention_dropout=0.0, initializer_range=0.02, use_cache=True, use_sliding_window=False)
-        return {**hf, **self.extra, **d}
 
 
 # Presets: the published Qwen3 shapes (docs/methods.md §0) and tiny ones for CPU work.
@@ -184,20 +148,6 @@ class KVCache:
         return self.k[layer], self.v[layer]
 
 
-_compiled_flex = None
-
-
-def flex(q, k, v, block_mask, enable_gqa):
-    """flex_attention, compiled once on first use on CUDA (the fused kernel). Eager elsewhere: unfused, it
-    materialises the scores (fine for CPU tests); inside a torch.compile'd model the outer compile fuses it."""
-    global _compiled_flex
-    if not q.is_cuda or torch.compiler.is_compiling():
-        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention)
-    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
-
-
 class Qwen3Attention(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -220,7 +170,7 @@ class Qwen3Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, slots, k, v)  # (B, nkv, max_len, hd)
         if isinstance(mask, BlockMask):  # (B, 1, T, T) as blocks; the rule is its mask_mod
-            y = flex(q, k, v, mask, enable_gqa=self.n_kv != self.n_head)  # (B, nh, T, hd)
+            y = compiling.flex(q, k, v, mask, enable_gqa=self.n_kv != self.n_head)  # (B, nh, T, hd)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                enable_gqa=self.n_kv != self.n_head)
@@ -264,6 +214,22 @@ def attention_mask(attn, q_pos, k_pos, block_size=None, k_len=None):
     return m if k_len is None else m & (k < k_len)
 
 
+def attend(rule, q, real, block_size=None):
+    """(B, 1, Tq, S) boolean mask for query slots q (Tq,) over key slots 0..S-1, S = real.shape[1]: the rule
+    ("causal" | "bidirectional" | "block") in slot coordinates, pads (real False) hidden from every query.
+    A pad query still sees itself, so no row is all False (SDPA would return NaN)."""
+    k = torch.arange(real.shape[1], device=real.device)
+    return ((attention_mask(rule, q, k, block_size) & real[:, None, :]) | (q[:, None] == k))[:, None]
+
+
+def left_padded(lens, P, L):
+    """A batch of prompts of lens (B,) tokens, left-padded to P slots, in L slots in all -> real (B, L) (the slot
+    holds a token, not a pad) and the RoPE positions (B, L), counted from each row's first real token, so that a
+    row of the batch computes what its prompt alone would."""
+    rel = torch.arange(L, device=lens.device) - (P - lens)[:, None]  # slot minus the row's pad count
+    return rel >= 0, rel.clamp(min=0)
+
+
 class Qwen3Model(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -303,8 +269,10 @@ class Qwen3Model(nn.Module):
         return x, (hidden if output_hidden_states else None)
 
 
-class Qwen3(nn.Module):
-    """Qwen3ForCausalLM: model (embeddings + decoder layers + final norm) and lm_head."""
+class Qwen3(WeightsFile, nn.Module):
+    """Qwen3ForCausalLM: model (embeddings + decoder layers + final norm) and lm_head. from_pretrained and
+    save_pretrained (Hugging Face directories) come from checkpoint.WeightsFile."""
+    config_class = Qwen3Config
 
     def __init__(self, config):
         super().__init__()
@@ -315,11 +283,19 @@ class Qwen3(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, idx, attn=None, *, block_size=None, output_hidden_states=False, pos=None, cache=None,
-                slots=None):
-        """idx (B, T) token ids -> logits (B, T, vocab) [, hidden_states].
+    def forward(self, idx, attn=None, *, rows=None, targets=None, reduction="none", output_hidden_states=False,
+                block_size=None, pos=None, cache=None, slots=None):
+        """idx (B, T) token ids -> logits (B, T, vocab) [, hidden_states]: the one entry point of every loss,
+        evaluation and sampler (so that FSDP, which gathers the sharded tensors around forward, sees every use).
         attn: "causal" | "bidirectional" | "block" | a boolean mask | a FlexAttention BlockMask (no cache);
         default: the checkpoint's mode.
+        rows: lm_head only on these rows, a (B, T) bool mask or a pair of index tensors (b, i) -> logits (n, vocab),
+        row-major (with Qwen3's 152k-row head the full logits would dwarf everything else; no rows: no head).
+        targets (n,) or (B*T,): instead of logits, (ce, pred): each row's cross-entropy -log softmax(logits)[target]
+        in fp32 (reduction="sum": their sum) and its argmax (n,); without grad CE_ROWS rows at a time, so the
+        logits never exist at once.
+        output_hidden_states: also Hugging Face's hidden_states list: the embedding output, each block's output,
+        and the last one replaced by the final-norm output.
         pos: RoPE positions (T,) or (B, T); default the sequence index (or the cache slots).
         cache, slots: a KVCache and the LongTensor (T,) of cache slots this call's tokens are written to;
         queries then attend to the cached keys under the same rule, in cache-slot coordinates."""
@@ -335,9 +311,26 @@ class Qwen3(nn.Module):
         if (cache is None) != (slots is None):
             raise ValueError("cache and slots go together")
         h, hidden = self.model(idx, attn, block_size=block_size, output_hidden_states=output_hidden_states, pos=pos,
-                               cache=cache, slots=slots)
-        logits = self.lm_head(h)
-        return (logits, hidden) if output_hidden_states else logits
+                               cache=cache, slots=slots)  # (B, T, C)
+        if rows is not None:
+            h = h[rows]  # (n, C)
+        if targets is None:
+            out = self.lm_head(h)
+        else:
+            out = self.cross_entropy(h.reshape(-1, h.shape[-1]), targets, reduction=reduction)
+        return (out, hidden) if output_hidden_states else out
+
+    def cross_entropy(self, h, targets, reduction="none"):
+        """Final hidden states h (n, C) and targets (n,) -> (CE (n,) fp32 or its sum, argmax ids (n,)). One piece
+        with grad (the backward keeps the logits anyway: F.cross_entropy's numbers bit for bit), CE_ROWS rows at a
+        time without (the sum: of the pieces' sums)."""
+        step = max(1, h.shape[0] if torch.is_grad_enabled() else CE_ROWS)
+        ce, pred = [], []
+        for hc, tc in zip(h.split(step), targets.split(step)):
+            logits = self.lm_head(hc).float()  # (≤ step, V)
+            ce.append(F.cross_entropy(logits, tc, reduction=reduction))  # -log softmax(logits)[target]
+            pred.append(logits.argmax(-1))
+        return torch.cat(ce) if reduction == "none" else torch.stack(ce).sum(), torch.cat(pred)
 
     # ---- what the samplers and trainers need -------------------------------------------------
 
@@ -382,164 +375,3 @@ class Qwen3(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.02)
         return self
-
-    # ---- Hugging Face checkpoints -------------------------------------------------------------
-
-    @classmethod
-    def from_pretrained(cls, path, device=None, dtype=None):
-        """Load a Hugging Face Qwen3 directory (config.json + model.safetensors or a sharded index).
-        Tensors go straight to `device` in their stored dtype, or are cast to `dtype` there. A tied checkpoint that
-        also stores lm_head.weight (Qwen3-0.6B does) has it skipped unread: the head is the embedding matrix."""
-        from safetensors import SafetensorError, safe_open
-        path = Path(path)
-        config = load_config(path)
-        files = weight_files(path)
-        device = str(torch.device(device or "cpu"))
-        state = {}
-        for f in files:
-            try:
-                with safe_open(f, "pt", device=device) as sf:
-                    for k in sf.keys():  # one tensor at a time: a dtype cast never holds two full copies
-                        if k == "lm_head.weight" and config.tie_word_embeddings:
-                            continue
-                        t = sf.get_tensor(k)
-                        state[k] = t if dtype is None else t.to(dtype)
-            except (SafetensorError, OSError) as e:
-                raise ValueError(f"{f}: cannot read safetensors file ({e}); is it truncated or corrupt?") from None
-        if not config.tie_word_embeddings and "lm_head.weight" not in state:
-            raise ValueError(f"{path}: untied config (tie_word_embeddings=false) but no lm_head.weight")
-        with torch.device("meta"):
-            model = cls(config)
-        keys = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
-        missing, unexpected = sorted(keys - set(state)), sorted(set(state) - keys)
-        if missing or unexpected:
-            raise ValueError(f"{path}: weights do not match the config: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
-        expected = {k: v.shape for k, v in model.state_dict().items()}
-        for k, v in state.items():
-            if v.shape != expected[k]:
-                raise ValueError(f"{path}: {k} has shape {tuple(v.shape)} but config.json implies {tuple(expected[k])}")
-        model.load_state_dict(state, strict=False, assign=True)
-        if config.tie_word_embeddings:
-            model.lm_head.weight = model.model.embed_tokens.weight
-        return model
-
-    def save_pretrained(self, path, metadata=None, *, dtype=None, state_dict=None):
-        """Write config.json (and generation_config.json) + model.safetensors in Hugging Face's layout, each file
-        atomically. `metadata` (str -> str) goes into the safetensors header (training scripts store the step there).
-        dtype: the dtype the weights are stored in (default: the parameters'); config.json's torch_dtype names it.
-        Each tensor is cast on its own device and moved to the CPU one at a time (no second copy of the model on a
-        GPU); a sharded checkpoint already in `path` (index and shards) is replaced. state_dict: the tensors to write
-        in place of self.state_dict() (training.py passes a model's whole tensors gathered from FSDP's shards)."""
-        from safetensors.torch import save_file
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        dtype = dtype or next(self.parameters()).dtype
-        tied = self.config.tie_word_embeddings
-        state = {k: v.detach().to(dtype).cpu().contiguous() for k, v in (state_dict or self.state_dict()).items()
-                 if not (tied and k == "lm_head.weight")}
-        self.config.torch_dtype = str(dtype).removeprefix("torch.")
-        meta = {"format": "pt", **(metadata or {})}
-        atomic_write(path / "model.safetensors", lambda f: save_file(state, f, metadata=meta))
-        index = path / "model.safetensors.index.json"
-        if index.exists():  # a stale shard index would shadow the new file; its shards are stale weights
-            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-                for shard in set(json.loads(index.read_text())["weight_map"].values()) - {"model.safetensors"}:
-                    (path / Path(shard).name).unlink(missing_ok=True)
-            os.remove(index)
-        save_config(self.config, path)
-
-
-def load_config(path):
-    """config.json of a checkpoint directory, with `path` set and `tokenizer_sha256` computed from the directory's
-    tokenizer files when config.json does not record it."""
-    f = Path(path) / "config.json"
-    if not f.is_file():
-        raise FileNotFoundError(f"{f} not found: expected a Hugging Face Qwen3 checkpoint directory")
-    try:
-        d = json.loads(f.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{f}: not valid JSON ({e})") from None
-    config = Qwen3Config.from_dict(d, source=str(f))
-    config.path = str(path)
-    g = Path(path) / "generation_config.json"
-    if g.is_file():
-        try:
-            config.generation = json.loads(g.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{g}: not valid JSON ({e})") from None
-    if config.tokenizer_sha256 is None:  # a checkpoint written before fingerprints were recorded, or downloaded
-        config.tokenizer_sha256 = tokenizer.fingerprint_of(path)  # None when the directory holds no tokenizer
-    return config
-
-
-def save_config(config, path):
-    """config.json, and generation_config.json when the config carries one (written first: config.json completes a
-    checkpoint)."""
-    if config.generation is not None:
-        gen = json.dumps(config.generation, indent=2) + "\n"
-        atomic_write(Path(path) / "generation_config.json", lambda f: Path(f).write_text(gen))
-    text = json.dumps(config.to_dict(), indent=2) + "\n"
-    atomic_write(Path(path) / "config.json", lambda f: Path(f).write_text(text))
-
-
-# bytes per element of the safetensors dtypes
-SAFETENSORS_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-                      "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-
-
-def safetensors_names(f):
-    """The tensor names in a safetensors file, after checking its header against the file without reading the
-    tensors: 8 bytes of header length, a JSON header, each tensor's byte range as long as its dtype and shape
-    need, and the ranges ending exactly at the end of the file (a truncated copy fails here)."""
-    size = f.stat().st_size
-    with open(f, "rb") as fh:
-        head = fh.read(8)
-        n = struct.unpack("<Q", head)[0] if len(head) == 8 else size
-        if 8 + n > size:
-            raise ValueError(f"{f}: truncated or not a safetensors file ({size:,} bytes, shorter than its header)")
-        try:
-            header = json.loads(fh.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError(f"{f}: not a safetensors file (its header is not JSON)") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{f}: not a safetensors file (its header is not a JSON object)")
-    header.pop("__metadata__", None)
-    end = 0
-    for name, t in header.items():
-        try:
-            begin, stop = t["data_offsets"]
-            need = math.prod(t["shape"]) * SAFETENSORS_DTYPES.get(t["dtype"], 0)
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{f}: malformed safetensors header entry for {name!r}") from None
-        if stop < begin or (need and stop - begin != need):
-            raise ValueError(f"{f}: {name} takes bytes {begin}..{stop} but its {t['dtype']} {t['shape']} needs {need}")
-        end = max(end, stop)
-    if 8 + n + end != size:
-        raise ValueError(f"{f}: the header describes {8 + n + end:,} bytes but the file has {size:,}: "
-                         f"truncated or corrupt; copy it again")
-    return set(header)
-
-
-def weight_files(path):
-    """The safetensors files of a checkpoint (one, or the shards its model.safetensors.index.json names), each
-    checked by safetensors_names, and the index checked against the shards: ValueError naming the bad file."""
-    path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            shards = {s: {k for k, v in weight_map.items() if v == s} for s in set(weight_map.values())}
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
-            raise ValueError(f"{index}: not a valid shard index (JSON with a weight_map)") from None
-    else:
-        shards = {"model.safetensors": set()}
-    files = []
-    for s, names in sorted(shards.items()):
-        f = path / s
-        if not f.is_file():
-            raise FileNotFoundError(f"{f} not found: no weights in {path}")
-        if missing := names - safetensors_names(f):
-            raise ValueError(f"{index} places {sorted(missing)[:3]} in {f}, which does not hold them")
-        files.append(f)
-    return files

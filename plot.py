@@ -11,13 +11,14 @@ repeats the steps after its last checkpoint, and the last value logged for a ste
 are those of DEFAULT_PANELS that some run has a key for, so one command serves every script. matplotlib is
 needed only to draw (`choose_panels` and `series` are pure, and tested without it).
 """
-import argparse
 import fnmatch
 import json
 import math
 import os
 import re
 from pathlib import Path
+
+import cli
 
 # (title, key patterns): a panel is drawn when some run has a key matching one of its patterns
 DEFAULT_PANELS = (
@@ -98,12 +99,8 @@ def choose_panels(keys, wanted=None):
     return out
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every flag's default."""
-
-
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p = cli.parser(__doc__)
     p.add_argument("runs", nargs="+", help="run directories holding log.jsonl (or log.jsonl files)")
     p.add_argument("--out", default="curves.png", help="the PNG to write")
     p.add_argument("--keys", nargs="+", default=None,

@@ -27,7 +27,6 @@ sorting demo. The prompt's digits are random: scoring them adds noise and no ski
 prompt asks for an answer the model cannot know. The validation loss is then the answers' loss (0 for a model
 that knows the task), and the samples are validation prompts cut after TEXT.
 """
-import argparse
 import math
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import cli
 import data
 import sample
 import training
@@ -44,7 +44,7 @@ from eval import unigram_entropy
 from model import PRESETS, Qwen3, preset
 from tokenizer import EOS, Tokenizer
 
-p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
+p = cli.parser(__doc__)
 p.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
 p.add_argument("--out_dir", default="out/ar-tiny", help="checkpoints, log.jsonl and results.json go here")
 p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape when starting from scratch")

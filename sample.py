@@ -34,14 +34,10 @@ What is notable here:
   its slowest row needs).
 - `generate` picks the sampler from config.attn for sample.py's CLI and eval.py alike.
 - compile=True (sample.py --compile): every model call goes through one function, `forward`, which builds
-  the step's mask and runs the model; compiled (`stepper`), it is one graph per kind of step, replayed: the
-  loops keep each step's shapes fixed (AR: one token against the whole static cache; block: the block
-  alone, or with the previous block in round 0) and the sizes are symbolic, so neither the prompt's nor
-  the generation's length recompiles. On CUDA it is mode="reduce-overhead" (CUDA graphs) with the cache at
-  a static address. On the CPU every one-row product (a batch-1 decode step's linear layers) is
-  inductor's own reduction instead of a BLAS call (`one_row_mm`): on our CPU the bench's mid-size step,
-  bound by reading the weights, runs about twice as fast. AR and block: the prompt's forward stays eager
-  (one call, of a varying length).
+  the step's mask and runs the model; compiled (compiling.stepper), it is one graph per kind of step,
+  replayed: the loops keep each step's shapes fixed (AR: one token against the whole static cache; block: the
+  block alone, or with the previous block in round 0), so neither the prompt's nor the generation's length
+  recompiles. AR and block: the prompt's forward stays eager (one call, of a varying length).
 - No host sync inside the loops but the stopping checks: "block done" in the threshold modes (once per
   forward: that is what parallel decoding saves), "every row has produced eos" (once per block; AR: once
   every STOP_EVERY tokens).
@@ -53,15 +49,14 @@ model's device; default: freshly seeded); mask_token_id and shift (default: the 
 vocab_limit (ids >= it are never emitted; the CLI passes the tokenizer's size, so unused embedding rows
 never come out). Each sampler returns a Generation; `throughput` summarises one or more.
 """
-import argparse
 import sys
 import time
 from dataclasses import dataclass
 
 import torch
-import torch.fx.experimental._config
-
-from model import Qwen3, attention_mask
+import cli
+import compiling
+from model import Qwen3, attend, left_padded
 
 STOP_EVERY = 32  # AR: how many tokens between the (host-syncing) "every row has produced eos" checks
 NEG_INF = float("-inf")
@@ -152,14 +147,6 @@ def choose(conf, masked, n=None, threshold=None):
     return masked & ((rank < n) if threshold is None else (conf >= threshold) | (rank == 0))
 
 
-def attend(rule, q, real, block_size=None):
-    """(B, 1, Tq, S) boolean mask for query slots q (Tq,) over key slots 0..S-1, S = real.shape[1]: the rule
-    ("causal" | "bidirectional" | "block") in slot coordinates, pads (real False) hidden from every query.
-    A pad query still sees itself, so no row is all False (SDPA would return NaN)."""
-    k = torch.arange(real.shape[1], device=real.device)
-    return ((attention_mask(rule, q, k, block_size) & real[:, None, :]) | (q[:, None] == k))[:, None]
-
-
 def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
     """prompt: a (B, T) LongTensor or a list of token lists / 1-D tensors (ragged: left-padded with pad_id to
     P, a multiple of `multiple`). -> x (B, P + n_new) with `fill` after the prompts, prompt_lens (B,), P,
@@ -181,8 +168,7 @@ def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
     for b, r in enumerate(rows):
         x[b, P - len(r):P] = r.to(dev)
     lens = torch.tensor([len(r) for r in rows], device=dev)
-    rel = torch.arange(P + n_new, device=dev) - (P - lens)[:, None]  # slot minus the row's pad count
-    return x, lens, P, rel >= 0, rel.clamp(min=0)
+    return x, lens, P, *left_padded(lens, P, P + n_new)
 
 
 def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, temperature, top_k, top_p):
@@ -245,72 +231,12 @@ def forward(model, x, q, pos, real, rule, cache=None, block_size=None):
     return model(x, attn=mask, pos=pos, cache=cache, slots=None if cache is None else q)
 
 
-COMPILE = dict(dynamic=True)  # sizes symbolic from the start (but 0 and 1): no length ever recompiles
-COMPILED = {}  # torch.compile(forward) per mode, made on first use and kept for the process
-
-
-def one_row_mm(a, b, out_dtype=None):
-    """Inductor's decomposition of aten.mm, except that a CPU product with one row, (1, K) @ (K, N) (a batch-1
-    decode step's every linear layer), becomes a multiply and a sum over K. Inductor writes that as a
-    vectorised loop over each weight row, which streams the weights about twice as fast as the BLAS call it
-    otherwise makes on our CPU (docs/results.md, "Sampler speed"); a one-token step is bound by reading them."""
-    from torch._inductor.decomposition import mm
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-    if out_dtype is None and a.device.type == "cpu" and statically_known_true(a.shape[0] == 1):
-        return (a[0][:, None] * b).sum(0, keepdim=True)  # (K, N) products -> (1, N)
-    return mm(a, b, out_dtype)
-
-
-def inductor_cpu(gm, example_inputs):
-    """The CPU backend of compiled steps: inductor with `one_row_mm`. The cache key tag keeps inductor's
-    on-disk caches, which do not see the decompositions, from serving a graph compiled without it."""
-    from torch._inductor.compile_fx import compile_fx
-    from torch._inductor.decomposition import select_decomp_table
-    with torch.compiler.config.patch(cache_key_tag="sample.one_row_mm"):
-        return compile_fx(gm, example_inputs, decompositions={**select_decomp_table(),
-                                                               torch.ops.aten.mm.default: one_row_mm})
-
-
-def stepper(model, compile):
-    """The function the sampling loops call for their steps: `forward`, or with compile=True
-    torch.compile(forward) (on CUDA mode="reduce-overhead": CUDA graphs, recorded once per shape and
-    replayed; on the CPU inductor with `one_row_mm`), compiled once per process. The loops feed each step
-    the same shapes (the same query length, the mask over the whole static cache, the positions as tensors)
-    and the compiled step gets fresh contiguous copies of the slices it is fed, so one graph serves every
-    step; sizes are symbolic, so prompt and generation lengths are no reason to recompile either (sizes 0
-    and 1 are specialised: batch 1 and the AR step get their own graphs)."""
-    if not compile:
-        return forward
-    mode = "reduce-overhead" if model.model.embed_tokens.weight.is_cuda else None
-    if mode not in COMPILED:
-        how = dict(mode=mode) if mode else dict(backend=inductor_cpu)
-        COMPILED[mode] = torch.compile(forward, **how, **COMPILE)
-    compiled = COMPILED[mode]
-
-    def step(model, x, q, pos, *args):
-        fresh = dict(memory_format=torch.contiguous_format)
-        with torch.fx.experimental._config.patch(use_duck_shape=False):  # a length that happens to equal another
-            # size when first traced (L = head_dim = 32, block 4 = batch 4) gets its own symbol, not that size's
-            return compiled(model, x.clone(**fresh), q.clone(**fresh), pos.clone(**fresh), *args)
-    return step
-
-
-def new_cache(model, B, L, compile):
-    """model.new_cache(B, L); compiled on CUDA, its tensors are marked static (written in place at a fixed
-    address: CUDA graphs read and write them where they are instead of copying them in each replay)."""
-    cache = model.new_cache(B, L)
-    if compile and model.model.embed_tokens.weight.is_cuda:
-        for t in cache.k + cache.v:  # one tensor per layer
-            torch._dynamo.mark_static_address(t)
-    return cache
-
-
 @torch.no_grad()
 def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None, pad_id=None,
                 generator=None, mask_token_id=None, vocab_limit=None, use_cache=True, *, compile=False):
     """Causal decoding (greedy when temperature == 0) with a static KV cache; rows that produced an end token
     (eos_id: an id or several) emit pad_id (default the first end id) from then on. use_cache=False recomputes
-    the whole sequence per token (reference). compile: the one-token steps through torch.compile (`stepper`);
+    the whole sequence per token (reference). compile: the one-token steps through torch.compile (compiling.stepper);
     the prompt's forward stays eager."""
     mask_id = model.config.mask_token_id if mask_token_id is None else mask_token_id
     ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
@@ -318,8 +244,8 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
     x, lens, P, real, pos = prepare(model, prompt, max_new_tokens, pad_id, pad_id)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
-    step = stepper(model, compile)
-    cache = new_cache(model, B, L, compile) if use_cache else None  # (layers, B, kv_heads, L, head_dim) by slot
+    step = compiling.stepper(forward, model, compile)
+    cache = compiling.static_cache(model.new_cache(B, L), compile) if use_cache else None  # keys/values by slot
     done = torch.zeros(B, dtype=torch.bool, device=x.device)
     row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
     nfe = 0
@@ -363,7 +289,7 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     "dual": the same, and the later steps feed the block alone: the masked blocks after it are read from the
       cache too. Approximate because this model is bidirectional: a cached slot's keys would change as the
       block is decided. Shifted models (the prediction for slot s read at s-1) also feed slot s-1 each step.
-    compile: every forward through torch.compile (`stepper`)."""
+    compile: every forward through torch.compile (compiling.stepper)."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     if remasking not in ("low_confidence", "random"):
         raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
@@ -381,8 +307,8 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
-    step = stepper(model, compile)
-    kv = None if cache == "none" else new_cache(model, B, L, compile)
+    step = compiling.stepper(forward, model, compile)
+    kv = None if cache == "none" else compiling.static_cache(model.new_cache(B, L), compile)
     # LLaDA's schedule: a block's block_length tokens over its steps, evenly, the remainder first. (spb,)
     spb = block_length if threshold is not None else steps // n_blocks
     n_commit = block_length // spb + (torch.arange(spb, device=x.device) < block_length % spb).long()
@@ -434,7 +360,7 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
     probability of the chosen token, see `sample`; threshold <= 0 commits a block per forward, > 1 one token
     per forward). Finished blocks are written into the KV cache once (exact: later blocks cannot change
     them); use_cache=False recomputes the whole sequence every round (the slow reference, same results).
-    record=True fills Generation.rounds. compile: the rounds through torch.compile (`stepper`), all of one
+    record=True fills Generation.rounds. compile: the rounds through torch.compile (compiling.stepper), all of one
     shape but round 0 (two blocks fed) and the prompt's first forward (eager)."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     bs = block_size or model.config.block_size
@@ -450,8 +376,8 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
     x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id, multiple=bs)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
-    step = stepper(model, compile)
-    cache = new_cache(model, B, L, compile) if use_cache else None
+    step = compiling.stepper(forward, model, compile)
+    cache = compiling.static_cache(model.new_cache(B, L), compile) if use_cache else None
     rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
     finished = torch.zeros(B, dtype=torch.bool, device=x.device)  # the row's eos is in an earlier block
     row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
@@ -588,7 +514,7 @@ def show_rounds(pieces, rounds, *, width=100, colour=False):
 
 def main():
     import training
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
+    p = cli.parser(__doc__)
     p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory; its config.attn picks the sampler")
     p.add_argument("--prompt", default="def ", help="the text to continue (encoded with the checkpoint's tokenizer)")
     p.add_argument("--num_samples", type=int, default=1, help="rows of one batch, all from --prompt")

@@ -30,7 +30,6 @@ What is notable here:
   alone: tokens per forward is their ratio, per row, then summarised per family (sample.throughput).
   `eval.py tasks` is its command line: the accuracy-versus-parallelism curve over decoding thresholds.
 """
-import argparse
 import json
 import random
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+import cli
 import data
 import sample
 import training
@@ -268,7 +268,7 @@ def log_record(model, tok, items, *, threshold=0.9, batch_size=64, seed=1337):
 # ---- CLI -----------------------------------------------------------------------------------------
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=training.HelpFormatter)
+    p = cli.parser(__doc__)
     p.add_argument("--out_dir", default="data/tasks", help="where train.jsonl and heldout.jsonl are written")
     p.add_argument("--seed", type=int, default=1337, help="draws the prompts (the split is by prompt hash)")
     p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, from " + ", ".join(FAMILIES))

@@ -27,7 +27,6 @@ Bad input ends a run with one line, not a traceback, and loses nothing:
 The scripts need not pass anything for this: the run's settings, its last logged step and its last checkpoint are
 kept in RUN by parse_loop_args, resume_or_start, Log and save_checkpoint.
 """
-import argparse
 import atexit
 import contextlib
 import json
@@ -38,7 +37,6 @@ import signal
 import sys
 import threading
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 import data
-from model import Qwen3, atomic_write, load_config
+from model import Qwen3, Qwen3Config
+from tokenizer import atomic_write
 from tokenizer import Tokenizer, fingerprint_of
 
 # This process's training run so far: its settings (parse_loop_args), output directory, the next step to run (Log,
@@ -60,10 +59,6 @@ RESUMABLE = {"max_iters", "resume", "allow_changed_settings", "device", "compile
 DIST = dict(rank=0, world_size=1, fsdp=False, device=torch.device("cpu"))
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FROZEN_DTYPES = ("auto", "float32", "bfloat16")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Every script's --help: its docstring as written, and each flag's default after its help text."""
 
 
 def add_loop_args(p, *, frozen=None, **defaults):
@@ -234,28 +229,18 @@ def shard(model):
     """--fsdp: FSDP2 over all ranks, one unit per decoder layer, then the root (the embeddings, the final norm and
     lm_head, one tensor when tied), each rank holding 1/world_size of every tensor; call it before making the
     optimizer. Gradients are reduce-scattered in backward and summed over the ranks, as clip_grads sums DDP's.
-    FSDP gathers the root's tensors around model.forward, and the losses here call model.model and model.lm_head
-    themselves: they go through run(). Without --fsdp the model is returned as it is (replicated on every rank)."""
+    FSDP gathers the root's tensors around model.forward, which is every loss's, evaluation's and sampler's one
+    entry point. Without --fsdp the model is returned as it is (replicated on every rank)."""
     if not DIST["fsdp"]:
         return model
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import fully_shard
     units = [*model.model.layers, model]
     for unit in units:
         fully_shard(unit)
     for unit in units:
         unit.set_gradient_divide_factor(1.0)  # a sum over the ranks, not their mean (see all_sum)
         unit.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-scaled one
-    model.run_sharded = types.MethodType(lambda self, fn, *args, **kwargs: fn(self, *args, **kwargs), model)
-    register_fsdp_forward_method(model, "run_sharded")
     return model
-
-
-def run(fn, model, *args, **kwargs):
-    """fn(model, *args, **kwargs): a loss, an evaluation or a rollout of the trained model. With --fsdp through the
-    root unit (shard), so that fn's direct calls of model.model and model.lm_head see whole tensors."""
-    if hasattr(model, "run_sharded"):
-        return model.run_sharded(fn, *args, **kwargs)
-    return fn(model, *args, **kwargs)
 
 
 def clip_grads(model, max_norm):
@@ -487,7 +472,7 @@ def load_model(path, device, what, *, attn=None, like=None, dtype=torch.float32)
     model, e.g. a teacher); like: a model whose tokenizer it must share (a teacher's student). Both are checked
     before the weights are read."""
     try:
-        config = load_config(path)
+        config = Qwen3Config.load(path)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"{what} {path}: {e}")
     if attn is not None and config.attn != attn:
@@ -501,6 +486,38 @@ def load_model(path, device, what, *, attn=None, like=None, dtype=torch.float32)
         return Qwen3.from_pretrained(path, device=device, dtype=dtype)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"{what} {path}: {e}")
+
+
+CONVERT_FLAGS = {"bidirectional": "--attn bidirectional", "block": "--attn block --block_size 4"}
+
+
+def require_dlm(config, where, who, attn=None):
+    """Exit with one line naming the fix unless `config` is a DLM made by convert.py (attn not causal, a mask token
+    and a shift convention) of the kind `attn` ("bidirectional", "block" with a block size; None: either)."""
+    ok = config.attn != "causal" and config.mask_token_id is not None and config.shift is not None
+    if attn is not None:
+        ok = ok and config.attn == attn and (attn != "block" or bool(config.block_size))
+    if not ok:
+        flags = CONVERT_FLAGS[attn or "bidirectional"]
+        raise SystemExit(f"{who}: {where} is not a {attn + ' ' if attn else ''}DLM (attn={config.attn!r}, block_size="
+                         f"{config.block_size}, mask_token_id={config.mask_token_id}, shift={config.shift}); make one "
+                         f"with: python convert.py --ar AR_DIR --out_dir DLM_DIR {flags}")
+
+
+def load_teacher(path, student, device, who, *, same_shapes=False):
+    """The frozen AR teacher of a DLM student (eval mode, no gradients, in frozen_dtype()): an attn="causal"
+    checkpoint with the student's tokenizer and vocabulary, and with same_shapes its very tensor shapes (a teacher
+    whose hidden states are compared with the student's). path None: the student's config.converted_from."""
+    path = path or student.config.converted_from
+    if path is None:
+        raise SystemExit(f"{who}: no --teacher given and the student's config has no converted_from")
+    teacher = load_model(path, device, f"{who}: teacher", attn="causal", like=student, dtype=frozen_dtype(device))
+    teacher.requires_grad_(False).eval()
+    shape = lambda m: ({k: v.shape for k, v in m.state_dict().items()}, m.config.tie_word_embeddings)
+    if teacher.config.vocab_size != student.config.vocab_size or same_shapes and shape(teacher) != shape(student):
+        raise SystemExit(f"{who}: the teacher {path} and the student have different "
+                         f"{'shapes' if same_shapes else 'vocabularies'}")
+    return teacher
 
 
 def load_checkpoint(out_dir, device):

@@ -22,6 +22,12 @@ from conftest import run_script, tiny_world, killed_after_checkpoint
 from model import Qwen3, Qwen3Model, preset
 from tokenizer import Tokenizer
 
+
+def teacher_of(path, student):
+    """align.py's teacher: the AR checkpoint, frozen, with the student's shapes."""
+    return training.load_teacher(path, student, "cpu", "align", same_shapes=True)
+
+
 SMALL = ["--batch_size", "4", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2", "--samples", "1",
          "--sample_len", "16"]
 
@@ -102,7 +108,7 @@ def test_loss_step_end_to_end_against_slow(world, ckpt):
     with torch.no_grad():  # make the student differ from the teacher
         for q in student.parameters():
             q.add_(0.01 * torch.randn(q.shape, generator=torch.Generator().manual_seed(1)))
-    teacher = align.load_teacher(world / "ar", student)
+    teacher = teacher_of(world / "ar", student)
     x0 = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(2))
     loss, stats = align.loss_step(student, teacher, x0, torch.Generator().manual_seed(3), layers=[0, 1, 2])
     xt, masked, t = diffusion.corrupt(x0, 259, student.config.shift, torch.Generator().manual_seed(3), 1 / 500)
@@ -151,7 +157,7 @@ def test_keyword_loss_step_is_bit_identical_to_the_former_formula(world, ckpt, f
         with torch.no_grad():
             for q in student.parameters():
                 q.add_(0.01 * torch.randn(q.shape, generator=torch.Generator().manual_seed(1)))
-        teacher = align.load_teacher(world / "ar", student) if hp["lambda_align"] > 0 else None
+        teacher = teacher_of(world / "ar", student) if hp["lambda_align"] > 0 else None
         x0 = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(2))
         gen = torch.Generator().manual_seed(3)
         if name == "old":
@@ -173,7 +179,7 @@ def test_keyword_loss_step_is_bit_identical_to_the_former_formula(world, ckpt, f
 def slow_cosines(student, teacher, batches):
     """Per hidden state, the mean over (batch, row i-1 of masked i) of cos(student on xt, teacher on x0), by
     loops over full forwards; the masks redrawn at ratio 0.5 with the evaluation's own seed."""
-    g, total, count = torch.Generator().manual_seed(align.EVAL_SEED + 1), None, 0
+    g, total, count = torch.Generator().manual_seed(diffusion.EVAL_SEED + 1), None, 0
     for x0 in batches:
         xt, masked, _ = diffusion.corrupt(x0, student.config.mask_token_id, True, g, t=0.5)
         _, hs = student(xt, attn="bidirectional", output_hidden_states=True)
@@ -195,7 +201,7 @@ def test_cosine_eval_matches_slow_loops_and_teacher_runs_once(world):
     with torch.no_grad():
         for q in student.parameters():
             q.add_(0.05 * torch.randn(q.shape, generator=torch.Generator().manual_seed(1)))
-    teacher = align.load_teacher(world / "ar", student)
+    teacher = teacher_of(world / "ar", student)
     batches = [torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(k)) for k in range(3)]
     calls = []
     orig = teacher.model.forward
@@ -249,7 +255,7 @@ def test_lambda_zero_never_runs_the_teacher_in_training(world, tmp_path, monkeyp
 def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     student = Qwen3.from_pretrained(world / "dlm")
     student.freeze(["embed", "mlp"])
-    teacher = align.share_frozen(student, align.load_teacher(world / "ar", student))
+    teacher = align.share_frozen(student, teacher_of(world / "ar", student))
     frozen = {n: q for n, q in student.named_parameters() if not q.requires_grad}
     assert "model.embed_tokens.weight" in frozen and any(".mlp." in n for n in frozen)
     for n, q in frozen.items():
@@ -299,7 +305,7 @@ def test_published_freeze_embed_and_head_tied_and_untied(world, tmp_path, ckpt, 
         assert torch.equal(init[k], got[k]) == (k in want), k
     student = Qwen3.from_pretrained(world / ckpt)
     student.freeze(groups.split(","))
-    teacher = align.share_frozen(student, align.load_teacher(world / f"ar{'' if tied else '_untied'}", student))
+    teacher = align.share_frozen(student, teacher_of(world / f"ar{'' if tied else '_untied'}", student))
     assert (teacher.lm_head.weight is student.lm_head.weight) == ("lm_head.weight" in want)
     assert (teacher.model.embed_tokens.weight is student.model.embed_tokens.weight) == (frozen["embed"] in want)
     assert teacher.lm_head.weight is not teacher.model.embed_tokens.weight or tied

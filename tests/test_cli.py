@@ -37,6 +37,13 @@ def parsers(parser, name):
                 yield from parsers(p, f"{name} {sub}")
 
 
+def flag_help(parser, action):
+    """The --help text of one flag, as the parser formats it (on one line: no wrapping inside a default)."""
+    f = parser.formatter_class(parser.prog, width=10_000)
+    f.add_argument(action)
+    return f.format_help()
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_flag_has_help_and_shows_its_default(script, monkeypatch):
     for name, p in parsers(script_parser(script, monkeypatch), script):
@@ -46,7 +53,17 @@ def test_every_flag_has_help_and_shows_its_default(script, monkeypatch):
             if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
                 continue
             assert a.help and a.help.strip(), f"{name}: {'/'.join(a.option_strings) or a.dest} has no help text"
+            if a.option_strings and a.default not in (None, False, argparse.SUPPRESS):
+                assert f"(default: {a.default})" in flag_help(p, a), \
+                    f"{name}: {a.option_strings[0]} does not show its default {a.default!r}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_is_a_short_description(script, monkeypatch):
+    """--help gives the docstring's first paragraph and usage lines, not the notes for readers of the code."""
+    import cli
+    doc = runpy.run_path(str(ROOT / script), run_name="not_main").get("__doc__") or ""
+    for name, p in parsers(script_parser(script, monkeypatch), script):
         text = p.format_help()
-        for a in p._actions:
-            if a.option_strings and a.default not in (None, False, argparse.SUPPRESS) and a.help:
-                assert "(default:" in text or "%(default)" in a.help, name
+        assert "What is notable" not in text, name
+    assert cli.short(doc).split("\n")[0] in script_parser(script, monkeypatch).format_help()

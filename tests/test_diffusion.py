@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import diffusion
-from diffusion import corrupt, denoiser_rows, diffusion_loss, maskable, masked_logits
-from model import Qwen3, preset
+import model as model_module
+from diffusion import corrupt, denoiser_ce, denoiser_rows, diffusion_loss, maskable
+from model import Qwen3, left_padded, preset
 
 MASK = 259
 
@@ -101,6 +102,11 @@ def test_losses_match_slow_reimplementation(shift, norm):
         assert not torch.allclose(wrong.double(), want, atol=1e-3)
 
 
+def masked_logits(model, xt, masked, output_hidden_states=False):
+    """The logits (n_masked, V) that denoise the masked positions, row-major: lm_head on those rows alone."""
+    return model(xt, rows=denoiser_rows(masked, model.config.shift), output_hidden_states=output_hidden_states)
+
+
 def test_masked_logits_rows_and_hidden_states_come_from_one_forward():
     model = dlm(True)
     x0 = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(5))
@@ -118,7 +124,7 @@ def test_extra_ce_term_value_and_gradient_weight():
     model = dlm(False)
     x0 = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(8))
     xt, masked, t = corrupt(x0, MASK, False, torch.Generator().manual_seed(9), t=0.6)
-    logits, _ = masked_logits(model, xt, masked)
+    logits = masked_logits(model, xt, masked)
     ce = torch.nn.functional.cross_entropy(logits, x0[masked], reduction="none")
     got = diffusion_loss(model, x0, xt, masked, t, extra_ce=True)
     assert torch.allclose(got, (ce + torch.exp(-ce) * ce).mean(), atol=1e-6)
@@ -216,7 +222,7 @@ def test_block_logits_equal_per_block_logits_with_a_prompt_and_pads(shift):
     model, bs, P, N = block_dlm(shift), 4, 8, 12
     g = torch.Generator().manual_seed(2)
     x = torch.randint(0, 256, (3, P + N), generator=g)
-    real, pos = diffusion.layout(torch.tensor([8, 5, 1]), P, P + N)
+    real, pos = left_padded(torch.tensor([8, 5, 1]), P, P + N)
     masked = torch.rand(3, N, generator=g) < 0.5
     masked[:, ::bs] = True  # every block's first position: under shift, read at the clean slot before the block
     xt = x[:, P:].masked_fill(masked, MASK)
@@ -233,15 +239,15 @@ def test_block_logits_equal_per_block_logits_with_a_prompt_and_pads(shift):
         diffusion.block_logits(model, x[:, 2:], xt, masked, P=P - 2)
 
 
-def test_block_scoring_refuses_position_zero_under_shift_and_missing_x0():
+def test_block_scoring_refuses_position_zero_under_shift_and_hidden_states():
     model = block_dlm(True)
     x0 = torch.randint(0, 256, (2, 8))
     masked = torch.zeros(2, 8, dtype=torch.bool)
     masked[0, 0] = True
     with pytest.raises(ValueError, match="position 0"):
         diffusion.block_logits(model, x0, x0, masked)
-    with pytest.raises(ValueError, match="pass x0"):
-        masked_logits(model, x0, masked.roll(1, 1))
+    with pytest.raises(ValueError, match="hidden states are not offered"):
+        denoiser_ce(model, x0, x0, masked.roll(1, 1), output_hidden_states=True)
 
 
 # ---- bidirectional DLMs keep their numbers ---------------------------------------------------------------------
@@ -294,25 +300,25 @@ def test_bidirectional_numbers_unchanged(shift):
 
 @pytest.mark.parametrize("shift", [False, True])
 def test_chunked_evaluation_equals_one_piece(shift, monkeypatch):
-    """head_ce without grad takes CE_ROWS rows at a time: the same cross-entropies (to rounding) and argmaxes as one
-    piece; with grad it is one piece whatever CE_ROWS is, so its gradient is F.cross_entropy's."""
+    """Qwen3.cross_entropy without grad takes CE_ROWS rows at a time: the same cross-entropies (to rounding) and
+    argmaxes as one piece; with grad it is one piece whatever CE_ROWS is, so its gradient is F.cross_entropy's."""
     model = dlm(shift)
     g = torch.Generator().manual_seed(3)
     batches = [torch.randint(0, 256, (4, 20), generator=g) for _ in range(2)]
     whole = diffusion.fixed_mask_eval(model, batches, ratios=(0.15, 0.9), seed=1234)
-    monkeypatch.setattr(diffusion, "CE_ROWS", 3)
+    monkeypatch.setattr(model_module, "CE_ROWS", 3)
     chunked = diffusion.fixed_mask_eval(model, batches, ratios=(0.15, 0.9), seed=1234)
     assert chunked.keys() == whole.keys()
     for k in whole:
         assert chunked[k] == pytest.approx(whole[k], rel=1e-6, abs=1e-9), k
     h = torch.randn(10, model.config.hidden_size, requires_grad=True)
     target = torch.randint(0, 256, (10,), generator=g)
-    ce = diffusion.head_ce(model, h, target)
+    ce, _ = model.cross_entropy(h, target)
     ref = F.cross_entropy(model.lm_head(h).float(), target, reduction="none")
     assert torch.equal(ce, ref)
     assert torch.equal(torch.autograd.grad(ce.sum(), h)[0], torch.autograd.grad(ref.sum(), h)[0])
     with torch.no_grad():
-        ce, top = diffusion.head_ce(model, h, target, argmax=True)
+        ce, top = model.cross_entropy(h, target)
         torch.testing.assert_close(ce, ref.detach(), rtol=1e-6, atol=1e-6)
         assert torch.equal(top, model.lm_head(h).argmax(-1))
 

@@ -61,7 +61,7 @@ def ragged_batch(P=8, N=12, seed=0):
 def test_train_mask_matches_slow_construction():
     bs, P, N = 4, 8, 12
     lens = torch.tensor([8, 3, 1])
-    real, _ = distill.layout(lens, P, P + N)
+    real, _ = distill.left_padded(lens, P, P + N)
     m = diffusion.train_mask(real, N, bs)
     L = P + N
     assert m.shape == (3, 1, L + N, L + N)
@@ -83,7 +83,7 @@ def test_train_mask_matches_slow_construction():
 def test_flex_block_mask_equals_train_mask():
     bs, P, N = 4, 64, 48  # T = 160: 2 x 2 blocks of 128
     lens = torch.tensor([64, 30, 1])
-    real, _ = distill.layout(lens, P, P + N)
+    real, _ = distill.left_padded(lens, P, P + N)
     dense = diffusion.train_mask(real, N, bs)  # (B, 1, T, T)
     bm = diffusion.train_mask(real, N, bs, flex=True)
     T = P + 2 * N
@@ -99,7 +99,7 @@ def test_flex_block_mask_equals_train_mask():
 def test_flex_student_logits_equal_dense(world, name):
     student = student_of(world, name)
     x, lens, P, masked = ragged_batch()
-    real, pos = distill.layout(lens, P, x.shape[1])
+    real, pos = distill.left_padded(lens, P, x.shape[1])
     xt = x[:, P:].masked_fill(masked, 259)
     with torch.no_grad():  # flex_attention has no backward on CPU
         dense = diffusion.block_logits(student, x, xt, masked, P=P, real=real, pos=pos, flex=False)
@@ -115,7 +115,7 @@ def loss_kw(**kw):
 def test_vectorised_loss_equals_per_block_reference(world, name):
     student, teacher = student_of(world, name), Qwen3.from_pretrained(world / "ar")
     x, lens, P, masked = ragged_batch()
-    real, pos = distill.layout(lens, P, x.shape[1])
+    real, pos = distill.left_padded(lens, P, x.shape[1])
     xt = x[:, P:].masked_fill(masked, 259)
     fast = diffusion.block_logits(student, x, xt, masked, P=P, real=real, pos=pos)
     slow = diffusion.per_block_logits(student, x, xt, masked, P=P, real=real, pos=pos)
@@ -141,7 +141,7 @@ def test_seq_and_token_reductions_against_loops(world):
     student, teacher = student_of(world, "block"), Qwen3.from_pretrained(world / "ar")
     x, lens, P, masked = ragged_batch()
     masked[1], masked[2] = True, False  # rows of 12, about 6, and 0 positions: seq and token differ
-    real, pos = distill.layout(lens, P, x.shape[1])
+    real, pos = distill.left_padded(lens, P, x.shape[1])
     xt = x[:, P:].masked_fill(masked, 259)
     with torch.no_grad():
         t = distill.teacher_logits(teacher, x, real, pos, P, masked)[:, :256]
@@ -231,7 +231,7 @@ def slow_data_kl(student, teacher, items, L, batch_size, vocab=256):
     the first `vocab` ids; each row's mean over its masked positions before the first eos, then the mean over
     the batch's rows that have one, batches weighted by their rows."""
     bs, shift, mask_id = student.config.block_size, int(student.config.shift), student.config.mask_token_id
-    g, total = torch.Generator().manual_seed(distill.EVAL_SEED), 0.0
+    g, total = torch.Generator().manual_seed(diffusion.EVAL_SEED), 0.0
     for k in range(0, len(items), batch_size):
         batch = items[k:k + batch_size]
         masks = distill.random_states(len(batch), L, bs, g, "cpu")
@@ -309,7 +309,7 @@ def test_rollout_tokens_per_forward_counts_each_row_up_to_its_eos(world, monkeyp
 def test_teacher_targets_condition_on_the_exact_prefix(world):
     teacher = Qwen3.from_pretrained(world / "ar")
     x, lens, P, _ = ragged_batch()
-    real, pos = distill.layout(lens, P, x.shape[1])
+    real, pos = distill.left_padded(lens, P, x.shape[1])
     sel = torch.ones(3, x.shape[1] - P, dtype=torch.bool)
     got = distill.teacher_logits(teacher, x, real, pos, P, sel).view(3, -1, 320)
     for b in range(3):
@@ -493,7 +493,7 @@ def test_compile_makes_a_bounded_number_of_graphs(world, tmp_path, monkeypatch):
         with torch.no_grad():
             for N in (8, 24, 48, 64, 96):
                 x, lens, P, masked = ragged_batch(N=N)
-                real, pos = distill.layout(lens, P, x.shape[1])
+                real, pos = distill.left_padded(lens, P, x.shape[1])
                 xt = x[:, P:].masked_fill(masked, 259)
                 diffusion.block_logits(student, x, xt, masked, P=P, real=real, pos=pos, flex=True)
         assert cnt.frame_count <= 2, cnt.frame_count

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import convert
 import data
 import diffusion
+import model as model_module
 import eval as E
 import sample as S
 import tasks
@@ -144,11 +145,11 @@ def slow_nelbo(model, xs, n_draws, seed, eps):
     return draws
 
 
-@pytest.mark.parametrize("rows", [None, 5], ids=["one-chunk", "chunks-of-5"])  # diffusion.head_ce's row chunks
+@pytest.mark.parametrize("rows", [None, 5], ids=["one-chunk", "chunks-of-5"])  # Qwen3.cross_entropy's row chunks
 @torch.no_grad()
 def test_ar_likelihood_against_slow(world, rows, monkeypatch):
     if rows:
-        monkeypatch.setattr(diffusion, "CE_ROWS", rows)
+        monkeypatch.setattr(model_module, "CE_ROWS", rows)
     model = Qwen3.from_pretrained(world / "ar").eval()
     xs = [x[:, :12] for x in batches(world)]
     res = E.ar_likelihood(model, xs, torch.no_grad())
@@ -163,7 +164,7 @@ def test_ar_likelihood_against_slow(world, rows, monkeypatch):
 @torch.no_grad()
 def test_nelbo_against_slow(world, ckpt, rows, monkeypatch):
     if rows:
-        monkeypatch.setattr(diffusion, "CE_ROWS", rows)
+        monkeypatch.setattr(model_module, "CE_ROWS", rows)
     model = Qwen3.from_pretrained(world / ckpt).eval()
     xs = batches(world)
     res = E.dlm_nelbo(model, xs, torch.no_grad(), 3, seed=5, eps=1e-3)

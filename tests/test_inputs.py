@@ -22,7 +22,9 @@ import data
 import training
 from conftest import ROOT, killed_after_checkpoint, run_script, tiny_world
 from convert import convert
-from model import Qwen3, atomic_write, load_config, preset, safetensors_names, weight_files
+from checkpoint import safetensors_names, weight_files
+from model import Qwen3, Qwen3Config, preset
+from tokenizer import atomic_write
 from tokenizer import Tokenizer, fingerprint_of
 
 SMALL = ["--preset", "micro", "--batch_size", "4", "--seq_len", "32", "--eval_batches", "1", "--warmup", "2",
@@ -190,8 +192,8 @@ def test_data_and_checkpoints_record_the_fingerprint(world, tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     del cfg["tokenizer_sha256"]
     (out / "config.json").write_text(json.dumps(cfg))
-    assert load_config(out).tokenizer_sha256 == fp and Qwen3.from_pretrained(out).config.tokenizer_sha256 == fp
-    assert load_config(out).path == str(out) and "path" not in Qwen3.from_pretrained(out).config.to_dict()
+    assert Qwen3Config.load(out).tokenizer_sha256 == fp and Qwen3.from_pretrained(out).config.tokenizer_sha256 == fp
+    assert Qwen3Config.load(out).path == str(out) and "path" not in Qwen3.from_pretrained(out).config.to_dict()
 
 
 def test_a_model_and_data_tokenized_differently_are_refused(world, tmp_path):
@@ -224,7 +226,7 @@ def test_training_helpers_refuse_other_tokenizers(world, tmp_path):
         (d / f.name).write_bytes(f.read_bytes())
     Tokenizer.from_pretrained(world / "other").save_pretrained(d)
     with pytest.raises(SystemExit, match="config.json.*replaced"):
-        training.load_tokenizer(d, load_config(d))
+        training.load_tokenizer(d, Qwen3Config.load(d))
     # save_checkpoint never writes over another tokenizer: the model's, or one already in out_dir
     model = Qwen3(preset("micro")).init_weights(0)
     opt = training.configure_optimizer(model, 1e-3, 0.0)
@@ -422,9 +424,10 @@ def test_ctrl_c_is_one_line_and_resume_continues_exactly(world, tmp_path):
 # ---- the one atomic writer -------------------------------------------------------------------------------
 
 def test_one_atomic_writer_without_torch_in_the_tokenizer(tmp_path):
-    import model
+    import checkpoint
     import tokenizer
-    assert model.atomic_write is tokenizer.atomic_write is atomic_write
+    import training
+    assert checkpoint.atomic_write is training.atomic_write is tokenizer.atomic_write is atomic_write
     f = tmp_path / "x.json"
     f.write_text("old")
 

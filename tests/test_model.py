@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from model import KVCache, Qwen3, Qwen3Config, attention_mask, load_config, preset
+from model import KVCache, Qwen3, Qwen3Config, attention_mask, preset
 
 import transformers  # the reference implementation (requirements-dev.txt)
 
@@ -292,7 +292,7 @@ def test_shape_mismatch_and_other_architecture(tmp_path):
         Qwen3.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, model_type="llama", architectures=["LlamaForCausalLM"])))
     with pytest.raises(ValueError, match="not a Qwen3 checkpoint"):
-        load_config(tmp_path)
+        Qwen3Config.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, tie_word_embeddings=False)))
     with pytest.raises(ValueError, match="no lm_head.weight"):
         Qwen3.from_pretrained(tmp_path)

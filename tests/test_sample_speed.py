@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
+import compiling
 import sample as S
 from sample import ar_generate, block_generate, diffusion_generate
 from test_sample import EOS, MASK, PROMPTS, greedy, make
@@ -110,11 +111,11 @@ def test_one_row_mm():
         torch._dynamo.reset()
         with torch._inductor.config.patch(fx_graph_cache=False), \
                 torch._functorch.config.patch(enable_autograd_cache=False):
-            out, code = run_and_get_code(torch.compile(linear, backend=S.inductor_cpu), x)
+            out, code = run_and_get_code(torch.compile(linear, backend=compiling.inductor_cpu), x)
         torch.testing.assert_close(out, x @ w.T)
         assert ("extern_kernels.mm" in "".join(code)) == blas, rows
     a, b = torch.randn(1, 24, generator=g), torch.randn(24, 40, generator=g)
-    torch.testing.assert_close(S.one_row_mm(a, b), torch.mm(a, b))  # the decomposition itself, run eagerly
+    torch.testing.assert_close(compiling.one_row_mm(a, b), torch.mm(a, b))  # the decomposition itself, run eagerly
 
 
 def test_compiled_graphs_stay_bounded(monkeypatch):
@@ -127,7 +128,7 @@ def test_compiled_graphs_stay_bounded(monkeypatch):
         graphs.append(gm)
         return gm.forward  # run the captured graph as it is: only counting
     torch._dynamo.reset()
-    monkeypatch.setitem(S.COMPILED, None, torch.compile(S.forward, backend=count, **S.COMPILE))
+    monkeypatch.setitem(compiling.COMPILED, None, torch.compile(S.forward, backend=count, **compiling.COMPILE))
     ar, blk, dlm = make(), make("block", shift=True, block_size=4), make("bidirectional", shift=True)
     counts = []
     # first a length equal to the head size (16) and a batch equal to the block (4): neither may become a constant

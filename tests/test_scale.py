@@ -99,9 +99,9 @@ def stored(d):
 # ---- the checkpoint itself --------------------------------------------------------------------------------------
 
 def test_fixture_is_qwen3_06b(w):
-    from model import Qwen3, load_config
+    from model import Qwen3, Qwen3Config
     from tokenizer import Tokenizer
-    c = load_config(w / "q")
+    c = Qwen3Config.load(w / "q")
     assert (c.vocab_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
             c.tie_word_embeddings) == (151936, 28, 16, 8, 128, True)
     assert c.generation["eos_token_id"] == [151645, 151643]
