@@ -14,7 +14,8 @@ Per step, for a batch x0 of clean sequences:
 S: the positions that carry the denoising loss (shift: i-1 for masked i; no shift: i) or all (ablation).
 
 The loss is callable from other code with named parameters (no argparse namespace):
-    loss, stats = align.loss_step(student, teacher, x0, generator, layers=range(n), lambda_align=10.0)
+    xt, masked, t = diffusion.corrupt(x0, mask_token_id, shift, generator)
+    loss, stats = align.loss_step(student, teacher, x0, xt, masked, t, layers=range(n), lambda_align=10.0)
     l_align, per_layer = align.repr_align_loss(h_s, h_t, positions, layers=layers, metric="cos")
 
 What is notable here:
@@ -32,20 +33,16 @@ What is notable here:
   aligned positions S of a fixed 0.5-ratio corruption (val_cos; for λ = 0 runs too), whatever --align_layers is.
 """
 import contextlib
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 import cli
 import data
 import diffusion
 import tasks
 import training
-from model import Qwen3
 
 p = cli.parser(__doc__)
 p.add_argument("--init", default="out/dlm-tiny", help="the student: a bidirectional DLM checkpoint (convert.py)")
@@ -134,16 +131,14 @@ def repr_align_loss(student_hidden, teacher_hidden, positions, *, layers, metric
     return (1 - per_layer.mean() if metric == "cos" else per_layer.mean()), per_layer
 
 
-def loss_step(student, teacher, x0, generator, *, layers, lambda_align=10.0, eps=1 / 500, metric="cos",
-              norm="mean", positions="masked", extra_ce=False, maskable=None):
-    """One micro-batch of clean sequences x0 (B, T) -> (L, stats): corrupt x0 with the generator, then
-    L = L_diff + lambda_align · L_align (repr_align_loss over `layers`, at the `positions` "masked" or "all").
-    teacher=None: the λ = 0 baseline, the diffusion loss alone (no hidden states kept, nothing run twice).
-    maskable (B, T) bool: only these positions may be masked (an answer-only loss); default every one."""
+def loss_step(student, teacher, x0, xt, masked, t, *, layers, lambda_align=10.0, metric="cos", norm="mean",
+              positions="masked", extra_ce=False):
+    """One micro-batch of clean sequences x0 (B, T) and its corruption (diffusion.corrupt: xt, masked, t) -> (L,
+    stats): L = L_diff + lambda_align · L_align (repr_align_loss over `layers`, at the `positions` "masked" or "all").
+    teacher=None: the λ = 0 baseline, the diffusion loss alone (no hidden states kept, nothing run twice)."""
     if teacher is None and lambda_align > 0:
         raise ValueError("loss_step: lambda_align > 0 needs a teacher")
     c = student.config
-    xt, masked, t = diffusion.corrupt(x0, c.mask_token_id, c.shift, generator, eps, where=maskable)
     if teacher is None:
         l_diff = diffusion.diffusion_loss(student, x0, xt, masked, t, norm, extra_ce=extra_ce)
         return l_diff, dict(diff_loss=l_diff)
@@ -197,14 +192,6 @@ def evaluate(model, batches, ctx, cosines=None):
     return out if cosines is None else dict(out, val_cos=cosines(model).tolist())
 
 
-def flops_per_token(student, teacher, seq_len):
-    """Training FLOPs per token: the student's (6 per weight + attention), less 2 per frozen matrix weight
-    (no weight gradient), plus the teacher's forward (a third of its training count)."""
-    tied = student.config.tie_word_embeddings
-    frozen = sum(q.numel() for k, q in student.named_parameters() if not q.requires_grad and (tied or "embed" not in k))
-    return student.flops_per_token(seq_len) - 2 * frozen + (teacher.flops_per_token(seq_len) / 3 if teacher else 0)
-
-
 def print_samples(model, tok, val_data, args, device):
     try:
         import sample
@@ -231,21 +218,17 @@ if __name__ == "__main__":
     freeze = [g for g in args.freeze.split(",") if g]
     if bad := set(freeze) - {"embed", "mlp", "attn", "lm_head"}:
         p.error(f"--freeze: unknown groups {sorted(bad)}; choose from embed, mlp, attn, lm_head")
-    device, ctx = training.setup(args.device, args.seed)
-    out_dir = Path(args.out_dir)
-    train_data, val_data = training.load_splits(args.data, "align")
-    gen = torch.Generator().manual_seed(args.seed)  # draws the batches, the t's and the masks
+    run = training.Run(args, "align")  # its generator draws the batches, the t's and the masks
+    device, ctx = run.device, run.ctx
+    train_data, val_data = run.load_splits(args.data)
 
     # ---- the student, its frozen groups, and the teacher -----------------------------------------
     def fresh():
-        try:
-            student = Qwen3.from_pretrained(args.init, device=device, dtype=torch.float32)
-        except (FileNotFoundError, ValueError) as e:
-            raise SystemExit(f"align: {e}")
+        student = training.load_model(args.init, device, "align: --init")
         return student.init_weights(args.seed) if args.scratch else student
 
-    student, state, start = training.resume_or_start(out_dir, args.resume, device, gen, fresh)
-    training.require_dlm(student.config, out_dir if args.resume else args.init, "align", "bidirectional")
+    student = run.start(fresh)
+    training.require_dlm(student.config, run.out_dir if args.resume else args.init, "align", "bidirectional")
     tok = training.load_tokenizer(args.data, student.config)
     student.freeze(freeze)
     if student.config.tie_word_embeddings and ({"embed", "lm_head"} & set(freeze)):
@@ -255,8 +238,10 @@ if __name__ == "__main__":
     val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len, args.eval_batches, device,
                                     starts=starts["val"])
     teacher_path, teacher, cosines = args.teacher or student.config.converted_from, None, None
+    load_teacher = lambda: training.load_teacher(teacher_path, student, device, "align", same_shapes=True,
+                                                 dtype=run.frozen_dtype)
     if args.lambda_align > 0:
-        teacher = training.load_teacher(teacher_path, student, device, "align", same_shapes=True)
+        teacher = load_teacher()
         if not args.fsdp:  # a sharded student's tensors are not whole: the teacher keeps its own copy
             teacher = share_frozen(student, teacher)
         cosines = CosineEval(teacher, student.config, val_batches, ctx)
@@ -265,87 +250,54 @@ if __name__ == "__main__":
               f"it shares the student's {shared / 1e6:.2f}M frozen parameters and holds "
               f"{(teacher.num_params() - shared) / 1e6:.2f}M of its own")
     elif args.teacher or (teacher_path and Path(teacher_path).is_dir()):
-        teacher_once = training.load_teacher(teacher_path, student, device, "align", same_shapes=True)
-        cosines = CosineEval(teacher_once, student.config, val_batches, ctx)
+        cosines = CosineEval(load_teacher(), student.config, val_batches, ctx)
         print(f"λ = 0: AR fine-tuning baseline; the teacher {teacher_path} was run once on the evaluation batches "
               f"(for val_cos) and freed: no teacher in training")
     else:
         print(f"λ = 0: AR fine-tuning baseline, no teacher (none found at {teacher_path}: no val_cos)")
     layers = parse_layers(args.align_layers, student.config.num_hidden_layers + 1)
-    student.model.gradient_checkpointing = args.grad_checkpoint
-    student = training.shard(student)  # --fsdp (the teacher stays whole on every rank)
-    opt = training.optimizer(student, args, device, state)
-    if args.compile:  # in place: parameter names, and so checkpoints, are unchanged
-        student.model.compile()
-        if teacher is not None:
-            teacher.model.compile()
-    log = training.Log(out_dir, args.resume)
+    student = run.train(student, compile_too=[teacher] if teacher is not None else [])
     print(f"student: {student.num_params() / 1e6:.2f}M parameters ({n_frozen / 1e6:.2f}M frozen: {freeze or 'none'}), "
           f"shift={student.config.shift}, mask token {student.config.mask_token_id}{', from scratch' * args.scratch}; "
           f"aligning hidden states {layers if args.lambda_align > 0 else '-'}; device {device}")
 
     # ---- training --------------------------------------------------------------------------------
-    tokens_per_step = args.batch_size * args.seq_len * args.grad_accum
-    fpt, peak = flops_per_token(student, teacher, args.seq_len), training.peak_flops(device)
-    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="align",
-               disable=not training.is_main())
-    t, step_times, last_eval, t_start = time.time(), [], {}, time.time()
-    for step in bar:
-        lr = training.set_lr(opt, step, args)
-        stats = dict(loss=0.0)
-        for k in range(args.grad_accum):
-            x0 = data.get_batch(train_data, args.batch_size, args.seq_len, device, gen, starts=starts["train"])
-            if not training.mine(k):  # another rank's micro-batch: its mask drawn too, so the generators stay in step
-                diffusion.corrupt(x0, student.config.mask_token_id, student.config.shift, gen, args.eps)
-                continue
-            answers = None if sep_id is None else data.after_separator(x0, sep_id, tok.eos_id)
-            with ctx:
-                loss, s = loss_step(student, teacher, x0, gen, layers=layers,
-                                       lambda_align=args.lambda_align, eps=args.eps, metric=args.align_metric,
-                                       norm=args.loss_norm, positions=args.align_positions, extra_ce=args.extra_ce,
-                                       maskable=answers)
-            (loss / args.grad_accum).backward()
-            for name, v in dict(s, loss=loss).items():
-                stats[name] = stats.get(name, 0) + v.detach() / args.grad_accum
-        stats = training.all_sum(stats)  # the step's means over all its micro-batches
-        loss = stats.pop("loss")
-        training.check_finite(loss, step, out_dir)
-        norm = training.clip_grads(student, args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    c, fpt = student.config, training.flops_per_token(student, args.seq_len, forward_only=teacher)
 
-        dt, t = time.time() - t, time.time()
-        step_times.append(dt)
-        rec = dict(step=step, loss=loss.item(), **{k: v.tolist() for k, v in stats.items()}, lr=lr,
-                   grad_norm=norm, tokens_per_s=tokens_per_step / dt)
-        if peak:
-            rec["mfu"] = fpt * rec["tokens_per_s"] / (peak * training.DIST["world_size"])
-        last = step == args.max_iters - 1
-        if step % args.eval_interval == 0 or last:
+    def draw():  # a batch of clean windows and its corruption (answer-only: only the answers may be masked)
+        x0 = data.get_batch(train_data, args.batch_size, args.seq_len, device, run.gen, starts=starts["train"])
+        answers = None if sep_id is None else data.after_separator(x0, sep_id, tok.eos_id)
+        return x0, *diffusion.corrupt(x0, c.mask_token_id, c.shift, run.gen, args.eps, where=answers)
+
+    last_eval = {}
+    for step in run.steps():
+        for x0, xt, masked, t in run.micro_batches(draw):
+            with ctx:
+                loss, stats = loss_step(student, teacher, x0, xt, masked, t, layers=layers,
+                                        lambda_align=args.lambda_align, metric=args.align_metric,
+                                        norm=args.loss_norm, positions=args.align_positions, extra_ce=args.extra_ce)
+            run.backward(loss, stats, tokens=x0.numel(), flops=fpt * x0.numel())
+        rec = run.update()
+        if run.eval_due():
             last_eval = dict(step=step, **evaluate(student, val_batches, ctx, cosines))
             if task_items:
                 with ctx:
                     last_eval.update(tasks.log_record(student, tok, task_items))
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
-        if step % args.ckpt_interval == 0 or last:
-            training.save_checkpoint(out_dir, student, tok, opt, step, gen, extra=vars(args))
-        t = time.time()  # evaluation and saving are not training time
-        log(**rec)
-        bar.set_postfix(diff=f"{rec['diff_loss']:.3f}", align=f"{rec.get('align_loss', 0):.3f}",
-                        val_acc=f"{last_eval.get('val_acc@0.5', float('nan')):.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        if run.save_due(args.ckpt_interval):
+            run.save(student, tok)
+        run.log(rec, diff=f"{rec['diff_loss']:.3f}", align=f"{rec.get('align_loss', 0):.3f}",
+                val_acc=f"{last_eval.get('val_acc@0.5', float('nan')):.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
 
     # ---- results and samples ---------------------------------------------------------------------
-    final = last_eval if last_eval.get("step") == args.max_iters - 1 else evaluate(student, val_batches,
-                                                                                       ctx, cosines)
+    final = last_eval if last_eval.get("step") == args.max_iters - 1 else evaluate(student, val_batches, ctx, cosines)
     final = {k: v for k, v in final.items() if k != "step"}
     print("\nfinal eval: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k != "val_cos"))
     if "val_cos" in final:
         print("cosine to the teacher per hidden state: " + " ".join(f"{v:.3f}" for v in final["val_cos"]))
-    results = dict(**final, steps=args.max_iters, lambda_align=args.lambda_align, freeze=freeze, scratch=args.scratch,
-                   step_seconds=float(np.mean(step_times)) if step_times else None,
-                   step_seconds_median=float(np.median(step_times)) if step_times else None,
-                   train_seconds_this_run=time.time() - t_start, params=student.num_params(),
-                   trainable_params=student.num_params() - n_frozen, tokens_seen=args.max_iters * tokens_per_step)
-    training.write_results(out_dir, results)
+    run.results(dict(**final, steps=args.max_iters, lambda_align=args.lambda_align, freeze=freeze,
+                     scratch=args.scratch, **run.timing(), params=student.num_params(),
+                     trainable_params=student.num_params() - n_frozen,
+                     tokens_seen=args.max_iters * args.batch_size * args.seq_len * args.grad_accum))
     if args.samples > 0:
         print_samples(student, tok, val_data, args, device)

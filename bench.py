@@ -442,7 +442,8 @@ def align_step(preset, device, dtype, B, T, lam, freeze=()):
     xt, teacher forward on x0, backward, AdamW) on random x0 (B, T), for a student of the preset's shape (random
     weights) and, for lam > 0, its frozen teacher (an equal copy, as after convert.py; frozen groups shared)."""
     import align
-    from training import configure_optimizer
+    import diffusion
+    from training import configure_optimizer, flops_per_token
     student = build_ours(preset, device, dtype)  # same seed: student and teacher start equal, as after convert.py
     c = student.config
     c.attn, c.mask_token_id, c.shift = "bidirectional", c.vocab_size - 1, True  # the last row: never a token
@@ -456,11 +457,12 @@ def align_step(preset, device, dtype, B, T, lam, freeze=()):
 
     def step():
         x0 = torch.randint(0, c.vocab_size - 1, (B, T), device=device, generator=g)
-        loss, _ = align.loss_step(student, teacher, x0, g, layers=layers, lambda_align=lam)
+        noise = diffusion.corrupt(x0, c.mask_token_id, c.shift, g, 1 / 500)  # align.py's --eps
+        loss, _ = align.loss_step(student, teacher, x0, *noise, layers=layers, lambda_align=lam)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return step, align.flops_per_token(student, teacher, T)
+    return step, flops_per_token(student, T, forward_only=teacher)
 
 
 def bench_align(args, device, dtype):

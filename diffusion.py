@@ -117,9 +117,9 @@ def per_block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None)
 def train_rule(real, N, bs):
     """The attention rule over [x, xt] (x = [prompt, x0]: L = P + N slots, P a multiple of bs; then the N noisy
     slots) as a FlexAttention mask_mod: rule(b, h, q, k) says whether query slot q of row b may attend to key
-    slot k. Clean slot (< L): block-causal over the clean stream. Noisy slot of block g: the clean blocks < g
-    and the noisy slots of block g. Pads (real False) are hidden from every query, in both copies; a slot
-    always sees itself (so a pad query has a key)."""
+    slot k. BD3-LM's three parts: a clean slot (< L) sees the clean stream block-causally (M_BC); a noisy slot of
+    block g sees the noisy slots of block g (M_BD) and the clean blocks < g (M_OBC). Pads (real False) are hidden
+    from every query, in both copies; a slot always sees itself (so a pad query has a key)."""
     L = real.shape[1]
     key_real = torch.cat([real, real[:, L - N:]], 1)  # (B, L + N): a noisy slot is real where its clean one is
 
@@ -127,8 +127,10 @@ def train_rule(real, N, bs):
         q_noisy, k_noisy = q >= L, k >= L
         q_blk = torch.where(q_noisy, q - N, q) // bs  # the noisy copy lives in the same blocks as the clean one
         k_blk = torch.where(k_noisy, k - N, k) // bs
-        m = torch.where(q_noisy, torch.where(k_noisy, k_blk == q_blk, k_blk < q_blk), ~k_noisy & (k_blk <= q_blk))
-        return (m & key_real[b, k]) | (q == k)
+        block_diagonal = q_noisy & k_noisy & (k_blk == q_blk)  # M_BD: a noisy block sees itself
+        offset_block_causal = q_noisy & ~k_noisy & (k_blk < q_blk)  # M_OBC: ... and the clean blocks before it
+        block_causal = ~q_noisy & ~k_noisy & (k_blk <= q_blk)  # M_BC: the clean stream, block-causal
+        return ((block_diagonal | offset_block_causal | block_causal) & key_real[b, k]) | (q == k)
     return rule
 
 

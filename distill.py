@@ -45,10 +45,8 @@ What is notable here:
 import contextlib
 import math
 import time
-from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 import cli
 import data
@@ -265,36 +263,27 @@ if __name__ == "__main__":
     if args.policy == "data" and args.prompts:
         p.error("--policy data takes x0 from the data: it cannot use --prompts")
     task_items = tasks.eval_items(p, args)
-    device, ctx = training.setup(args.device, args.seed)
-    out_dir = Path(args.out_dir)
-    gen = torch.Generator(device).manual_seed(args.seed)  # prompts, rollouts, states: all randomness
-    student, state, start = training.resume_or_start(out_dir, args.resume, device, gen,
-                                                     lambda: training.load_model(args.init, device, "distill: student"))
+    run = training.Run(args, "distill", generator="device")  # its generator: prompts, rollouts, states
+    device, ctx = run.device, run.ctx
+    student = run.start(lambda: training.load_model(args.init, device, "distill: student"))
     c = student.config
     training.require_dlm(c, args.init, "distill", "block")
     teacher_dir = args.teacher or c.converted_from
-    teacher = training.load_teacher(teacher_dir, student, device, "distill")
-    tok = training.load_tokenizer(args.init if not args.resume else out_dir, c)
+    teacher = training.load_teacher(teacher_dir, student, device, "distill", dtype=run.frozen_dtype)
+    tok = training.load_tokenizer(args.init if not args.resume else run.out_dir, c)
     if not args.prompts:  # the prompts are cut from the data: it must share the student's tokenizer
-        training.load_splits(args.data, "distill", like=student)
+        training.load_splits(args.data, "distill", like=student, seq_len=args.seq_len)
     try:
         pool = prompt_pool(args, tok, args.rollout_max)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"distill: {e}")
     if not pool:
         raise SystemExit("distill: no prompts (the documents are shorter than --seq_len?)")
-    student.model.gradient_checkpointing = args.grad_checkpoint
-    student = training.shard(student)  # --fsdp (the teacher stays whole on every rank)
-    opt = training.optimizer(student, args, device, state)
-    if args.compile:
-        # Dynamic shapes: the curriculum changes the length every step (a rollout that ends early at eos keeps its
-        # length, eos-filled), and with symbolic lengths one graph per kind of call (rollout forward, training
-        # forward with and without grad, teacher forward) serves them all. torch's default compiles the first
-        # length statically and then recompiles: several graphs on the one code object (Qwen3Model.forward, shared
-        # by student and teacher) whose recompile limit is 8. Padding to length buckets would also bound the
-        # graphs, at the cost of padded compute.
-        student.model.compile(dynamic=True)
-        teacher.model.compile(dynamic=True)
+    # --compile: dynamic shapes, as the curriculum changes the length every step (a rollout that ends early at eos
+    # keeps its length, eos-filled): one graph per kind of call (rollout forward, training forward with and without
+    # grad, teacher forward) serves them all, where torch's default would recompile on the one code object
+    # (Qwen3Model.forward, shared by student and teacher) past its recompile limit of 8
+    student = run.train(student, compile_too=[teacher], dynamic=True)
     eval_items = pool[:args.eval_batches * args.batch_size]
     ends = tok.end_ids(c)  # every end id the student declares: rollouts stop at any, the loss ends at the first
     sampling = dict(eos_id=ends, pad_id=tok.eos_id, threshold=args.threshold, temperature=args.temperature)
@@ -303,64 +292,51 @@ if __name__ == "__main__":
 
     def run_eval():  # at the final length --rollout_max: the states the trained student is sampled in
         res = evaluate(student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,
-                           vocab_size=tok.vocab_size, ctx=ctx, **sampling)
+                       vocab_size=tok.vocab_size, ctx=ctx, **sampling)
         if task_items:
             with ctx:
                 res.update(tasks.log_record(student, tok, task_items, threshold=args.threshold))
         return res
-    log = training.Log(out_dir, args.resume)
     print(f"student: {student.num_params() / 1e6:.2f}M parameters, block {c.block_size}, shift={c.shift}; teacher "
           f"{teacher_dir} ({str(teacher.lm_head.weight.dtype).removeprefix('torch.')}); {len(pool)} prompts; "
           f"policy {args.policy}, {args.divergence}, {args.kl_reduction}; device {device}")
 
-    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="distill",
-               disable=not training.is_main())
-    last_eval, t_start = {}, time.time()
-    for step in bar:
-        t0 = time.time()
-        lr = training.set_lr(opt, step, args)
+    def draw():  # a micro-batch's prompts and rollout seed: drawn on every rank
+        pick = torch.randint(len(pool), (args.batch_size,), generator=run.gen, device=run.gen.device).tolist()
+        return pick, torch.randint(2 ** 62, (1,), generator=run.gen, device=run.gen.device).item()
+
+    last_eval = {}
+    for step in run.steps():
         L = curriculum(step, args.rollout_min, args.rollout_max, args.curriculum_steps, c.block_size)
-        stats, t_roll, n_tok = dict(loss=0.0), 0.0, 0
-        for k in range(args.grad_accum):
-            pick = torch.randint(len(pool), (args.batch_size,), generator=gen, device=gen.device).tolist()
-            seed = torch.randint(2 ** 62, (1,), generator=gen, device=gen.device).item()
-            if not training.mine(k):  # another rank's micro-batch: its prompts and seed drawn all the same
-                continue
+        t_roll = 0.0
+        for pick, seed in run.micro_batches(draw):
             g = torch.Generator(device).manual_seed(seed)  # this micro-batch's rollout and states, on any rank
             t1 = time.time()
             student.eval()
             with ctx:
                 x, lens, P, masked, st = make_batch(student, [pool[j] for j in pick], L, args.policy, g,
-                                                      vocab_limit=tok.vocab_size, **sampling)
+                                                    vocab_limit=tok.vocab_size, **sampling)
             student.train()
             t_roll += time.time() - t1
             with ctx:
                 loss, s = distill_loss(student, teacher, x, lens, P, masked, **loss_kw)
-            (loss / args.grad_accum).backward()
-            n_tok += x.shape[0] * (x.shape[1] - P)
-            for name, v in {**s, **st, "loss": loss.detach()}.items():
-                stats[name] = stats.get(name, 0) + float(v) / args.grad_accum
-        stats, n_tok = training.all_sum(stats), training.all_sum(n_tok)  # the step's means, its tokens
-        loss = stats.pop("loss")
-        training.check_finite(torch.tensor(loss), step, out_dir)
-        norm = training.clip_grads(student, args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        dt = time.time() - t0
-        rec = dict(step=step, loss=loss, **stats, max_len=L, lr=lr, grad_norm=norm, tokens_per_s=n_tok / dt,
-                   rollout_share=t_roll / dt)
-        if step % args.eval_interval == 0 or step == args.max_iters - 1:
+            n = x.shape[0] * (x.shape[1] - P)  # the tokens rolled out and trained
+            run.backward(loss, {k: float(v) for k, v in {**s, **st}.items()}, tokens=n,
+                         flops=training.flops_per_token(student, x.shape[1], forward_only=teacher) * n)
+        rec = run.update()
+        rec.update(max_len=L, rollout_share=t_roll / run.step_times[-1])
+        if run.eval_due():
             last_eval = dict(step=step, **run_eval())
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
-            training.save_checkpoint(out_dir, student, tok, opt, step, gen, extra=vars(args))
-        log(**rec)
-        bar.set_postfix(kl=f"{rec['kl']:.3f}", L=L, tpf=f"{rec.get('tokens_per_forward', 0):.2f}",
-                        val_kl=f"{last_eval.get('val_kl', float('nan')):.3f}",
-                        val_kl_data=f"{last_eval.get('val_kl_data', float('nan')):.3f}")
+        if run.save_due():
+            run.save(student, tok)
+        run.log(rec, kl=f"{rec['kl']:.3f}", L=L, tpf=f"{rec.get('tokens_per_forward', 0):.2f}",
+                val_kl=f"{last_eval.get('val_kl', float('nan')):.3f}",
+                val_kl_data=f"{last_eval.get('val_kl_data', float('nan')):.3f}")
 
     final = last_eval if last_eval.get("step") == args.max_iters - 1 else run_eval()
     final = {k: v for k, v in final.items() if k != "step"}
     print("\nfinal eval: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-    training.write_results(out_dir, dict(**final, eval_len=args.rollout_max, steps=args.max_iters, policy=args.policy,
-                                         divergence=args.divergence, kl_reduction=args.kl_reduction,
-                                         seconds=time.time() - t_start))
+    run.results(dict(**final, eval_len=args.rollout_max, steps=args.max_iters, policy=args.policy,
+                     divergence=args.divergence, kl_reduction=args.kl_reduction,
+                     seconds=run.timing()["train_seconds_this_run"]))

@@ -40,7 +40,6 @@ import json
 import math
 import random
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -316,48 +315,35 @@ def cmd_dpo(args):
         p.error("need --beta > 0, --lora_rank >= 0 and --sft_weight >= 0")
     if args.fsdp and args.lora_rank:
         p.error("--fsdp shards full fine-tuning only; LoRA's adapters are small: drop --fsdp (DDP) or --lora_rank")
-    device, ctx = training.setup(args.device, args.seed)
-    out_dir = Path(args.out_dir)
-    gen = torch.Generator().manual_seed(args.seed)  # draws the batches
+    run = training.Run(args, "dpo")  # its generator draws the batches
+    device, ctx = run.device, run.ctx
     load_ar = lambda dtype=torch.float32: training.load_model(args.ar, device, "merge dpo: --ar", attn="causal",
                                                               dtype=dtype)
-    policy, state, start = training.resume_or_start(out_dir, args.resume, device, gen, load_ar)
+    policy = run.start(load_ar)
     if args.lora_rank:
-        if state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with the saved A, B
+        if run.state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with A, B saved
             policy = load_ar()
         add_lora(policy, args.lora_rank, args.lora_alpha)
-        if state:
-            policy.load_state_dict(state["extra"]["lora"], strict=False)
+        if run.state:
+            policy.load_state_dict(run.state["extra"]["lora"], strict=False)
         ref = policy  # π_ref: the base under the adapters, i.e. the policy inside adapters_off (one copy)
     else:
-        ref = load_ar(training.frozen_dtype(device)).requires_grad_(False).eval()  # π_ref: the initial AR, frozen
+        ref = load_ar(run.frozen_dtype).requires_grad_(False).eval()  # π_ref: the initial AR, frozen
     tok = training.load_tokenizer(args.ar, ref.config)
     train, heldout = read_pairs(args.pairs, tok, args.seq_len), read_pairs(args.heldout, tok, args.seq_len)
-    policy.model.gradient_checkpointing = args.grad_checkpoint
-    policy = training.shard(policy)  # --fsdp (the reference stays whole on every rank)
-    opt = training.optimizer(policy, args, device, state)
-    if args.compile:
-        policy.model.compile(dynamic=True)  # pairs differ in length from batch to batch
+    policy = run.train(policy, dynamic=True)  # --compile: dynamic, as pairs differ in length from batch to batch
     with adapters_off(ref):
         ref_held = all_logps(ref, heldout, args.batch_size, ctx, device)  # the reference never changes: once
-    log = training.Log(out_dir, args.resume)
     n_train = sum(q.numel() for q in policy.parameters() if q.requires_grad)
     print(f"DPO: {len(train)} train / {len(heldout)} held-out pairs (all scored at each evaluation), β = {args.beta}, "
           f"{n_train / 1e6:.3f}M trainable parameters "
           f"({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}); reference "
           f"{str(ref.lm_head.weight.dtype).removeprefix('torch.')}; device {device}")
 
-    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="dpo",
-               disable=not training.is_main())
-    last_eval, t_start = {}, time.time()
-    for step in bar:
-        t0 = time.time()
-        lr = training.set_lr(opt, step, args)
-        stats, n_tok = {}, 0
-        for k in range(args.grad_accum):
-            pick = torch.randint(len(train), (args.batch_size,), generator=gen).tolist()
-            if not training.mine(k):  # another rank's micro-batch (drawn all the same: one global batch)
-                continue
+    draw = lambda: torch.randint(len(train), (args.batch_size,), generator=run.gen).tolist()  # a micro-batch's pairs
+    last_eval = {}
+    for step in run.steps():
+        for pick in run.micro_batches(draw):
             ids, _, resp, _ = pair_batch([train[j] for j in pick], device)
             with torch.no_grad(), ctx, adapters_off(ref):
                 ref_w, ref_l = response_logps(ref, ids, resp).chunk(2)  # log π_ref(y|x), no gradient
@@ -366,37 +352,28 @@ def cmd_dpo(args):
             loss, r_w, r_l = dpo_loss(pi_w, pi_l, ref_w, ref_l, args.beta)
             if args.sft_weight:  # + α · (−log π(y_w|x) / |y_w|): the chosen responses' NLL per token
                 loss = loss + args.sft_weight * (-pi_w / resp.chunk(2)[0].sum(1).clamp(min=1)).mean()
-            (loss / args.grad_accum).backward()
-            for name, v in dict(loss=loss.detach(), reward_acc=(r_w > r_l).float().mean(), margin=(r_w - r_l).mean(),
-                                reward_chosen=r_w.mean(), reward_rejected=r_l.mean()).items():
-                stats[name] = stats.get(name, 0) + v / args.grad_accum  # every micro-batch has batch_size pairs
-            n_tok += ids.numel()
-        stats, n_tok = training.all_sum(stats), training.all_sum(n_tok)  # the step's means, its tokens
-        training.check_finite(stats["loss"], step, out_dir)
-        norm = training.clip_grads(policy, args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        dt = time.time() - t0
-        rec = dict(step=step, **{k: v.item() for k, v in stats.items()}, lr=lr, grad_norm=norm,
-                   tokens_per_s=n_tok / dt, mfu=training.mfu(policy, n_tok / dt, ids.shape[1], device))
-        if step % args.eval_interval == 0 or step == args.max_iters - 1:
+            stats = dict(reward_acc=(r_w > r_l).float().mean(), margin=(r_w - r_l).mean(), reward_chosen=r_w.mean(),
+                         reward_rejected=r_l.mean())  # every micro-batch has batch_size pairs
+            run.backward(loss, stats, tokens=ids.numel(),
+                         flops=training.flops_per_token(policy, ids.shape[1], forward_only=ref) * ids.numel())
+        rec = run.update()
+        if run.eval_due():
             last_eval = dict(step=step, **evaluate(policy, heldout, ref_held, args, ctx, device))
             rec.update({k: v for k, v in last_eval.items() if k != "step"})
+        if run.save_due():
             lora = {k: v for k, v in policy.state_dict().items() if "lora_" in k}
             with merged(policy):  # LoRA resumes from --ar and A, B: no fp32 copy of the merged weights (exact=())
-                training.save_checkpoint(out_dir, policy, tok, opt, step, gen, extra=dict(args=vars(args), lora=lora),
-                                         exact=() if args.lora_rank else None)
-        log(**rec)
-        bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{rec['reward_acc']:.2f}",
-                        val_acc=f"{last_eval.get('heldout_reward_acc', float('nan')):.2f}")
+                run.save(policy, tok, extra=dict(args=vars(args), lora=lora), exact=() if args.lora_rank else None)
+        run.log(rec, loss=f"{rec['loss']:.3f}", acc=f"{rec['reward_acc']:.2f}",
+                val_acc=f"{last_eval.get('heldout_reward_acc', float('nan')):.2f}")
 
     if last_eval.get("step") != args.max_iters - 1:  # a resumed run that had nothing left to train
         last_eval = evaluate(policy, heldout, ref_held, args, ctx, device)
     final = {k: v for k, v in last_eval.items() if k != "step"}
     final["heldout_pref_acc_before"] = (ref_held[:, 0] > ref_held[:, 1]).float().mean().item()  # the AR's own
     print("\nfinal held-out: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-    training.write_results(out_dir, dict(**final, heldout_pairs=len(heldout), steps=args.max_iters, beta=args.beta,
-                                         lora_rank=args.lora_rank, train_seconds_this_run=time.time() - t_start))
+    run.results(dict(**final, heldout_pairs=len(heldout), steps=args.max_iters, beta=args.beta,
+                     lora_rank=args.lora_rank, train_seconds_this_run=run.timing()["train_seconds_this_run"]))
 
 
 # ---- task vectors: spectrum ------------------------------------------------------------------------

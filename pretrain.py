@@ -28,13 +28,10 @@ prompt asks for an answer the model cannot know. The validation loss is then the
 that knows the task), and the samples are validation prompts cut after TEXT.
 """
 import math
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 import cli
 import data
@@ -82,77 +79,52 @@ def evaluate(model, batches, ctx, **loss_kw):
 
 if __name__ == "__main__":
     args = training.parse_loop_args(p)
-    device, ctx = training.setup(args.device, args.seed)
-    out_dir = Path(args.out_dir)
-    train_data, val_data = training.load_splits(args.data, "pretrain")
-    gen = torch.Generator().manual_seed(args.seed)  # draws the training batches
+    run = training.Run(args, "pretrain")  # its generator draws the training batches
+    device, ctx = run.device, run.ctx
+    train_data, val_data = run.load_splits(args.data)
 
     tok = Tokenizer.from_pretrained(args.data)
     # from scratch the preset gives the shape, the data's tokenizer the vocabulary: its ids plus one free row
     # for a DLM's mask token, rounded up to a multiple of 64
     vocab = dict(vocab_size=-(-(tok.mask_id + 1) // 64) * 64, bos_token_id=tok.eos_id, eos_token_id=tok.eos_id)
-    model, state, start = training.resume_or_start(
-        out_dir, args.resume, device, gen,
-        lambda: (training.load_model(args.init, device, "pretrain: --init", attn="causal") if args.init
-                 else Qwen3(preset(args.preset, **vocab)).init_weights(args.seed).to(device)))
+    model = run.start(lambda: training.load_model(args.init, device, "pretrain: --init", attn="causal") if args.init
+                      else Qwen3(preset(args.preset, **vocab)).init_weights(args.seed).to(device))
     tok = training.load_tokenizer(args.data, model.config)
     if model.config.attn != "causal":
         raise SystemExit(f"pretrain.py trains AR models; this checkpoint has attn={model.config.attn!r}")
     # --loss_after: the answers of windows that begin at a document's start; else every token of random windows
     sep_id, starts = training.answers_only(args.loss_after, tok, train_data, val_data, args.seq_len + 1, "pretrain")
     loss_kw = {} if sep_id is None else dict(sep_id=sep_id, eos_id=tok.eos_id)
-    model.model.gradient_checkpointing = args.grad_checkpoint
-    model = training.shard(model)  # --fsdp
-    opt = training.optimizer(model, args, device, state)
-    fwd = torch.compile(model) if args.compile else model
+    model = run.train(model)
     val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len + 1, args.eval_batches, device,
                                     starts=starts["val"])
-    log = training.Log(out_dir, args.resume)
     print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.config.num_hidden_layers} layers; "
           f"tokens: {len(train_data):,} train / {len(val_data):,} val; device {device}")
 
-    tokens_per_step = args.batch_size * args.seq_len * args.grad_accum
-    bar = tqdm(range(start, args.max_iters), initial=start, total=args.max_iters, desc="pretrain",
-               disable=not training.is_main())
-    t, last_val, t_start = time.time(), float("nan"), time.time()
-    for step in bar:
-        lr = training.set_lr(opt, step, args)
-        loss = 0.0
-        for k in range(args.grad_accum):
-            x = data.get_batch(train_data, args.batch_size, args.seq_len + 1, device, gen, starts=starts["train"])
-            if not training.mine(k):  # another rank's micro-batch (drawn all the same: one global batch)
-                continue
+    fpt, last_val = training.flops_per_token(model, args.seq_len), float("nan")
+    draw = lambda: data.get_batch(train_data, args.batch_size, args.seq_len + 1, device, run.gen,
+                                  starts=starts["train"])
+    for step in run.steps():
+        for x in run.micro_batches(draw):
             with ctx:
-                loss_k = ar_loss(fwd, x, **loss_kw)
-            (loss_k / args.grad_accum).backward()
-            loss += loss_k.detach() / args.grad_accum
-        loss = training.all_sum(loss)  # the step's mean over all its micro-batches
-        training.check_finite(loss, step, out_dir)
-        norm = training.clip_grads(model, args.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+                loss = ar_loss(model, x, **loss_kw)
+            run.backward(loss, tokens=x[:, 1:].numel(), flops=fpt * x[:, 1:].numel())
+        rec = run.update()
+        if run.eval_due():
+            rec["val_loss"] = last_val = evaluate(model, val_batches, ctx, **loss_kw)
+        if run.save_due():
+            run.save(model, tok)
+        run.log(rec, loss=f"{rec['loss']:.3f}", val=f"{last_val:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
 
-        dt, t = time.time() - t, time.time()
-        rec = dict(step=step, loss=loss.item(), lr=lr, grad_norm=norm, tokens_per_s=tokens_per_step / dt)
-        if (m := training.mfu(model, rec["tokens_per_s"], args.seq_len, device)) is not None:
-            rec["mfu"] = m
-        if step % args.eval_interval == 0 or step == args.max_iters - 1:
-            rec["val_loss"] = last_val = evaluate(fwd, val_batches, ctx, **loss_kw)
-            training.save_checkpoint(out_dir, model, tok, opt, step, gen, extra=vars(args))
-            t = time.time()  # evaluation and saving are not training time
-        log(**rec)
-        bar.set_postfix(loss=f"{rec['loss']:.3f}", val=f"{last_val:.3f}",
-                        tok_s=f"{rec['tokens_per_s']:.0f}")
-
-    val = evaluate(fwd, val_batches, ctx, **loss_kw)
+    val = evaluate(model, val_batches, ctx, **loss_kw)
     h = unigram_entropy(val_data) * math.log(2)  # nats, like the loss
     against = f"vs unigram entropy {h:.3f} nats ({h / math.log(2):.3f} bits) of the validation tokens"
     if loss_kw:  # the answer-only loss has no frequency baseline: a model that knows the task reaches 0
         against = f"on the tokens after {args.loss_after!r}"
     print(f"\nvalidation loss {val:.3f} nats/token ({val / math.log(2):.3f} bits) {against}")
-    results = dict(val_loss=val, unigram_entropy=h, steps=args.max_iters, params=model.num_params(),
-                   train_seconds_this_run=time.time() - t_start, tokens_seen=args.max_iters * tokens_per_step)
-    training.write_results(out_dir, results)
+    run.results(dict(val_loss=val, unigram_entropy=h, steps=args.max_iters, params=model.num_params(),
+                     train_seconds_this_run=run.timing()["train_seconds_this_run"],
+                     tokens_seen=args.max_iters * args.batch_size * args.seq_len * args.grad_accum))
     if loss_kw:  # validation documents up to their separator: the model answers them
         docs = [d.tolist() for d in data.documents(val_data, tok.eos_id)]
         prompts = [d[:d.index(loss_kw["sep_id"]) + 1] for d in docs if loss_kw["sep_id"] in d][:args.samples]

@@ -1,31 +1,36 @@
 """
-What every training script here shares (pretrain.py, align.py, distill.py and merge.py's DPO),
-so each method's script keeps only its algorithm:
+The training machinery every training script shares (pretrain.py, align.py, distill.py, dpo.py), behind one object,
+`Run`, so that a script keeps its algorithm and a loop a reader sees top to bottom:
 
-- device / precision set-up: bf16 autocast on CUDA, fp32 on CPU, TF32 matmuls, seeded RNGs;
-- AdamW with decoupled weight decay on matrices only, and a warmup + cosine learning-rate schedule;
-- checkpoints that are a Hugging Face directory (config.json, model.safetensors in --save_dtype, tokenizer) plus
+    run = training.Run(args, "align")              # device, precision, seeds, torchrun, the Ctrl-C message
+    model = run.start(fresh)                       # fresh(), or with --resume the checkpoint's model and step
+    run.train(model)                               # --fsdp, --grad_checkpoint, AdamW (its state resumed), --compile
+    for step in run.steps():                       # each step's learning rate set; a progress bar
+        for batch in run.micro_batches(draw):      # every rank draws every micro-batch and computes its own
+            with run.ctx:
+                loss, stats = my_loss(model, *batch)
+            run.backward(loss, stats, tokens=n, flops=f)
+        rec = run.update()                         # sum over ranks, NaN guard, clip, AdamW step, speed, MFU
+        if run.eval_due(): rec.update(evaluate(model))
+        if run.save_due(): run.save(model, tok)    # atomic; --resume continues from it exactly
+        run.log(rec)                               # log.jsonl and the bar
+
+What is notable here:
+- Precision: bf16 autocast on CUDA (run.ctx), fp32 on CPU, TF32 matmuls, seeded RNGs; frozen models (a teacher,
+  DPO's reference) in --frozen_dtype (bf16 on CUDA). AdamW with decay on matrices only, warmup then cosine.
+- Checkpoints are a Hugging Face directory (config.json, model.safetensors in --save_dtype, tokenizer) plus
   train_state.pt (optimizer, step, RNG states, and the fp32 value of every tensor --save_dtype rounds), every file
   written atomically, so `--resume` continues a killed run and reaches the same losses as an uninterrupted one;
-  --weights_only writes the Hugging Face directory alone (at Qwen3-0.6B 1.2 GB instead of 8.4 GB: AdamW's
-  moments and the fp32 weights are 7.2 GB), for runs that will not be resumed;
-- frozen models (a teacher, DPO's reference) in --frozen_dtype: bf16 on CUDA, fp32 on CPU by default;
-- a JSONL log, a NaN/inf guard that names the step, and MFU against the GPU's bf16 peak;
-- several processes under torchrun (setup reads RANK / WORLD_SIZE / LOCAL_RANK; one process: nothing changes).
-  The number of processes does not change the optimisation: every rank draws the same global batch (the same
-  generator, the same seed) and computes its share of the --grad_accum micro-batches (mine); the gradients are
-  summed over the ranks before clipping (clip_grads), so a step is the one-process step up to float rounding.
-  Only rank 0 prints, logs and saves; every rank evaluates (the same numbers as one process). --fsdp shards the
-  trained model with FSDP2 (shard) instead of replicating it.
-
-Bad input ends a run with one line, not a traceback, and loses nothing:
-- a model and data (or a teacher and its student) tokenized differently are refused, by the tokenizer fingerprints
-  datasets and checkpoints record (Tokenizer.fingerprint), and no checkpoint's tokenizer is ever overwritten;
-- `load_model(..., attn="causal")` refuses a checkpoint of another kind (a DLM passed as the AR teacher);
-- `--resume` refuses settings that differ from the checkpoint's (RESUMABLE ones aside) and cuts log.jsonl back to
-  the checkpoint's step; Ctrl-C prints where the run stopped and the checkpoint `--resume` continues from.
-The scripts need not pass anything for this: the run's settings, its last logged step and its last checkpoint are
-kept in RUN by parse_loop_args, resume_or_start, Log and save_checkpoint.
+  --weights_only writes the Hugging Face directory alone (at Qwen3-0.6B 1.2 GB instead of 8.4 GB).
+- Several processes under torchrun do not change the optimisation: every rank draws the same global batch (the
+  same generator, the same seed) and computes its share of the --grad_accum micro-batches; the gradients are
+  summed over the ranks before clipping, so a step is the one-process step up to float rounding. Rank 0 prints,
+  logs and saves; every rank evaluates. --fsdp shards the trained model with FSDP2 instead of replicating it.
+- Bad input ends a run with one line and loses nothing: a model and data (or a teacher and its student) tokenized
+  differently (the tokenizer fingerprints datasets and checkpoints record), a checkpoint of the wrong kind,
+  `--resume` with other settings than the checkpoint's (RESUMABLE ones aside; log.jsonl is cut back to the
+  checkpoint's step), a NaN loss (naming the last good checkpoint), Ctrl-C (naming the checkpoint to resume from;
+  during a save, after the save).
 """
 import atexit
 import contextlib
@@ -42,23 +47,19 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 import data
 from model import Qwen3, Qwen3Config
-from tokenizer import atomic_write
-from tokenizer import Tokenizer, fingerprint_of
+from tokenizer import Tokenizer, atomic_write, fingerprint_of
 
-# This process's training run so far: its settings (parse_loop_args), output directory, the next step to run (Log,
-# resume_or_start) and the step of the last checkpoint written or resumed from (save_checkpoint, resume_or_start).
-RUN = dict(args=None, out_dir=None, step=None, checkpoint=None)
 # Settings a resumed run may change: how long, where and how fast it runs, what it prints; not what a step computes.
 RESUMABLE = {"max_iters", "resume", "allow_changed_settings", "device", "compile", "grad_checkpoint", "seed",
              "eval_interval", "eval_batches", "samples", "sample_len", "save_dtype", "out_dir", "init", "weights_only",
              "frozen_dtype"}
-# This process's place in a torchrun job (setup): its rank, the number of processes, whether the model is sharded.
-DIST = dict(rank=0, world_size=1, fsdp=False, device=torch.device("cpu"))
 SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FROZEN_DTYPES = ("auto", "float32", "bfloat16")
+CONVERT_FLAGS = {"bidirectional": "--attn bidirectional", "block": "--attn block --block_size 4"}
 
 
 def add_loop_args(p, *, frozen=None, **defaults):
@@ -101,7 +102,7 @@ def add_loop_args(p, *, frozen=None, **defaults):
 
 
 def parse_loop_args(p):
-    """The parsed flags, checked; also kept in RUN as the run's settings (for --resume and save_checkpoint)."""
+    """The parsed flags, with the loop flags checked (p.error on a bad one)."""
     args = p.parse_args()
     for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "lr", "eval_interval", "eval_batches"):
         if getattr(args, name) <= 0:
@@ -112,16 +113,15 @@ def parse_loop_args(p):
                 f"micro-batches of a step over all of them): use {-(-args.grad_accum // world_size) * world_size}")
     if args.fsdp and not args.weights_only:
         p.error("--fsdp writes no train_state.pt (the optimizer state is sharded): add --weights_only")
-    RUN.update(args=args, out_dir=None, step=None, checkpoint=None)
     return args
 
 
 def setup(device="auto", seed=1337):
-    """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there).
-    Also installs the Ctrl-C message (interrupted) in place of a KeyboardInterrupt traceback. Under torchrun
-    (WORLD_SIZE > 1) it joins the job: nccl on CUDA (the device cuda:LOCAL_RANK), gloo on a CPU; every rank but 0
-    prints nothing; the process group is torn down at exit. One process: no process group."""
-    sys.excepthook = interrupted
+    """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there); the RNGs seeded.
+    Ctrl-C prints one line instead of a traceback (a Run replaces it with its own, which names the checkpoint).
+    Under torchrun (WORLD_SIZE > 1) it joins the job: nccl on CUDA (the device cuda:LOCAL_RANK), gloo on a CPU;
+    every rank but 0 prints nothing; the process group is torn down at exit. One process: no process group."""
+    sys.excepthook = lambda kind, value, tb: interrupted(kind, value, tb, "")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     world_size = int(os.environ.get("WORLD_SIZE", 1))
@@ -142,13 +142,8 @@ def setup(device="auto", seed=1337):
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         atexit.register(dist.destroy_process_group)
-        DIST.update(rank=dist.get_rank(), world_size=world_size)
-        if DIST["rank"] != 0:
+        if dist.get_rank() != 0:
             sys.stdout = open(os.devnull, "w")  # rank 0 speaks for the job
-    DIST.update(device=device, fsdp=getattr(RUN["args"], "fsdp", False))
-    if DIST["fsdp"] and DIST["world_size"] == 1:
-        raise SystemExit("--fsdp shards the model over the processes of a torchrun job: run under torchrun "
-                         "--nproc_per_node=N, or drop --fsdp")
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -157,6 +152,227 @@ def setup(device="auto", seed=1337):
         torch.backends.cudnn.allow_tf32 = True
         return device, torch.autocast("cuda", dtype=torch.bfloat16)
     return device, contextlib.nullcontext()
+
+
+def interrupted(kind, value, tb, rest):
+    """sys.excepthook: Ctrl-C ends a process with one line, `rest` saying where it stopped and how to continue."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return sys.__excepthook__(kind, value, tb)
+    print(f"{Path(sys.argv[0]).name}: interrupted{rest}", file=sys.stderr)
+
+
+class Run:
+    """One training run: its settings (args), device and autocast context (ctx), its place in a torchrun job (rank,
+    world_size, fsdp), the generator of all its randomness (gen: batches, masks, rollouts), the model it trains, the
+    optimizer and schedule, log.jsonl, checkpoints and --resume. A script makes one and runs its own loop (the
+    module docstring); the Run keeps the bookkeeping: the step the run is at and its last checkpoint, for --resume,
+    the NaN guard and the Ctrl-C message. generator: "cpu" (the default) or "device" (a generator on the device)."""
+
+    def __init__(self, args, who, *, generator="cpu"):
+        self.args, self.who, self.out_dir = args, who, Path(args.out_dir)
+        self.device, self.ctx = setup(args.device, args.seed)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.fsdp, self.is_main = args.fsdp, self.rank == 0
+        if self.fsdp and self.world_size == 1:
+            raise SystemExit("--fsdp shards the model over the processes of a torchrun job: run under torchrun "
+                             "--nproc_per_node=N, or drop --fsdp")
+        self.gen = torch.Generator(self.device if generator == "device" else "cpu").manual_seed(args.seed)
+        self.at, self.checkpoint, self.state, self.first = None, None, None, 0  # the next step; the last checkpoint
+        sys.excepthook = lambda kind, value, tb: interrupted(kind, value, tb, self.where())
+        frozen = getattr(args, "frozen_dtype", "auto")
+        self.frozen_dtype = ((torch.bfloat16 if self.device.type == "cuda" else torch.float32) if frozen == "auto"
+                             else getattr(torch, frozen))  # of a teacher or DPO's reference
+
+    # ---- set-up ------------------------------------------------------------------------------------
+
+    def load_splits(self, data_dir, *, like=None):
+        """(train, val) token arrays of a prepared dataset, each longer than --seq_len (load_splits)."""
+        return load_splits(data_dir, self.who, like=like, seq_len=self.args.seq_len)
+
+    def start(self, fresh):
+        """-> the model to train: with --resume the run in out_dir (its generator, step and train state restored,
+        refused when the run's settings differ from the checkpoint's unless --allow_changed_settings); otherwise
+        fresh() (the new model), refusing an out_dir that already holds a checkpoint."""
+        args, self.at = self.args, 0
+        if not args.resume:
+            if (self.out_dir / "model.safetensors").exists():
+                raise SystemExit(f"{self.out_dir} already holds a checkpoint: pass --resume to continue it, or "
+                                 f"another --out_dir")
+            return fresh()
+        model, self.state = load_checkpoint(self.out_dir, self.device)
+        if not args.allow_changed_settings and (diff := changed_settings(self.state["extra"], args)):
+            changes = ", ".join(f"--{k} {a} (now {b})" for k, (a, b) in diff.items())
+            raise SystemExit(f"--resume: the run in {self.out_dir} was made with {changes}; rerun with its settings, "
+                             f"or pass --allow_changed_settings to continue with the new ones")
+        self.gen.set_state(self.state["gen"])
+        self.checkpoint = self.state["step"]
+        self.at = self.first = self.state["step"] + 1
+        if self.first >= args.max_iters:
+            print(f"--resume: the checkpoint in {self.out_dir} is step {self.state['step']}, the last of --max_iters "
+                  f"{args.max_iters} or past it: nothing left to train")
+        return model
+
+    def train(self, model, *, compile_too=(), dynamic=None):
+        """Make `model` the one trained: sharded (--fsdp: FSDP2 over all ranks, one unit per decoder layer, then the
+        root: embeddings, final norm and lm_head, each rank holding 1/world_size of every tensor), activation
+        checkpointing (--grad_checkpoint), AdamW (its state restored on --resume), torch.compile in place (--compile:
+        model and compile_too, e.g. a teacher; dynamic=True when lengths change from step to step), and the log.
+        Gradients are summed over the ranks, as update() sums DDP's. FSDP gathers the root's tensors around
+        model.forward, every loss's, evaluation's and sampler's one entry point. -> model."""
+        self.model = model
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+            units = [*model.model.layers, model]
+            for unit in units:
+                fully_shard(unit)
+            for unit in units:
+                unit.set_gradient_divide_factor(1.0)  # a sum over the ranks, not their mean (see all_sum)
+                unit.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-scaled one
+        model.model.gradient_checkpointing = self.args.grad_checkpoint
+        self.opt = configure_optimizer(model, self.args.lr, self.args.weight_decay, device_type=self.device.type)
+        if self.state:
+            self.opt.load_state_dict(self.state["optimizer"])
+        if self.args.compile:  # in place: parameter names, and so checkpoints, are unchanged
+            for m in (model, *compile_too):
+                m.model.compile(dynamic=dynamic)
+        self.log_file = Log(self.out_dir, self.args.resume, self.checkpoint, self.is_main)
+        return model
+
+    # ---- the loop ----------------------------------------------------------------------------------
+
+    def steps(self):
+        """The steps left to run, each with its scheduled learning rate set (lr_at) and a progress bar."""
+        self.bar = tqdm(range(self.first, self.args.max_iters), initial=self.first, total=self.args.max_iters,
+                        desc=self.who, disable=not self.is_main)
+        self.t_start, self.step_times = time.time(), []
+        for step in self.bar:
+            self.step, self.t0, self.sums = step, time.time(), dict(loss=0.0, tokens=0, flops=0)
+            self.lr = lr_at(step, self.args.lr, self.args.min_lr, self.args.warmup, self.args.max_iters)
+            for g in self.opt.param_groups:
+                g["lr"] = self.lr
+            yield step
+
+    def micro_batches(self, draw):
+        """draw() for each of the step's --grad_accum micro-batches, in order, on every rank, so that every rank's
+        generator stays in step; yields the results of this rank's micro-batches (k = rank, rank + world_size, ...)."""
+        for k in range(self.args.grad_accum):
+            batch = draw()
+            if k % self.world_size == self.rank:
+                yield batch
+
+    def backward(self, loss, stats=None, *, tokens=0, flops=0):
+        """loss.backward() for one micro-batch (its share 1/grad_accum of the step's mean), and the step's sums of
+        the loss, the stats (tensors or numbers, each divided by grad_accum), the tokens and the training FLOPs."""
+        (loss / self.args.grad_accum).backward()
+        for k, v in {**(stats or {}), "loss": loss}.items():
+            v = v.detach() if torch.is_tensor(v) else float(v)
+            self.sums[k] = self.sums.get(k, 0) + v / self.args.grad_accum
+        self.sums["tokens"] += tokens
+        self.sums["flops"] += flops
+
+    def update(self):
+        """The optimizer step: the step's sums over all ranks, the NaN guard, the gradients summed over the ranks
+        and clipped to --grad_clip, AdamW, and the step's record: step, loss, the stats, lr, grad_norm,
+        tokens_per_s (the whole job's) and mfu (each GPU's, of the FLOPs passed; None off a GPU of known peak)."""
+        sums = self.all_sum(self.sums)
+        loss, tokens, flops = torch.as_tensor(sums.pop("loss")), sums.pop("tokens"), sums.pop("flops")
+        if not torch.isfinite(loss):
+            where = ("no checkpoint was written" if self.checkpoint is None else
+                     f"the last good checkpoint is step {self.checkpoint} in {self.out_dir}")
+            raise SystemExit(f"loss is {loss.item()} at step {self.step}: stopping; {where} (try a lower --lr, or "
+                             f"--grad_clip).")
+        if self.world_size > 1 and not self.fsdp:  # each rank holds its micro-batches' terms; FSDP has summed them
+            works = [dist.all_reduce(q.grad, async_op=True) for q in self.model.parameters() if q.grad is not None]
+            for work in works:
+                work.wait()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        dt = time.time() - self.t0
+        self.step_times.append(dt)
+        rec = dict(step=self.step, loss=loss.item(), **{k: v.tolist() if torch.is_tensor(v) else v
+                                                         for k, v in sums.items()},
+                   lr=self.lr, grad_norm=(norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item(),
+                   tokens_per_s=tokens / dt, mfu=None)
+        if (peak := peak_flops(self.device)) and flops:
+            rec["mfu"] = flops / dt / (peak * self.world_size)
+        return rec
+
+    def timing(self):
+        """The seconds this process trained: per step (mean and median: optimizer steps, not evaluations and
+        saves) and since the first step."""
+        times = self.step_times or [math.nan]
+        return dict(step_seconds=float(np.mean(times)), step_seconds_median=float(np.median(times)),
+                    train_seconds_this_run=time.time() - getattr(self, "t_start", time.time()))
+
+    def eval_due(self):
+        """Whether this step evaluates: every --eval_interval steps, and the last."""
+        return self.step % self.args.eval_interval == 0 or self.step == self.args.max_iters - 1
+
+    def save_due(self, interval=None):
+        """Whether this step writes a checkpoint: every `interval` steps (default --eval_interval), and the last."""
+        return self.step % (interval or self.args.eval_interval) == 0 or self.step == self.args.max_iters - 1
+
+    def save(self, model, tokenizer, *, extra=None, exact=None):
+        """The checkpoint of this step (save_checkpoint; extra: what --resume needs besides, default the settings)."""
+        save_checkpoint(self.out_dir, model, tokenizer, self.opt, self.step, self.gen,
+                        vars(self.args) if extra is None else extra, exact=exact, run=self)
+
+    def log(self, rec, **postfix):
+        """One record in log.jsonl (rank 0), and the bar's postfix."""
+        self.log_file(**rec, world_size=self.world_size)
+        self.at = rec["step"] + 1
+        if postfix:
+            self.bar.set_postfix(**postfix)
+
+    def results(self, results):
+        """results.json (rank 0), with the run's world_size; written last, it also says "this run finished"."""
+        if self.is_main:
+            text = json.dumps(dict(results, world_size=self.world_size), indent=2) + "\n"
+            (self.out_dir / "results.json").write_text(text)
+
+    # ---- several processes -------------------------------------------------------------------------
+
+    def all_sum(self, x):
+        """x summed over the ranks: a tensor, a number, or a dict of them (summed entry by entry); x itself when
+        alone. Each rank accumulates Σ over its micro-batches of value / grad_accum, so the sum over the ranks is
+        the step's mean over all of its micro-batches: the number one process logs."""
+        if self.world_size == 1:
+            return x
+        if isinstance(x, dict):
+            return {k: self.all_sum(v) for k, v in x.items()}
+        t = (x.detach() if torch.is_tensor(x) else torch.tensor(float(x), dtype=torch.float64)).to(self.device,
+                                                                                                   copy=True)
+        dist.all_reduce(t)
+        return t.to(x.device) if torch.is_tensor(x) else t.item()
+
+    def barrier(self):
+        if self.world_size > 1:
+            dist.barrier()
+
+    def where(self):
+        """The Ctrl-C message's end: the step the run is at, and the checkpoint --resume would continue from."""
+        at = "" if self.at is None else f" at step {self.at}"
+        if self.checkpoint is None:
+            return at + (", before the first checkpoint: nothing to resume" if self.at is not None else "")
+        last = f"{at}; the last checkpoint is step {self.checkpoint} in {self.out_dir}"
+        return last + (" (weights only: not resumable)" if self.args.weights_only else ": rerun with --resume")
+
+
+def flops_per_token(model, seq_len, *, forward_only=None):
+    """Training FLOPs per token of model (forward + backward: model.flops_per_token), less 2 per frozen matrix weight
+    (no weight gradient), plus the forward of a frozen model (a teacher, a reference: a third of its count)."""
+    tied = model.config.tie_word_embeddings
+    frozen = sum(q.numel() for k, q in model.named_parameters() if not q.requires_grad and (tied or "embed" not in k))
+    extra = forward_only.flops_per_token(seq_len) / 3 if forward_only is not None else 0
+    return model.flops_per_token(seq_len) - 2 * frozen + extra
+
+
+def mfu(model, tokens_per_s, seq_len, device, world_size=1):
+    """Model FLOPs utilisation of each GPU (bench.py): tokens_per_s is the whole job's; None off a known GPU."""
+    peak = peak_flops(device)
+    return None if peak is None else model.flops_per_token(seq_len) * tokens_per_s / (peak * world_size)
 
 
 def configure_optimizer(model, lr, weight_decay, betas=(0.9, 0.95), device_type="cpu"):
@@ -177,218 +393,26 @@ def lr_at(step, lr, min_lr, warmup, max_iters):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
-def optimizer(model, args, device, state=None):
-    """AdamW for the run's --lr / --weight_decay (configure_optimizer), its state restored when resuming."""
-    opt = configure_optimizer(model, args.lr, args.weight_decay, device_type=device.type)
-    if state:
-        opt.load_state_dict(state["optimizer"])
-    return opt
+# ---- checkpoints, models and data, checked ------------------------------------------------------------
 
-
-def set_lr(opt, step, args):
-    """Write this step's scheduled learning rate (lr_at with the run's flags) into every group; returns it."""
-    lr = lr_at(step, args.lr, args.min_lr, args.warmup, args.max_iters)
-    for g in opt.param_groups:
-        g["lr"] = lr
-    return lr
-
-
-# ---- several processes (torchrun) ----------------------------------------------------------------
-
-def is_main():
-    """Whether this is rank 0: the process that prints, logs and saves (every process, alone)."""
-    return DIST["rank"] == 0
-
-
-def mine(k):
-    """Whether micro-batch k of a step is this rank's: rank r takes k = r, r + world_size, ... (grad_accum /
-    world_size of them). Every rank draws every micro-batch all the same, so all generators stay in step."""
-    return k % DIST["world_size"] == DIST["rank"]
-
-
-def all_sum(x):
-    """x summed over the ranks: a tensor, a number, or a dict of them (summed entry by entry); x itself when
-    alone. Each rank accumulates Σ over its micro-batches of value / grad_accum, so the sum over the ranks is the
-    step's mean over all of its micro-batches: the number one process logs."""
-    if DIST["world_size"] == 1:
-        return x
-    if isinstance(x, dict):
-        return {k: all_sum(v) for k, v in x.items()}
-    t = (x.detach() if torch.is_tensor(x) else torch.tensor(float(x), dtype=torch.float64)).to(DIST["device"],
-                                                                                               copy=True)
-    dist.all_reduce(t)
-    return t.to(x.device) if torch.is_tensor(x) else t.item()
-
-
-def barrier():
-    if DIST["world_size"] > 1:
-        dist.barrier()
-
-
-def shard(model):
-    """--fsdp: FSDP2 over all ranks, one unit per decoder layer, then the root (the embeddings, the final norm and
-    lm_head, one tensor when tied), each rank holding 1/world_size of every tensor; call it before making the
-    optimizer. Gradients are reduce-scattered in backward and summed over the ranks, as clip_grads sums DDP's.
-    FSDP gathers the root's tensors around model.forward, which is every loss's, evaluation's and sampler's one
-    entry point. Without --fsdp the model is returned as it is (replicated on every rank)."""
-    if not DIST["fsdp"]:
-        return model
-    from torch.distributed.fsdp import fully_shard
-    units = [*model.model.layers, model]
-    for unit in units:
-        fully_shard(unit)
-    for unit in units:
-        unit.set_gradient_divide_factor(1.0)  # a sum over the ranks, not their mean (see all_sum)
-        unit.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-scaled one
-    return model
-
-
-def clip_grads(model, max_norm):
-    """Sum the gradients over the ranks (each holds its micro-batches' terms of the step's mean gradient; FSDP has
-    summed its shards in backward already), then clip their global norm to max_norm. -> the norm before clipping."""
-    if DIST["world_size"] > 1 and not DIST["fsdp"]:
-        works = [dist.all_reduce(q.grad, async_op=True) for q in model.parameters() if q.grad is not None]
-        for work in works:
-            work.wait()
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
-
-
-def write_results(out_dir, results):
-    """results.json (rank 0), with the run's world_size; written last, it also says "this run finished"."""
-    if is_main():
-        text = json.dumps(dict(results, world_size=DIST["world_size"]), indent=2) + "\n"
-        (Path(out_dir) / "results.json").write_text(text)
-
-
-def check_finite(loss, step, out_dir):
-    if not torch.isfinite(loss):
-        last = RUN["checkpoint"]
-        where = "no checkpoint was written" if last is None else f"the last good checkpoint is step {last} in {out_dir}"
-        raise SystemExit(f"loss is {loss.item()} at step {step}: stopping; {where} (try a lower --lr, or --grad_clip).")
-
-
-def interrupted(kind, value, tb):
-    """sys.excepthook (setup): Ctrl-C ends a run with one line saying where it stopped and how to continue."""
-    if not issubclass(kind, KeyboardInterrupt):
-        return sys.__excepthook__(kind, value, tb)
-    at = "" if RUN["step"] is None else f" at step {RUN['step']}"
-    if RUN["checkpoint"] is None:
-        rest = ", before the first checkpoint: nothing to resume" if RUN["step"] is not None else ""
-    elif getattr(RUN["args"], "weights_only", False):
-        rest = f"; the last checkpoint is step {RUN['checkpoint']} in {RUN['out_dir']} (weights only: not resumable)"
-    else:
-        rest = f"; the last checkpoint is step {RUN['checkpoint']} in {RUN['out_dir']}: rerun with --resume"
-    print(f"{Path(sys.argv[0]).name}: interrupted{at}{rest}", file=sys.stderr)
-
-
-def same_tokenizer(fp, where, want, want_where, fix):
-    """Exit with one line naming both sides when two tokenizer fingerprints differ (None: unknown, not refused)."""
-    if None not in (fp, want) and fp != want:
-        raise SystemExit(f"tokenizer mismatch: {where} (sha256 {fp[:12]}) vs {want_where} (sha256 {want[:12]}); {fix}")
-
-
-def described(config):
-    """-> ("the model DIR", DIR) for messages; DIR is a placeholder for a model not read from a directory."""
-    return (f"the model {config.path}", config.path) if config.path else ("the model", "MODEL_DIR")
-
-
-def prepare_with(model_dir):
-    return f"prepare the data with the model's tokenizer: python data.py --tokenizer {model_dir} --out_dir DIR"
-
-
-def load_splits(data_dir, who, *, like=None):
-    """(train, val) token arrays of a prepared dataset, or a one-line exit naming the script and the problem: a
-    missing or inconsistent dataset, a split not longer than the run's --seq_len, or data tokenized with another
-    tokenizer than the model `like` was trained with."""
-    try:
-        splits = data.load_split(data_dir, "train"), data.load_split(data_dir, "val")
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"{who}: {e}")
-    seq_len = getattr(RUN["args"], "seq_len", None)
-    for name, split in zip(("train", "val"), splits):
-        if seq_len is not None and len(split) <= seq_len:
-            raise SystemExit(f"{who}: the {name} split of {data_dir} has {len(split):,} tokens, not more than "
-                             f"--seq_len {seq_len}; use a smaller --seq_len (or more data)")
-    if like is not None:
-        model, model_dir = described(like.config)
-        same_tokenizer(fingerprint_of(data_dir), f"{who}: the data {data_dir}", like.config.tokenizer_sha256, model,
-                       prepare_with(model_dir))
-    return splits
-
-
-def load_tokenizer(path, config):
-    """The tokenizer saved with a checkpoint (or a dataset), checked against the model: its embedding rows, its mask
-    token, and the tokenizer the model was trained with (config.tokenizer_sha256); a one-line exit otherwise."""
-    try:
-        tok = Tokenizer.from_pretrained(path)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"tokenizer: {e}")
-    if config.path is not None and Path(path).resolve() == Path(config.path).resolve():  # the checkpoint's own
-        same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", config.tokenizer_sha256,
-                       "its config.json", "they were replaced after the checkpoint was saved; restore them")
-    model, model_dir = described(config)
-    same_tokenizer(tok.fingerprint, str(path), config.tokenizer_sha256, model, prepare_with(model_dir))
-    if tok.vocab_size > config.vocab_size:
-        raise SystemExit(f"tokenizer in {path} uses {tok.vocab_size} ids but the model has only "
-                         f"{config.vocab_size} embedding rows: they do not belong together")
-    if config.mask_token_id is not None and config.mask_token_id < tok.vocab_size:
-        raise SystemExit(f"mask_token_id {config.mask_token_id} is an ordinary token of the tokenizer in {path}")
-    return tok
-
-
-# ---- checkpoints ---------------------------------------------------------------------------------
-
-def answers_only(text, tok, train_data, val_data, window, who):
-    """--loss_after TEXT -> (sep_id, starts): the separator's id and, per split, the offsets at which a window of
-    `window` tokens begins a document (data.document_starts). TEXT None -> (None, no starts: any offset)."""
-    if text is None:
-        return None, dict(train=None, val=None)
-    sep = tok.encode(text)
-    if len(sep) != 1 or not (train_data == sep[0]).any():
-        raise SystemExit(f"{who}: --loss_after {text!r} is {len(sep)} tokens of the data's tokenizer and must be "
-                         f"one that occurs in the training data; pass one such token's text")
-    return sep[0], dict(train=data.document_starts(train_data, tok.eos_id, window),
-                        val=data.document_starts(val_data, tok.eos_id, window))
-
-
-def save_dtype(config, args):
+def save_dtype(config, name="auto"):
     """The dtype checkpoints are stored in: --save_dtype, or (auto) the model's stored dtype (config.torch_dtype:
     bfloat16 for Qwen3, float32 for the tiny presets; float32 when it names no floating dtype)."""
-    name = getattr(args, "save_dtype", "auto")
     name = config.torch_dtype if name == "auto" else name
     dtype = getattr(torch, str(name), None)
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
-@contextlib.contextmanager
-def interrupts_deferred():
-    """Ctrl-C inside the block takes effect at its end (the main thread only: where Python handles signals). A
-    process that ignores SIGINT (a background job of a script inherits SIG_IGN) keeps ignoring it."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
-            signal.SIG_IGN, None):  # None: a handler set outside Python, which signal.signal could not put back
-        yield
-        return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            raise KeyboardInterrupt
-
-
-def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None, *, exact=None):
+def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None, *, exact=None, run=None):
     """Weights first, then the train state naming the same step: a crash between the two is detected.
-    Nothing at step 0 of a run longer than one step (those are the weights it started from). The weights are stored
-    in save_dtype(); train_state.pt holds the fp32 value of each tensor that rounds (not of frozen ones loaded from
-    the same dtype), so --resume is exact; exact: the names of the tensors whose exact values --resume needs
-    (default: all; LoRA, which resumes from its adapters in `extra`, needs none). With --weights_only there is no
-    train_state.pt (a stale one is removed). The tokenizer must be the model's own (config.tokenizer_sha256,
-    recorded here for a new model) and that of any checkpoint already in out_dir: a checkpoint's tokenizer is never
-    replaced."""
-    args = RUN["args"]
+    The weights are stored in save_dtype(); train_state.pt holds the fp32 value of each tensor that rounds (not of
+    frozen ones loaded from the same dtype), so --resume is exact; exact: the names of the tensors whose exact values
+    --resume needs (default: all; LoRA, which resumes from its adapters in `extra`, needs none). The tokenizer must be
+    the model's own (config.tokenizer_sha256, recorded here for a new model) and that of any checkpoint already in
+    out_dir: a checkpoint's tokenizer is never replaced. run (a Run): its settings: nothing at step 0 of a run longer
+    than one step (those are the weights it started from), --save_dtype, --weights_only (no train_state.pt; a stale
+    one is removed), --fsdp (the shards gathered to rank 0, which alone writes); the run records the checkpoint."""
+    args = run.args if run else None
     if step == 0 and args is not None and args.max_iters > 1:
         return
     out_dir = Path(out_dir)
@@ -396,9 +420,9 @@ def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None,
     same_tokenizer(tokenizer.fingerprint, "the tokenizer being saved", model.config.tokenizer_sha256, "the model", fix)
     same_tokenizer(tokenizer.fingerprint, "the tokenizer being saved", fingerprint_of(out_dir), str(out_dir), fix)
     model.config.tokenizer_sha256 = tokenizer.fingerprint
-    dtype = save_dtype(model.config, args)
-    full = full_state_dict(model) if DIST["fsdp"] else None  # every rank takes part; rank 0 receives the tensors
-    if is_main():
+    dtype = save_dtype(model.config, getattr(args, "save_dtype", "auto"))
+    full = full_state_dict(model) if run and run.fsdp else None  # every rank takes part; rank 0 receives the tensors
+    if run is None or run.is_main:
         with interrupts_deferred():  # weights and train state of one step, or neither: --resume needs the pair
             model.save_pretrained(out_dir, metadata={"step": str(step)}, dtype=dtype, state_dict=full)
             tokenizer.save_pretrained(out_dir)
@@ -406,8 +430,11 @@ def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None,
                 (out_dir / "train_state.pt").unlink(missing_ok=True)  # it would name another step than the weights
             else:
                 write_train_state(out_dir, model, optimizer, step, gen, extra, exact, dtype)
-    RUN.update(out_dir=out_dir, checkpoint=step)
-    barrier()  # no rank reads or resumes a checkpoint before it is whole
+            if run:  # before a deferred Ctrl-C is raised: its message names this checkpoint
+                run.checkpoint = step
+    if run:
+        run.checkpoint = step
+        run.barrier()  # no rank reads or resumes a checkpoint before it is whole
 
 
 def write_train_state(out_dir, model, optimizer, step, gen, extra, exact, dtype):
@@ -430,6 +457,24 @@ def full_state_dict(model):
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Ctrl-C inside the block takes effect at its end (the main thread only: where Python handles signals). A
+    process that ignores SIGINT (a background job of a script inherits SIG_IGN) keeps ignoring it."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+            signal.SIG_IGN, None):  # None: a handler set outside Python, which signal.signal could not put back
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
+
+
 def changed_settings(saved, args):
     """{name: (saved, now)} of the settings in which this run differs from the checkpoint's extra=vars(args) (or
     extra=dict(args=vars(args), ...)), RESUMABLE ones and settings only one side has aside."""
@@ -438,32 +483,25 @@ def changed_settings(saved, args):
     return {k: (saved[k], now[k]) for k in sorted(saved.keys() & now.keys() - RESUMABLE) if saved[k] != now[k]}
 
 
-def resume_or_start(out_dir, resume, device, gen, fresh):
-    """-> (model, train state or None, first step). --resume: the run in out_dir, its batch/mask generator
-    restored, refused when the run's settings (RUN) differ from the checkpoint's (unless --allow_changed_settings);
-    otherwise fresh() (the new model), refusing an out_dir that already holds a checkpoint."""
-    RUN.update(out_dir=out_dir, step=0)
-    if resume:
-        model, state = load_checkpoint(out_dir, device)
-        args = RUN["args"]
-        if args is not None and not args.allow_changed_settings and (diff := changed_settings(state["extra"], args)):
-            changes = ", ".join(f"--{k} {a} (now {b})" for k, (a, b) in diff.items())
-            raise SystemExit(f"--resume: the run in {out_dir} was made with {changes}; rerun with its settings, or "
-                             f"pass --allow_changed_settings to continue with the new ones")
-        gen.set_state(state["gen"])
-        RUN.update(step=state["step"] + 1, checkpoint=state["step"])
-        return model, state, state["step"] + 1
-    if (Path(out_dir) / "model.safetensors").exists():
-        raise SystemExit(f"{out_dir} already holds a checkpoint: pass --resume to continue it, or another --out_dir")
-    return fresh(), None, 0
-
-
-def frozen_dtype(device):
-    """The dtype of the run's frozen model (--frozen_dtype; auto: bfloat16 on CUDA, float32 elsewhere)."""
-    name = getattr(RUN["args"], "frozen_dtype", "auto")
-    if name == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    return getattr(torch, name)
+def load_checkpoint(out_dir, device):
+    """-> (model, train state) of a run in out_dir, for --resume."""
+    from safetensors import safe_open
+    out_dir = Path(out_dir)
+    if not (out_dir / "train_state.pt").is_file():
+        raise SystemExit(f"--resume: no train_state.pt in {out_dir}; nothing to resume")
+    state = torch.load(out_dir / "train_state.pt", map_location="cpu", weights_only=False)
+    with safe_open(out_dir / "model.safetensors", "pt") as f:
+        saved_step = int((f.metadata() or {}).get("step", -1))
+    if saved_step != state["step"]:
+        raise SystemExit(f"--resume: weights are from step {saved_step} but train_state.pt from step {state['step']} "
+                         f"(the run was killed while saving); delete {out_dir} and start again")
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    model = Qwen3.from_pretrained(out_dir, device=device, dtype=torch.float32)
+    if state.get("weights"):  # the exact fp32 values behind the stored tensors that rounded them (save_checkpoint)
+        model.load_state_dict(state["weights"], strict=False)
+    return model, state
 
 
 def load_model(path, device, what, *, attn=None, like=None, dtype=torch.float32):
@@ -488,9 +526,6 @@ def load_model(path, device, what, *, attn=None, like=None, dtype=torch.float32)
         raise SystemExit(f"{what} {path}: {e}")
 
 
-CONVERT_FLAGS = {"bidirectional": "--attn bidirectional", "block": "--attn block --block_size 4"}
-
-
 def require_dlm(config, where, who, attn=None):
     """Exit with one line naming the fix unless `config` is a DLM made by convert.py (attn not causal, a mask token
     and a shift convention) of the kind `attn` ("bidirectional", "block" with a block size; None: either)."""
@@ -504,14 +539,14 @@ def require_dlm(config, where, who, attn=None):
                          f"with: python convert.py --ar AR_DIR --out_dir DLM_DIR {flags}")
 
 
-def load_teacher(path, student, device, who, *, same_shapes=False):
-    """The frozen AR teacher of a DLM student (eval mode, no gradients, in frozen_dtype()): an attn="causal"
-    checkpoint with the student's tokenizer and vocabulary, and with same_shapes its very tensor shapes (a teacher
-    whose hidden states are compared with the student's). path None: the student's config.converted_from."""
+def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.float32):
+    """The frozen AR teacher of a DLM student (eval mode, no gradients, in dtype: a Run's frozen_dtype): an
+    attn="causal" checkpoint with the student's tokenizer and vocabulary, and with same_shapes its very tensor shapes
+    (a teacher whose hidden states are compared with the student's). path None: the student's config.converted_from."""
     path = path or student.config.converted_from
     if path is None:
         raise SystemExit(f"{who}: no --teacher given and the student's config has no converted_from")
-    teacher = load_model(path, device, f"{who}: teacher", attn="causal", like=student, dtype=frozen_dtype(device))
+    teacher = load_model(path, device, f"{who}: teacher", attn="causal", like=student, dtype=dtype)
     teacher.requires_grad_(False).eval()
     shape = lambda m: ({k: v.shape for k, v in m.state_dict().items()}, m.config.tie_word_embeddings)
     if teacher.config.vocab_size != student.config.vocab_size or same_shapes and shape(teacher) != shape(student):
@@ -520,51 +555,94 @@ def load_teacher(path, student, device, who, *, same_shapes=False):
     return teacher
 
 
-def load_checkpoint(out_dir, device):
-    """-> (model, train state) of a run in out_dir, for --resume."""
-    from safetensors import safe_open
-    out_dir = Path(out_dir)
-    if not (out_dir / "train_state.pt").is_file():
-        raise SystemExit(f"--resume: no train_state.pt in {out_dir}; nothing to resume")
-    state = torch.load(out_dir / "train_state.pt", map_location="cpu", weights_only=False)
-    with safe_open(out_dir / "model.safetensors", "pt") as f:
-        saved_step = int((f.metadata() or {}).get("step", -1))
-    if saved_step != state["step"]:
-        raise SystemExit(f"--resume: weights are from step {saved_step} but train_state.pt from step {state['step']} "
-                         f"(the run was killed while saving); delete {out_dir} and start again")
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    model = Qwen3.from_pretrained(out_dir, device=device, dtype=torch.float32)
-    if state.get("weights"):  # the exact fp32 values behind the stored tensors that rounded them (save_checkpoint)
-        model.load_state_dict(state["weights"], strict=False)
-    return model, state
+def load_tokenizer(path, config):
+    """The tokenizer saved with a checkpoint (or a dataset), checked against the model: its embedding rows, its mask
+    token, and the tokenizer the model was trained with (config.tokenizer_sha256); a one-line exit otherwise."""
+    try:
+        tok = Tokenizer.from_pretrained(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"tokenizer: {e}")
+    if config.path is not None and Path(path).resolve() == Path(config.path).resolve():  # the checkpoint's own
+        same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", config.tokenizer_sha256,
+                       "its config.json", "they were replaced after the checkpoint was saved; restore them")
+    model, model_dir = described(config)
+    same_tokenizer(tok.fingerprint, str(path), config.tokenizer_sha256, model, prepare_with(model_dir))
+    if tok.vocab_size > config.vocab_size:
+        raise SystemExit(f"tokenizer in {path} uses {tok.vocab_size} ids but the model has only "
+                         f"{config.vocab_size} embedding rows: they do not belong together")
+    if config.mask_token_id is not None and config.mask_token_id < tok.vocab_size:
+        raise SystemExit(f"mask_token_id {config.mask_token_id} is an ordinary token of the tokenizer in {path}")
+    return tok
+
+
+def same_tokenizer(fp, where, want, want_where, fix):
+    """Exit with one line naming both sides when two tokenizer fingerprints differ (None: unknown, not refused)."""
+    if None not in (fp, want) and fp != want:
+        raise SystemExit(f"tokenizer mismatch: {where} (sha256 {fp[:12]}) vs {want_where} (sha256 {want[:12]}); {fix}")
+
+
+def described(config):
+    """-> ("the model DIR", DIR) for messages; DIR is a placeholder for a model not read from a directory."""
+    return (f"the model {config.path}", config.path) if config.path else ("the model", "MODEL_DIR")
+
+
+def prepare_with(model_dir):
+    return f"prepare the data with the model's tokenizer: python data.py --tokenizer {model_dir} --out_dir DIR"
+
+
+def load_splits(data_dir, who, *, like=None, seq_len=None):
+    """(train, val) token arrays of a prepared dataset, or a one-line exit naming the script and the problem: a
+    missing or inconsistent dataset, a split not longer than seq_len (a run's --seq_len), or data tokenized with
+    another tokenizer than the model `like` was trained with."""
+    try:
+        splits = data.load_split(data_dir, "train"), data.load_split(data_dir, "val")
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"{who}: {e}")
+    for name, split in zip(("train", "val"), splits):
+        if seq_len is not None and len(split) <= seq_len:
+            raise SystemExit(f"{who}: the {name} split of {data_dir} has {len(split):,} tokens, not more than "
+                             f"--seq_len {seq_len}; use a smaller --seq_len (or more data)")
+    if like is not None:
+        model, model_dir = described(like.config)
+        same_tokenizer(fingerprint_of(data_dir), f"{who}: the data {data_dir}", like.config.tokenizer_sha256, model,
+                       prepare_with(model_dir))
+    return splits
+
+
+def answers_only(text, tok, train_data, val_data, window, who):
+    """--loss_after TEXT -> (sep_id, starts): the separator's id and, per split, the offsets at which a window of
+    `window` tokens begins a document (data.document_starts). TEXT None -> (None, no starts: any offset)."""
+    if text is None:
+        return None, dict(train=None, val=None)
+    sep = tok.encode(text)
+    if len(sep) != 1 or not (train_data == sep[0]).any():
+        raise SystemExit(f"{who}: --loss_after {text!r} is {len(sep)} tokens of the data's tokenizer and must be "
+                         f"one that occurs in the training data; pass one such token's text")
+    return sep[0], dict(train=data.document_starts(train_data, tok.eos_id, window),
+                        val=data.document_starts(val_data, tok.eos_id, window))
 
 
 class Log:
-    """One JSON object per line in out_dir/log.jsonl, each with the run's world_size (written by rank 0). A resumed
-    run continues the file, first cut back (atomically) to the records up to the checkpoint's step, so the steps
-    after it are not logged twice. Each record's step is also RUN's, for the Ctrl-C message."""
+    """One JSON object per line in out_dir/log.jsonl (written by rank 0), each with its time since the start. A
+    resumed run continues the file, first cut back (atomically) to the records up to the checkpoint's step, so the
+    steps after it are not logged twice."""
 
-    def __init__(self, out_dir, resume):
-        self.path, self.t0 = Path(out_dir) / "log.jsonl", time.time()
-        if not is_main():  # rank 0 logs for the job
+    def __init__(self, out_dir, resume, checkpoint=None, is_main=True):
+        self.path, self.t0, self.is_main = Path(out_dir) / "log.jsonl", time.time(), is_main
+        if not is_main:  # rank 0 logs for the job
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
             self.path.write_text("")
-        elif self.path.exists() and RUN["checkpoint"] is not None:
-            keep = [line for line in self.path.read_text().splitlines(keepends=True)
-                    if logged_step(line) <= RUN["checkpoint"]]
+        elif self.path.exists() and checkpoint is not None:
+            keep = [line for line in self.path.read_text().splitlines(keepends=True) if logged_step(line) <= checkpoint]
             atomic_write(self.path, lambda f: Path(f).write_text("".join(keep)))
 
     def __call__(self, **rec):
-        rec.update(world_size=DIST["world_size"], time=round(time.time() - self.t0, 3))
-        if is_main():
+        rec.update(time=round(time.time() - self.t0, 3))
+        if self.is_main:
             with open(self.path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
-        if "step" in rec:
-            RUN["step"] = rec["step"] + 1
 
 
 def logged_step(line):
@@ -585,9 +663,3 @@ def peak_flops(device):
         if key in name:
             return flops
     return None
-
-
-def mfu(model, tokens_per_s, seq_len, device):
-    """Model FLOPs utilisation of each GPU: tokens_per_s is the whole job's."""
-    peak = peak_flops(device)
-    return None if peak is None else model.flops_per_token(seq_len) * tokens_per_s / (peak * DIST["world_size"])

@@ -32,8 +32,7 @@ def run_script(name, *args):
             code = e.code or 0
     finally:
         sys.argv = argv
-        if "training" in sys.modules:  # a script's parsed flags (training.RUN) must not leak into the next one
-            sys.modules["training"].RUN.update(args=None, out_dir=None, step=None, checkpoint=None)
+        sys.excepthook = sys.__excepthook__  # a script's Ctrl-C message (its Run's) must not outlive it
     return Result(code, out.getvalue(), err.getvalue())
 
 

@@ -110,8 +110,8 @@ def test_loss_step_end_to_end_against_slow(world, ckpt):
             q.add_(0.01 * torch.randn(q.shape, generator=torch.Generator().manual_seed(1)))
     teacher = teacher_of(world / "ar", student)
     x0 = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(2))
-    loss, stats = align.loss_step(student, teacher, x0, torch.Generator().manual_seed(3), layers=[0, 1, 2])
     xt, masked, t = diffusion.corrupt(x0, 259, student.config.shift, torch.Generator().manual_seed(3), 1 / 500)
+    loss, stats = align.loss_step(student, teacher, x0, xt, masked, t, layers=[0, 1, 2])
     _, hs = student(xt, attn="bidirectional", output_hidden_states=True)
     _, ht = teacher(x0, attn="causal", output_hidden_states=True)
     want = slow_align(hs, ht, masked, [0, 1, 2], student.config.shift, "masked")
@@ -163,8 +163,9 @@ def test_keyword_loss_step_is_bit_identical_to_the_former_formula(world, ckpt, f
         if name == "old":
             loss, stats = old_loss_step(student, teacher, x0, gen, SimpleNamespace(**hp), [0, 2])
         else:
-            loss, stats = align.loss_step(student, teacher, x0, gen, layers=[0, 2], lambda_align=hp["lambda_align"],
-                                          eps=hp["eps"], metric=hp["align_metric"], norm=hp["loss_norm"],
+            noise = diffusion.corrupt(x0, student.config.mask_token_id, student.config.shift, gen, hp["eps"])
+            loss, stats = align.loss_step(student, teacher, x0, *noise, layers=[0, 2], lambda_align=hp["lambda_align"],
+                                          metric=hp["align_metric"], norm=hp["loss_norm"],
                                           positions=hp["align_positions"], extra_ce=hp["extra_ce"])
         loss.backward()
         got[name] = loss, stats, [q.grad for q in student.parameters()]
@@ -173,7 +174,7 @@ def test_keyword_loss_step_is_bit_identical_to_the_former_formula(world, ckpt, f
     assert all(torch.equal(a, b) for a, b in zip(go, gn))
     assert ("align_loss" in sn) == (hp["lambda_align"] > 0)
     with pytest.raises(ValueError, match="needs a teacher"):
-        align.loss_step(student, None, x0, gen, layers=[0], lambda_align=1.0)
+        align.loss_step(student, None, x0, *noise, layers=[0], lambda_align=1.0)
 
 
 def slow_cosines(student, teacher, batches):
@@ -272,7 +273,8 @@ def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     opt = training.configure_optimizer(student, 1e-2, 0.1)
     for _ in range(3):
         x0 = torch.randint(0, 256, (2, 16), generator=gen)
-        loss, _ = align.loss_step(student, teacher, x0, gen, layers=list(range(3)))
+        noise = diffusion.corrupt(x0, student.config.mask_token_id, student.config.shift, gen)
+        loss, _ = align.loss_step(student, teacher, x0, *noise, layers=list(range(3)))
         loss.backward()
         assert all(q.grad is None for q in frozen.values())
         assert all(q.grad is None for q in teacher.parameters())

@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-import align
 import convert
 import data
 import diffusion
@@ -37,27 +36,27 @@ def log(out):
     return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
 
 
-def test_answer_only_masks(world):
-    """loss_step(maskable=answers) masks nothing outside the answers and their eos (data.after_separator)."""
+def test_answer_only_masks(world, tmp_path, monkeypatch):
+    """align.py --loss_after "=": every training window opens a document, and its masks (what diffusion_loss
+    scores) fall on the answers and their eos only (data.after_separator), on every step."""
     tok, seen = Tokenizer.byte_level(), []
-    train = data.load_split(world / "data", "train")
     sep = tok.encode("=")[0]
-    x0 = data.get_batch(train, 8, 24, starts=data.document_starts(train, tok.eos_id, 24),
-                        generator=torch.Generator().manual_seed(0))
-    assert all(tok.decode(row[:4].tolist()) in ("sort", "rev ", "add ") for row in x0)  # windows open documents
-    answers = data.after_separator(x0, sep, tok.eos_id)
-    student = Qwen3.from_pretrained(world / "dlm")
     orig = diffusion.diffusion_loss
-    spy = lambda model, x0, xt, masked, *a, **kw: seen.append(masked) or orig(model, x0, xt, masked, *a, **kw)
-    diffusion.diffusion_loss = spy
-    try:
-        for seed in range(4):
-            align.loss_step(student, None, x0, torch.Generator().manual_seed(seed), layers=[], lambda_align=0,
-                            maskable=answers)
-    finally:
-        diffusion.diffusion_loss = orig
-    masked = torch.stack(seen)
-    assert masked.any() and not (masked & ~answers).any()
+
+    def spy(model, x0, xt, masked, *a, **kw):
+        if torch.is_grad_enabled():  # a training step (the evaluation scores its fixed masks without grad)
+            seen.append((x0.clone(), masked.clone()))
+        return orig(model, x0, xt, masked, *a, **kw)
+    monkeypatch.setattr(diffusion, "diffusion_loss", spy)
+    r = run_script("align.py", "--init", world / "dlm", "--data", world / "data", "--out_dir", tmp_path / "a",
+                   "--loss_after", "=", "--seq_len", 24, "--batch_size", 8, "--max_iters", 4, "--eval_interval", 4,
+                   "--eval_batches", 1, "--samples", 0, "--lambda_align", 0)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(seen) == 4
+    for x0, masked in seen:
+        assert all(tok.decode(row[:4].tolist()) in ("sort", "rev ", "add ") for row in x0)  # windows open documents
+        answers = data.after_separator(x0, sep, tok.eos_id)
+        assert masked.any() and not (masked & ~answers).any()
 
 
 def test_align_and_distill_log_the_task_world(world, tmp_path):
