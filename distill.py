@@ -29,8 +29,6 @@ What is notable here:
   "states from the sampler's trajectory beat random states"; data, random states of data windows.
 - The sparse teacher (--teacher_top_k, published 16): Σ_{v∈top-k} p_T(v) (log p_T(v) - log p_θ(v)), both
   full-vocabulary log-softmaxes read at the teacher's top-k ids, NOT renormalised (as the published code).
-- The shift convention (config.shift): unshifted, position i is read at the noisy slot i; shifted, at i-1,
-  which for the first position of a block is the clean copy's last slot of the previous block.
 - Each micro-batch's prompts and rollout seed are drawn from the run's generator, and its rollout and states
   from a generator of that seed: under torchrun every rank draws them all and rolls out its own micro-batches,
   which are the ones one process would roll out.
@@ -286,13 +284,11 @@ if __name__ == "__main__":
     student = run.train(student, compile_too=[teacher], dynamic=True)
     eval_items = pool[:args.eval_batches * args.batch_size]
     ends = tok.end_ids(c)  # every end id the student declares: rollouts stop at any, the loss ends at the first
-    sampling = dict(eos_id=ends, pad_id=tok.eos_id, threshold=args.threshold, temperature=args.temperature)
-    loss_kw = dict(eos_id=ends, vocab_size=tok.vocab_size, divergence=args.divergence, top_k=args.teacher_top_k,
-                   reduction=args.kl_reduction, train_eos=args.train_eos)
 
     def run_eval():  # at the final length --rollout_max: the states the trained student is sampled in
         res = evaluate(student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size,
-                       vocab_size=tok.vocab_size, ctx=ctx, **sampling)
+                       vocab_size=tok.vocab_size, ctx=ctx, eos_id=ends, pad_id=tok.eos_id, threshold=args.threshold,
+                       temperature=args.temperature)
         if task_items:
             with ctx:
                 res.update(tasks.log_record(student, tok, task_items, threshold=args.threshold))
@@ -315,13 +311,16 @@ if __name__ == "__main__":
             student.eval()
             with ctx:
                 x, lens, P, masked, st = make_batch(student, [pool[j] for j in pick], L, args.policy, g,
-                                                    vocab_limit=tok.vocab_size, **sampling)
+                                                    eos_id=ends, vocab_limit=tok.vocab_size, pad_id=tok.eos_id,
+                                                    threshold=args.threshold, temperature=args.temperature)
             student.train()
             t_roll += time.time() - t1
             with ctx:
-                loss, s = distill_loss(student, teacher, x, lens, P, masked, **loss_kw)
+                loss, s = distill_loss(student, teacher, x, lens, P, masked, eos_id=ends, vocab_size=tok.vocab_size,
+                                       divergence=args.divergence, top_k=args.teacher_top_k,
+                                       reduction=args.kl_reduction, train_eos=args.train_eos)
             n = x.shape[0] * (x.shape[1] - P)  # the tokens rolled out and trained
-            run.backward(loss, {k: float(v) for k, v in {**s, **st}.items()}, tokens=n,
+            run.backward(loss, {k: float(v) for k, v in {**s, **st, "loss": loss}.items()}, tokens=n,
                          flops=training.flops_per_token(student, x.shape[1], forward_only=teacher) * n)
         rec = run.update()
         rec.update(max_len=L, rollout_share=t_roll / run.step_times[-1])

@@ -122,7 +122,7 @@ def likelihood(args):
                **dlm_nelbo(model, batches, ctx, args.n_draws, args.seed, args.eps))
     fixed = diffusion.fixed_mask_eval(model, batches, ctx)
     res.update({k.replace("val_loss", "ce_nats").replace("val_", ""): v for k, v in fixed.items() if k != "val_nelbo"})
-    return dict(res, acc_seed=diffusion.EVAL_SEED)  # the masks of the accuracies: every checkpoint gets the same
+    return res
 
 
 # ---- generation ----------------------------------------------------------------------------------
@@ -546,8 +546,9 @@ def main():
             print(f"  {k:<24} {v:.4f}" if isinstance(v, float) else f"  {k:<24} {v}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(dict(command=args.cmd, settings=vars(args), seconds=time.time() - t0,
-                                                  results=res), indent=1) + "\n")
+        from diffusion import EVAL_SEED  # the masks of likelihood's accuracies: the same for every checkpoint
+        Path(args.out).write_text(json.dumps(dict(command=args.cmd, settings=vars(args), acc_seed=EVAL_SEED,
+                                                  seconds=time.time() - t0, results=res), indent=1) + "\n")
         print(f"wrote {args.out}")
 
 

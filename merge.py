@@ -1,10 +1,10 @@
 """
-AR-MAP (docs/methods.md §4): teach the AR model a preference with DPO, then carry it into the DLM converted from
-that AR model by adding the preference task vector τ_pref = W_AR_aligned − W_AR to the DLM's weights.
+AR-MAP (docs/methods.md §4), step 2: carry the preference the AR model learnt with DPO (dpo.py) into the DLM
+converted from that AR model, by adding the preference task vector τ_pref = W_AR_aligned − W_AR to its weights.
 
     python merge.py pairs    --data data/stdlib --out_dir data/pairs          # the synthetic preference data
-    python merge.py dpo      --ar out/ar-tiny --pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl \\
-                             --out_dir out/ar-dpo                               # add --lora_rank 8 for LoRA
+    python dpo.py            --ar out/ar-tiny --pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl \\
+                             --out_dir out/ar-dpo                               # step 1: DPO on the AR model
     python merge.py spectrum --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/repro/lambda10
     python merge.py merge    --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/repro/lambda10 \\
                              --pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl \\
@@ -14,11 +14,6 @@ What is notable here:
 - The embedded default's preference can be checked by eye: "prefer single-quoted strings". `pairs` cuts
   windows of the corpus whose continuation holds >= 2 quotes: chosen = every " made ', rejected = every ' made ",
   and rule_score(text) = (#' − #")/max(1, #' + #") scores any text by the same rule (the win rate).
-- DPO's log π(y|x) sums over response tokens only, from one causal forward on prompt + response, lm_head on the
-  response rows only. --lora_rank r: LoRA through torch.nn.utils.parametrize, merged into plain weights whenever
-  a checkpoint is written, so the output is an ordinary Qwen3 checkpoint either way (train_state.pt keeps A, B
-  and their AdamW moments, not the merged weights: --resume puts A, B back on the --ar base);
-  the reference π_ref is then the same model with its adapters switched off, not a second copy.
 - Checkpoints are read one tensor at a time with safetensors.safe_open (spectrum, task vectors); merging applies
   and reverts γ·Δ in place on the loaded DLM from one saved copy W0, so the revert is bit-exact and there is
   never a second model per γ. ‖·‖₂ comes from the Gram matrix of the shorter side, not from an SVD.
@@ -43,10 +38,8 @@ import statistics
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
-from torch.nn.utils import parametrize
 from tqdm import tqdm
 
 import cli
@@ -54,13 +47,14 @@ import data
 import diffusion
 import training
 from checkpoint import weight_files
+from dpo import pair_batch, read_pairs
 from model import Qwen3Config, attend
 from sample import block_generate, diffusion_generate, until_end
-from tokenizer import EOS, Tokenizer, atomic_write
+from tokenizer import Tokenizer, atomic_write
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TYPES = LORA_TARGETS + ("embed_tokens", "lm_head", "norms")  # spectrum's rows, in this order
-SEQ_LEN = 512  # merge: max tokens of prompt + response (dpo: --seq_len)
+SEQ_LEN = 512  # merge: max tokens of prompt + response (dpo.py: --seq_len)
 BATCH = 16  # merge: pairs per forward (ELBOs) and prompts per sampler call (win rate)
 GEN_LEN, GEN_BLOCK = 64, 32  # win rate: tokens sampled per prompt; the bidirectional sampler's block length
 SELECTORS = ("accuracy", "dpo")  # merge --select: see pick_gamma
@@ -88,23 +82,6 @@ for name, default, help in (("n_train", 512, "training pairs"), ("n_heldout", 12
                             ("response_chars", 96, "characters of each response"),
                             ("seed", 1337, "which corpus windows are cut")):
     s.add_argument(f"--{name}", type=int, default=default, help=help)
-s = sub.add_parser("dpo", formatter_class=cli.HelpFormatter, help="DPO on the AR model")
-s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint; also the frozen reference")
-s.add_argument("--pairs", default="data/pairs/train.jsonl", help="training pairs ({prompt, chosen, rejected} JSONL)")
-s.add_argument("--heldout", default="data/pairs/heldout.jsonl", help="every pair is scored at each evaluation")
-s.add_argument("--out_dir", default="out/ar-dpo", help="the DPO-trained AR checkpoint goes here")
-s.add_argument("--beta", type=float, default=0.1, help="DPO's β: the strength of the pull away from π_ref")
-s.add_argument("--sft_weight", type=float, default=0.0,
-               help="α: add α times the chosen responses' per-token NLL to the DPO loss (not in the published recipe; "
-               "keeps a small model's generations intact while it learns a preference)")
-s.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning; r > 0: LoRA, and π_ref is the "
-               "policy's own base with the adapters off (one copy, held as the policy is; --frozen_dtype unused)")
-s.add_argument("--lora_alpha", type=float, default=16.0, help="LoRA scale α (the update is (α/r)·BA)")
-training.add_loop_args(s, frozen="the reference model π_ref (full fine-tuning)", max_iters=30, batch_size=8,
-                       seq_len=SEQ_LEN, lr=2e-4, min_lr=2e-5, warmup=3, eval_interval=10,
-                       eval_batches=16)  # eval_batches: unused, the whole held-out set is scored
-# decay would add -η·λ·W to τ_pref, which is not the preference; fp32 weights, as bf16 would round a small τ_pref away
-s.set_defaults(weight_decay=0.0, save_dtype="float32")
 s = sub.add_parser("spectrum", formatter_class=cli.HelpFormatter,
                    help="spectral norms of τ_diff and τ_pref per weight, by layer type")
 s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint (W_AR)")
@@ -180,200 +157,6 @@ def cmd_pairs(args):
     for (name, r), split, n in zip(recs.items(), ("train", "val"), (args.n_train, args.n_heldout)):
         atomic_write(out / name, lambda f: Path(f).write_text("".join(json.dumps(x) + "\n" for x in r)))
         print(f"{out / name}: {len(r)} pairs from the {split} split" + f" (asked for {n})" * (len(r) < n))
-
-
-def read_pairs(path, tok, seq_len):
-    """-> [(prompt ids, chosen ids, rejected ids)]: responses cut to seq_len // 2 tokens, each prompt to its last
-    tokens that fit, at least one (it predicts the first response token)."""
-    try:
-        recs = data.read_pairs(path)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"merge: {e}")
-    out = []
-    for k, r in enumerate(recs, 1):
-        yw, yl = (tok.encode(r[k], allowed_special={EOS})[:seq_len // 2] for k in ("chosen", "rejected"))
-        x = tok.encode(r["prompt"])[-(seq_len - max(len(yw), len(yl))):]
-        if not x:
-            raise SystemExit(f"merge: {path}: record {k} has an empty prompt")
-        out.append((x, yw, yl))
-    return out
-
-
-def pair_batch(items, device):
-    """Chosen rows then rejected rows, right-padded: -> ids (2B, T), prompt_lens (2B,), resp (2B, T) bool (the
-    response positions), real (2B, T) bool (not padding)."""
-    seqs = [(x, yw) for x, yw, _ in items] + [(x, yl) for x, _, yl in items]
-    lens = torch.tensor([len(x) + len(y) for x, y in seqs])
-    plen = torch.tensor([len(x) for x, _ in seqs])
-    ids = torch.zeros(len(seqs), int(lens.max()), dtype=torch.long)
-    for b, (x, y) in enumerate(seqs):
-        ids[b, :lens[b]] = torch.tensor(x + y)
-    pos = torch.arange(ids.shape[1])
-    real = pos < lens[:, None]
-    return ids.to(device), plen.to(device), ((pos >= plen[:, None]) & real).to(device), real.to(device)
-
-
-# ---- DPO -------------------------------------------------------------------------------------------
-
-def response_logps(model, ids, resp_mask):
-    """(B,) log π(y|x) = Σ_{i ∈ response} log p(ids_i | ids_<i): one causal forward, lm_head on the rows that
-    predict a response token (row i-1 predicts token i, the AR head's shift); prompt and padding excluded."""
-    ce, _ = model(ids, "causal", rows=diffusion.denoiser_rows(resp_mask, True), targets=ids[resp_mask])
-    tok_logp = -ce  # log p(y_i | x, y_<i), (n_resp,)
-    return torch.zeros(ids.shape[0], device=ids.device).index_add(0, resp_mask.nonzero()[:, 0], tok_logp)
-
-
-def dpo_loss(pi_w, pi_l, ref_w, ref_l, beta):
-    """-> (mean loss, reward_w, reward_l), the implicit rewards detached."""
-    r_w, r_l = beta * (pi_w - ref_w), beta * (pi_l - ref_l)  # r(x, y) = β (log π(y|x) − log π_ref(y|x))
-    loss = -F.logsigmoid(r_w - r_l).mean()  # −log σ(r(x, y_w) − r(x, y_l))
-    return loss, r_w.detach(), r_l.detach()
-
-
-class LoRA(nn.Module):
-    """The parametrization W -> W + (α/r)·B@A of a Linear's weight; B starts at zero (the model is unchanged).
-    enabled = False (adapters_off) gives back W itself: the frozen base model."""
-
-    def __init__(self, weight, rank, alpha):
-        super().__init__()
-        self.scale, self.enabled = alpha / rank, True
-        n_in = weight.shape[1]
-        self.lora_A = nn.Parameter(torch.randn(rank, n_in, device=weight.device) / math.sqrt(n_in))
-        self.lora_B = nn.Parameter(torch.zeros(weight.shape[0], rank, device=weight.device))
-
-    def forward(self, W):
-        if not self.enabled:
-            return W
-        return W + self.scale * self.lora_B @ self.lora_A  # W + (α/r)·B@A
-
-
-@contextlib.contextmanager
-def adapters_off(model):
-    """Inside: every LoRA of the model is switched off, so the model computes with its frozen base weights, i.e. it
-    is DPO's reference π_ref without a second copy in memory. A model without LoRA is left as it is."""
-    loras = [m for m in model.modules() if isinstance(m, LoRA)]
-    for m in loras:
-        m.enabled = False
-    try:
-        yield model
-    finally:
-        for m in loras:
-            m.enabled = True
-
-
-def add_lora(model, rank, alpha):
-    """Every weight frozen; LoRA on the attention and MLP projections (A, B: the only trainable tensors)."""
-    model.requires_grad_(False)
-    for name, m in model.named_modules():
-        if name.rsplit(".", 1)[-1] in LORA_TARGETS:
-            parametrize.register_parametrization(m, "weight", LoRA(m.weight, rank, alpha))
-    return model
-
-
-@contextlib.contextmanager
-def merged(model):
-    """Inside: each LoRA Linear holds the plain weight W + (α/r)·B@A, so state_dict is an ordinary Qwen3's.
-    On exit the parametrizations come back with the same A, B (the optimizer's tensors) and the base W, restored
-    bit for bit from a copy (removing a parametrization overwrites the base tensor in place)."""
-    saved = []
-    for m in model.modules():
-        if parametrize.is_parametrized(m, "weight"):
-            saved.append((m, m.parametrizations.weight.original.detach().clone(), m.parametrizations.weight[0]))
-            parametrize.remove_parametrizations(m, "weight", leave_parametrized=True)
-    try:
-        yield model
-    finally:
-        for m, base, lora in saved:
-            parametrize.register_parametrization(m, "weight", lora)
-            with torch.no_grad():
-                m.parametrizations.weight.original.copy_(base)
-
-
-@torch.no_grad()
-def all_logps(model, items, batch_size, ctx, device):
-    """(n, 2): log π(y_w|x), log π(y_l|x) of every pair."""
-    out = []
-    for s in range(0, len(items), batch_size):
-        ids, _, resp, _ = pair_batch(items[s:s + batch_size], device)
-        with ctx:
-            lp = response_logps(model, ids, resp).cpu()
-        out.append(torch.stack(lp.chunk(2), 1))
-    return torch.cat(out)
-
-
-def evaluate(model, items, ref_lp, args, ctx, device):
-    model.eval()
-    lp = all_logps(model, items, args.batch_size, ctx, device)
-    model.train()
-    loss, r_w, r_l = dpo_loss(lp[:, 0], lp[:, 1], ref_lp[:, 0], ref_lp[:, 1], args.beta)
-    return dict(heldout_loss=loss.item(), heldout_reward_acc=(r_w > r_l).float().mean().item(),
-                heldout_margin=(r_w - r_l).mean().item(), heldout_pref_acc=(lp[:, 0] > lp[:, 1]).float().mean().item())
-
-
-def cmd_dpo(args):
-    if args.beta <= 0 or args.lora_rank < 0 or args.sft_weight < 0:
-        p.error("need --beta > 0, --lora_rank >= 0 and --sft_weight >= 0")
-    if args.fsdp and args.lora_rank:
-        p.error("--fsdp shards full fine-tuning only; LoRA's adapters are small: drop --fsdp (DDP) or --lora_rank")
-    run = training.Run(args, "dpo")  # its generator draws the batches
-    device, ctx = run.device, run.ctx
-    load_ar = lambda dtype=torch.float32: training.load_model(args.ar, device, "merge dpo: --ar", attn="causal",
-                                                              dtype=dtype)
-    policy = run.start(load_ar)
-    if args.lora_rank:
-        if run.state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with A, B saved
-            policy = load_ar()
-        add_lora(policy, args.lora_rank, args.lora_alpha)
-        if run.state:
-            policy.load_state_dict(run.state["extra"]["lora"], strict=False)
-        ref = policy  # π_ref: the base under the adapters, i.e. the policy inside adapters_off (one copy)
-    else:
-        ref = load_ar(run.frozen_dtype).requires_grad_(False).eval()  # π_ref: the initial AR, frozen
-    tok = training.load_tokenizer(args.ar, ref.config)
-    train, heldout = read_pairs(args.pairs, tok, args.seq_len), read_pairs(args.heldout, tok, args.seq_len)
-    policy = run.train(policy, dynamic=True)  # --compile: dynamic, as pairs differ in length from batch to batch
-    with adapters_off(ref):
-        ref_held = all_logps(ref, heldout, args.batch_size, ctx, device)  # the reference never changes: once
-    n_train = sum(q.numel() for q in policy.parameters() if q.requires_grad)
-    print(f"DPO: {len(train)} train / {len(heldout)} held-out pairs (all scored at each evaluation), β = {args.beta}, "
-          f"{n_train / 1e6:.3f}M trainable parameters "
-          f"({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}); reference "
-          f"{str(ref.lm_head.weight.dtype).removeprefix('torch.')}; device {device}")
-
-    draw = lambda: torch.randint(len(train), (args.batch_size,), generator=run.gen).tolist()  # a micro-batch's pairs
-    last_eval = {}
-    for step in run.steps():
-        for pick in run.micro_batches(draw):
-            ids, _, resp, _ = pair_batch([train[j] for j in pick], device)
-            with torch.no_grad(), ctx, adapters_off(ref):
-                ref_w, ref_l = response_logps(ref, ids, resp).chunk(2)  # log π_ref(y|x), no gradient
-            with ctx:
-                pi_w, pi_l = response_logps(policy, ids, resp).chunk(2)  # log π(y|x)
-            loss, r_w, r_l = dpo_loss(pi_w, pi_l, ref_w, ref_l, args.beta)
-            if args.sft_weight:  # + α · (−log π(y_w|x) / |y_w|): the chosen responses' NLL per token
-                loss = loss + args.sft_weight * (-pi_w / resp.chunk(2)[0].sum(1).clamp(min=1)).mean()
-            stats = dict(reward_acc=(r_w > r_l).float().mean(), margin=(r_w - r_l).mean(), reward_chosen=r_w.mean(),
-                         reward_rejected=r_l.mean())  # every micro-batch has batch_size pairs
-            run.backward(loss, stats, tokens=ids.numel(),
-                         flops=training.flops_per_token(policy, ids.shape[1], forward_only=ref) * ids.numel())
-        rec = run.update()
-        if run.eval_due():
-            last_eval = dict(step=step, **evaluate(policy, heldout, ref_held, args, ctx, device))
-            rec.update({k: v for k, v in last_eval.items() if k != "step"})
-        if run.save_due():
-            lora = {k: v for k, v in policy.state_dict().items() if "lora_" in k}
-            with merged(policy):  # LoRA resumes from --ar and A, B: no fp32 copy of the merged weights (exact=())
-                run.save(policy, tok, extra=dict(args=vars(args), lora=lora), exact=() if args.lora_rank else None)
-        run.log(rec, loss=f"{rec['loss']:.3f}", acc=f"{rec['reward_acc']:.2f}",
-                val_acc=f"{last_eval.get('heldout_reward_acc', float('nan')):.2f}")
-
-    if last_eval.get("step") != args.max_iters - 1:  # a resumed run that had nothing left to train
-        last_eval = evaluate(policy, heldout, ref_held, args, ctx, device)
-    final = {k: v for k, v in last_eval.items() if k != "step"}
-    final["heldout_pref_acc_before"] = (ref_held[:, 0] > ref_held[:, 1]).float().mean().item()  # the AR's own
-    print("\nfinal held-out: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
-    run.results(dict(**final, heldout_pairs=len(heldout), steps=args.max_iters, beta=args.beta,
-                     lora_rank=args.lora_rank, train_seconds_this_run=run.timing()["train_seconds_this_run"]))
 
 
 # ---- task vectors: spectrum ------------------------------------------------------------------------
@@ -476,15 +259,16 @@ def dare(delta, drop, generator):
     return delta * keep / (1 - drop)  # τ̃ = m ⊙ τ / (1 − p), m_i ~ Bernoulli(1 − p)
 
 
-def task_deltas(handles, names, args, device):
-    """{name: Δ}: the merged delta of τ_pref = W_AR_aligned − W_AR per tensor, by --method."""
+def task_deltas(handles, names, *, method, density, drop, seed, device):
+    """{name: Δ}: the merged delta of τ_pref = W_AR_aligned − W_AR per tensor: linear (τ_pref itself), ties
+    (density: the share kept) or dare (drop: the drop probability; its masks from a generator of this seed)."""
     h_ar, h_al = handles
-    g = torch.Generator().manual_seed(args.seed)
+    g = torch.Generator().manual_seed(seed)
     delta = {}
-    for name in tqdm(names, desc=f"task vector ({args.method})", leave=False):
+    for name in tqdm(names, desc=f"task vector ({method})", leave=False):
         tau = read(h_al, name) - read(h_ar, name)  # τ_pref = W_AR_aligned − W_AR
-        delta[name] = (ties([tau], args.density) if args.method == "ties" else dare(tau, args.drop, g)
-                       if args.method == "dare" else tau).to(device)  # linear: Δ = τ_pref
+        delta[name] = (ties([tau], density) if method == "ties" else dare(tau, drop, g)
+                       if method == "dare" else tau).to(device)  # linear: Δ = τ_pref
     return delta
 
 
@@ -605,10 +389,11 @@ def cmd_merge(args):
     c = model.config
     training.require_dlm(c, f"--dlm {args.dlm}", "merge")
     tok = training.load_tokenizer(args.dlm, c)
-    train, heldout = read_pairs(args.pairs, tok, SEQ_LEN), read_pairs(args.heldout, tok, SEQ_LEN)
+    train, heldout = read_pairs(args.pairs, tok, SEQ_LEN, "merge"), read_pairs(args.heldout, tok, SEQ_LEN, "merge")
     train = random.Random(args.seed).sample(train, min(args.n_select, len(train)))  # the γ search's sample
     names = [n for n, _ in model.named_parameters()]
-    delta = task_deltas(handles[:2], names, args, device)
+    delta = task_deltas(handles[:2], names, method=args.method, density=args.density, drop=args.drop,
+                        seed=args.seed, device=device)
     W0 = {n: q.detach().clone() for n, q in model.named_parameters()}  # W_DLM, the one saved copy
     gammas = args.gammas
     score = lambda items: reward_stats(rewards(model, W0, delta, items, gammas, beta=args.beta, n_masks=args.n_masks,
@@ -666,6 +451,4 @@ def cmd_merge(args):
 
 if __name__ == "__main__":
     args = p.parse_args()
-    if args.cmd == "dpo":
-        args = training.parse_loop_args(p)  # the shared checks of the loop flags
-    dict(pairs=cmd_pairs, dpo=cmd_dpo, spectrum=cmd_spectrum, merge=cmd_merge)[args.cmd](args)
+    dict(pairs=cmd_pairs, spectrum=cmd_spectrum, merge=cmd_merge)[args.cmd](args)

@@ -1,6 +1,6 @@
 """
 Training curves from one or several runs' log.jsonl (training.Log: pretrain.py, align.py, distill.py,
-merge.py dpo), as one PNG with one panel per quantity and one line per run.
+dpo.py), as one PNG with one panel per quantity and one line per run.
 
     python plot.py out/align out/align0 --out fig.png                 # legend labels: align, align0
     python plot.py out/align --keys loss grad_norm 'val_acc@*' --out acc.png    # a panel per key or pattern

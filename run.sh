@@ -62,7 +62,7 @@ stage distill-off $O/distill-off/results.json "$PYTHON" distill.py "${DISTILL[@]
                                           --out_dir $O/distill-off $(resume $O/distill-off)
 # the preference: end the answer with a full stop. Plain DPO (--sft_weight 0) breaks this small teacher's answers;
 # the chosen answers' NLL (--sft_weight 1) keeps them
-stage dpo       $O/ar-dpo/results.json  "$PYTHON" merge.py dpo --ar $O/ar --pairs $D/pairs_train.jsonl \
+stage dpo       $O/ar-dpo/results.json  "$PYTHON" dpo.py --ar $O/ar --pairs $D/pairs_train.jsonl \
                                           --heldout $D/pairs_heldout.jsonl --out_dir $O/ar-dpo --max_iters 100 --lr 1e-3 \
                                           --batch_size 16 --eval_interval 50 --sft_weight 1 $(resume $O/ar-dpo)
 stage merge     $O/merged/merge.json    "$PYTHON" merge.py merge --ar $O/ar --ar_aligned $O/ar-dpo --dlm $O/align \
@@ -74,44 +74,7 @@ for m in $MODELS; do
   stage "eval $m" $O/eval/$m.json "$PYTHON" eval.py tasks --ckpt $O/$m --data $D --num_prompts 100 \
     --thresholds 0.5,0.7,0.9,0.95 --out $O/eval/$m.json
 done
-"$PYTHON" - $MODELS <<'PY' | tee $O/results.md
-import json, sys
-from pathlib import Path
-O = Path("out/tasks")
-what = {"ar": "AR teacher (`pretrain.py`, 1200 steps)", "ar-dpo": "AR after DPO (`merge.py dpo --sft_weight 1`)",
-        "dlm": "bidirectional conversion, untrained", "align0": "masked diffusion, λ = 0 (`align.py`, 200 steps)",
-        "align": "REPR-ALIGN, λ = 10 (`align.py`, 200 steps)", "block": "block conversion, untrained",
-        "distill-off": "OPDLM, off-policy ablation (`distill.py --policy off`, 200 steps)",
-        "distill": "OPDLM (`distill.py`, 200 steps)", "merged": "REPR-ALIGN + AR-MAP (`merge.py merge`)"}
-runs = {m: json.loads((O / f"eval/{m}.json").read_text())["results"]["runs"] for m in sys.argv[1:]}
-merge = json.loads((O / "merged/merge.json").read_text())
-print("Exact match on 100 held-out prompts per family (greedy; an answer ending in the preferred full stop counts as "
-      "right), at threshold 0.9 for the DLMs (they commit every token whose confidence reaches it) and at 0.5; tokens "
-      "per forward: the mean over rows of each row's own count.\n")
-print("| model | sort | rev | add | tokens per forward | all, threshold 0.5: exact match / tokens per forward "
-      "| with the full stop |")
-print("|---|---|---|---|---|---|---|")
-order = ["ar", "dlm", "align0", "align", "distill-off", "distill", "ar-dpo", "merged"]
-for m in [m for m in order if m in runs]:
-    rs = runs[m]
-    r = rs[0] if rs[0]["threshold"] is None else next(x for x in rs if x["threshold"] == 0.9)
-    lo = next((x for x in rs if x["threshold"] == 0.5), None)
-    f = r["families"]
-    name = what[m] + (f", γ = {merge['best_gamma']:g} chosen" if m == "merged" else "")
-    low = "—" if lo is None else f"{lo['right']:.2f} / {lo['tokens_per_forward']:.2f}"
-    print(f"| {name} | {f['sort']['right']:.2f} | {f['rev']['right']:.2f} | {f['add']['right']:.2f} | "
-          f"{r['tokens_per_forward']:.2f} | {low} | {r['preferred']:.2f} |")
-print("\nAccuracy against parallelism: exact match (all families, a full stop allowed) / tokens per forward\n")
-ts = [r["threshold"] for r in runs["align"]]
-print("| model | " + " | ".join(f"threshold {t:g}" for t in ts) + " |")
-print("|---|" + "---|" * len(ts))
-for m, rs in runs.items():
-    if m not in ("ar", "ar-dpo"):
-        print(f"| {m} | " + " | ".join(f"{r['right']:.2f} / {r['tokens_per_forward']:.2f}" for r in rs) + " |")
-k = merge["gammas"].index(merge["best_gamma"])
-print(f"\nAR-MAP: γ = {merge['best_gamma']:g} chosen on {merge['train']['n_pairs']} training pairs (reward accuracy "
-      f"{merge['train']['reward_accuracy'][k]:.3f}); held-out reward accuracy {merge['heldout']['reward_accuracy'][k]:.3f}")
-PY
+"$PYTHON" scripts/report.py tasks_world $MODELS | tee $O/results.md
 if "$PYTHON" -c "import matplotlib" 2>/dev/null; then
   "$PYTHON" plot.py $O/align $O/align0 $O/distill $O/distill-off --keys task_acc task_tpf --out $O/curves.png
 fi
@@ -123,7 +86,7 @@ stage corpus    data/stdlib/meta.json     "$PYTHON" data.py --out_dir data/stdli
 stage pretrain  out/ar-tiny/results.json  "$PYTHON" pretrain.py --data data/stdlib --out_dir out/ar-tiny $(resume out/ar-tiny)
 stage convert   out/dlm-tiny/config.json  "$PYTHON" convert.py --ar out/ar-tiny --out_dir out/dlm-tiny --attn bidirectional
 # The block student is shifted (its head keeps the AR meaning): the published, unshifted one starts from a head aimed
-# one position off and spends its first ~100 steps relearning it (repro_distill.sh measures both).
+# one position off and spends its first ~100 steps relearning it (scripts/repro_distill.sh measures both).
 stage convert   out/dlm-block/config.json "$PYTHON" convert.py --ar out/ar-tiny --out_dir out/dlm-block --attn block \
                                             --block_size 4 --shift true
 ALIGN="--init out/dlm-tiny --data data/stdlib --max_iters 100 --eval_interval 50 --samples 0"
@@ -132,7 +95,7 @@ stage align-λ0  out/align0/results.json   "$PYTHON" align.py $ALIGN --out_dir o
 stage distill   out/distill/results.json  "$PYTHON" distill.py --init out/dlm-block --teacher out/ar-tiny --data data/stdlib \
                                             --out_dir out/distill --max_iters 40 --curriculum_steps 30 --eval_interval 20 $(resume out/distill)
 stage pairs     data/pairs/heldout.jsonl  "$PYTHON" merge.py pairs --data data/stdlib --out_dir data/pairs --n_heldout 64
-stage dpo       out/ar-dpo/results.json   "$PYTHON" merge.py dpo --ar out/ar-tiny --pairs data/pairs/train.jsonl \
+stage dpo       out/ar-dpo/results.json   "$PYTHON" dpo.py --ar out/ar-tiny --pairs data/pairs/train.jsonl \
                                             --heldout data/pairs/heldout.jsonl --out_dir out/ar-dpo $(resume out/ar-dpo)
 stage merge     out/dlm-merged/merge.json "$PYTHON" merge.py merge --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/align \
                                             --pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl \
@@ -149,32 +112,7 @@ for m in $MODELS; do
     --num_prompts 8 --max_new_tokens 64 --temperature 0.8 $threshold --show 1 --out out/eval/$m.generate.json
 done
 
-"$PYTHON" - $MODELS <<'PY' | tee out/results.md
-import json, sys
-from pathlib import Path
-what = {"ar-tiny": "AR teacher (pretrain.py)", "ar-dpo": "AR after DPO (merge.py dpo)",
-        "dlm-tiny": "converted DLM, untrained (convert.py)", "align0": "masked diffusion, λ = 0 (align.py)",
-        "align": "REPR-ALIGN, λ = 10 (align.py)", "dlm-block": "converted block DLM, untrained (convert.py)",
-        "distill": "OPDLM block student (distill.py)",
-        "dlm-merged": "REPR-ALIGN + AR-MAP (merge.py merge)"}
-merge = json.loads(Path("out/dlm-merged/merge.json").read_text())
-dpo = json.loads(Path("out/ar-dpo/results.json").read_text())
-reward = {"ar-dpo": f"{dpo['heldout_reward_acc']:.3f}",
-          "dlm-merged": f"{merge['heldout']['reward_accuracy'][merge['gammas'].index(merge['best_gamma'])]:.3f} "
-                        f"(γ = {merge['best_gamma']:g}, chosen on training pairs)"}
-print("| model | likelihood: bits/token (AR: exact; DLM: −ELBO ± s.e.) | masked acc @0.5 | gen. perplexity "
-      "(under the teacher) | sample entropy (bits) | tokens per forward | held-out reward accuracy |")
-print("|---|---|---|---|---|---|---|")
-for m in sys.argv[1:]:
-    lk = json.loads(Path(f"out/eval/{m}.likelihood.json").read_text())["results"]
-    gn = json.loads(Path(f"out/eval/{m}.generate.json").read_text())["results"]
-    like = f"{lk['bits_per_token']:.3f}" if lk["kind"] == "AR" else f"{lk['nelbo_bits_per_token']:.3f} ± {lk['stderr']:.3f}"
-    acc = f"{lk['acc@0.5']:.3f}" if "acc@0.5" in lk else "—"
-    print(f"| {m}: {what[m]} | {like} | {acc} | {gn['gen_perplexity']:.1f} | {gn['unigram_entropy_bits']:.2f} "
-          f"| {gn['tokens_per_forward']:.2f} | {reward.get(m, '—')} |")
-print(f"\nAR-MAP win rate of out/dlm-merged over out/align under the rule 'prefer single quotes': "
-      f"{merge['win_rate']:.3f} ({merge['samples']} samples each)")
-PY
+"$PYTHON" scripts/report.py stdlib_world $MODELS | tee out/results.md
 echo "run.sh: done in $((SECONDS - T0)) s; the table is in out/results.md. Try: python sample.py --ckpt out/align"
 }
 

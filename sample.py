@@ -21,7 +21,6 @@ What is notable here:
 - block_generate: block diffusion with an exact KV cache. The first forward on block b also carries block
   b-1 with its final tokens, so each finished block enters the cache once, inside a forward that was
   needed anyway: the cached sampler uses exactly as many forwards as the slow no-cache reference.
-- The shift convention (config.shift): a shifted DLM's prediction for slot i is read at slot i-1.
 - One helper, `sample`, applies temperature / top-k / top-p the same way in all three, bans the mask
   token and draws with an explicit torch.Generator (an exponential race, which unlike torch.multinomial
   needs no host sync). The confidence it returns, which the threshold and low-confidence remasking
@@ -281,15 +280,10 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     unused; threshold <= 0 commits a whole block per forward, > 1 one token per forward). Confidence: the
     raw softmax probability of the chosen token (see `sample`).
 
-    cache (Fast-dLLM's approximate block-wise KV cache; the forwards are as many as without it):
-    "none": every step is a full forward over prompt + response (exact, LLaDA).
-    "prefix": each block's first step is a full forward that also writes every slot's keys/values into a
-      static cache; the block's later steps feed the block and everything after it, reading the keys/values
-      before the block from the cache, as they were at the block's first step.
-    "dual": the same, and the later steps feed the block alone: the masked blocks after it are read from the
-      cache too. Approximate because this model is bidirectional: a cached slot's keys would change as the
-      block is decided. Shifted models (the prediction for slot s read at s-1) also feed slot s-1 each step.
-    compile: every forward through torch.compile (compiling.stepper)."""
+    cache: "none" (every step a full forward: exact, LLaDA), "prefix" or "dual" (Fast-dLLM's approximate cache,
+    as many forwards: each block's first step writes every slot's keys/values, its later steps feed the block and
+    what follows it, or the block alone; approximate because a cached slot's keys would change as the block is
+    decided). compile: every forward through torch.compile (compiling.stepper)."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     if remasking not in ("low_confidence", "random"):
         raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")

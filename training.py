@@ -265,7 +265,7 @@ class Run:
         """loss.backward() for one micro-batch (its share 1/grad_accum of the step's mean), and the step's sums of
         the loss, the stats (tensors or numbers, each divided by grad_accum), the tokens and the training FLOPs."""
         (loss / self.args.grad_accum).backward()
-        for k, v in {**(stats or {}), "loss": loss}.items():
+        for k, v in {"loss": loss, **(stats or {})}.items():  # stats["loss"], if given, is what the step logs
             v = v.detach() if torch.is_tensor(v) else float(v)
             self.sums[k] = self.sums.get(k, 0) + v / self.args.grad_accum
         self.sums["tokens"] += tokens
@@ -302,8 +302,9 @@ class Run:
     def timing(self):
         """The seconds this process trained: per step (mean and median: optimizer steps, not evaluations and
         saves) and since the first step."""
-        times = self.step_times or [math.nan]
-        return dict(step_seconds=float(np.mean(times)), step_seconds_median=float(np.median(times)),
+        times = getattr(self, "step_times", [])  # None: no step ran (a --resume with nothing left to train)
+        return dict(step_seconds=float(np.mean(times)) if times else None,
+                    step_seconds_median=float(np.median(times)) if times else None,
                     train_seconds_this_run=time.time() - getattr(self, "t_start", time.time()))
 
     def eval_due(self):
@@ -505,7 +506,7 @@ def load_checkpoint(out_dir, device):
 
 
 def load_model(path, device, what, *, attn=None, like=None, dtype=torch.float32):
-    """A Qwen3 checkpoint in `dtype` (fp32: the training scripts' weights; frozen_dtype() for a frozen teacher or
+    """A Qwen3 checkpoint in `dtype` (fp32: the training scripts' weights; Run.frozen_dtype for a frozen teacher or
     reference), or a one-line exit naming what it is for. attn: the attention mode it must have ("causal": an AR
     model, e.g. a teacher); like: a model whose tokenizer it must share (a teacher's student). Both are checked
     before the weights are read."""

@@ -3,6 +3,7 @@ costs seconds per process on a 2-core machine, and in-process runs can be patche
 import contextlib
 import io
 import runpy
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,6 +40,27 @@ def run_script(name, *args):
 @pytest.fixture
 def script():
     return run_script
+
+
+@pytest.fixture(scope="session")
+def base_world(tmp_path_factory):
+    """Built once per session: tiny_world's corpus and micro AR model, and its four conversions: dlm (bidirectional,
+    shifted), dlm_noshift, block (block 4, unshifted, as OPDLM publishes) and block_shift. Read-only: a module takes
+    its own copy (world_copy) and adds what it needs there."""
+    import convert
+    root = tiny_world(tmp_path_factory.mktemp("base"))
+    convert.convert(root / "ar", root / "dlm", "bidirectional")
+    convert.convert(root / "ar", root / "dlm_noshift", "bidirectional", shift=False)
+    convert.convert(root / "ar", root / "block", "block", block_size=4)
+    convert.convert(root / "ar", root / "block_shift", "block", block_size=4, shift=True)
+    return root
+
+
+def world_copy(base, tmp_path_factory, name="world"):
+    """A module's own copy of the base world (what its tests write there stays there)."""
+    root = tmp_path_factory.mktemp(name) / "w"
+    shutil.copytree(base, root)
+    return root
 
 
 def tiny_world(root, ar=True):

@@ -18,7 +18,7 @@ import convert
 import diffusion
 import training
 import data
-from conftest import run_script, tiny_world, killed_after_checkpoint
+from conftest import run_script, world_copy, killed_after_checkpoint
 from model import Qwen3, Qwen3Model, preset
 from tokenizer import Tokenizer
 
@@ -37,12 +37,9 @@ def run(*args):
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(base_world, tmp_path_factory):
     """A tiny corpus, a micro AR 'teacher' (random weights) and its conversions (shift true and false)."""
-    root = tiny_world(tmp_path_factory.mktemp("world"))
-    convert.convert(root / "ar", root / "dlm", "bidirectional")
-    convert.convert(root / "ar", root / "dlm_noshift", "bidirectional", shift=False)
-    convert.convert(root / "ar", root / "block", "block", block_size=4)
+    root = world_copy(base_world, tmp_path_factory)
     Qwen3(preset("micro", tie_word_embeddings=False)).init_weights(0).save_pretrained(root / "ar_untied")
     Tokenizer.byte_level().save_pretrained(root / "ar_untied")
     convert.convert(root / "ar_untied", root / "dlm_untied", "bidirectional")
@@ -405,3 +402,28 @@ def test_ablation_flags_run(world, tmp_path):
     recs = log(out)
     assert len(recs) == 2 and len(recs[0]["align_per_layer"]) == 1 and recs[0]["align_loss"] > 0
     assert "shift=False" in r.stdout
+
+
+def test_each_ablation_flag_does_what_it_says(world, tmp_path):
+    """Step 0 of one-step runs from the same init, batch and masks (same --seed): the flags that change only the
+    alignment term leave diff_loss as it is; --align_metric l2 makes L_align the mean of its per-layer squared
+    distances (cos: 1 − the mean of its per-layer cosines); --align_layers keeps those hidden states only, with the
+    same per-layer values; --align_positions all averages over every row; --extra_ce and --loss_norm elbo change
+    the denoising loss itself."""
+    def step0(*flags):
+        out = tmp_path / "-".join(str(f).strip("-") for f in flags or ["base"])
+        r = run(*common(world, out), "--max_iters", "1", "--samples", "0", *flags)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return log(out)[0]
+    base, l2, top = step0(), step0("--align_metric", "l2"), step0("--align_layers", "top")
+    every, extra, elbo = step0("--align_positions", "all"), step0("--extra_ce"), step0("--loss_norm", "elbo")
+    n = len(base["align_per_layer"])
+    assert n == 3 and base["align_loss"] == pytest.approx(1 - sum(base["align_per_layer"]) / n, abs=1e-6)
+    assert l2["align_loss"] == pytest.approx(sum(l2["align_per_layer"]) / n, abs=1e-6)
+    assert l2["align_per_layer"] != base["align_per_layer"] and all(v > 0 for v in l2["align_per_layer"])
+    assert top["align_per_layer"] == pytest.approx(base["align_per_layer"][2 * n // 3:], abs=1e-6)  # the last third
+    assert every["align_per_layer"] != pytest.approx(base["align_per_layer"], abs=1e-4)
+    for rec in (l2, top, every):
+        assert rec["diff_loss"] == base["diff_loss"]  # the same masks and the same denoising loss
+    assert extra["diff_loss"] > base["diff_loss"] and elbo["diff_loss"] != pytest.approx(base["diff_loss"], abs=1e-3)
+    assert extra["align_per_layer"] == base["align_per_layer"]  # the alignment term is untouched

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["align.py", "bench.py", "convert.py", "data.py", "distill.py", "eval.py", "merge.py", "plot.py",
+SCRIPTS = ["align.py", "bench.py", "convert.py", "data.py", "distill.py", "dpo.py", "eval.py", "merge.py", "plot.py",
            "pretrain.py", "sample.py", "tasks.py"]
 
 

@@ -18,10 +18,9 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounter
 from torch.nn.attention.flex_attention import create_mask
 
-import convert
 import diffusion
 import distill
-from conftest import run_script, tiny_world, killed_after_checkpoint
+from conftest import run_script, world_copy, killed_after_checkpoint
 from model import Qwen3
 from sample import block_generate
 from tokenizer import Tokenizer
@@ -32,11 +31,8 @@ EOS = 256
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tiny_world(tmp_path_factory.mktemp("world"))
-    convert.convert(root / "ar", root / "block", "block", block_size=4)
-    convert.convert(root / "ar", root / "block_shift", "block", block_size=4, shift=True)
-    return root
+def world(base_world, tmp_path_factory):
+    return world_copy(base_world, tmp_path_factory)
 
 
 def student_of(world, name):
@@ -555,6 +551,24 @@ def test_ablations_flags_and_refusals(world, tmp_path):
         r = run_script("distill.py", *common(world, out), "--init", world / "block_shift", "--max_iters", "2", *flags)
         assert r.returncode == 0, r.stderr[-2000:]
         assert all(x["loss"] > 0 for x in log(out)) and "shift=True" in r.stdout
+    first = {}  # step 0 of each: the same weights, rollouts and states (same --seed), only the loss differs
+    for name, flags in (("fkl", []), ("jsd", ["--divergence", "jsd"]), ("rkl", ["--divergence", "rkl"]),
+                        ("top8", ["--teacher_top_k", "8"]), ("token", ["--kl_reduction", "token"]),
+                        ("off", ["--policy", "off"])):
+        out = tmp_path / f"step0-{name}"
+        r = run_script("distill.py", *common(world, out), "--init", world / "block_shift", "--max_iters", "1", *flags)
+        assert r.returncode == 0, r.stderr[-2000:]
+        first[name] = log(out)[0]
+    fkl = first["fkl"]
+    assert fkl["loss"] == pytest.approx(fkl["kl"], rel=1e-6)  # fkl trains the KL it reports
+    for name in ("jsd", "rkl", "top8"):  # the same states (kl: the full forward KL) under another divergence
+        assert first[name]["kl"] == pytest.approx(fkl["kl"], rel=1e-6), name
+        assert first[name]["loss"] != pytest.approx(fkl["loss"], rel=1e-3), name
+    assert 0 < first["jsd"]["loss"] <= math.log(2)  # JSD is bounded by ln 2
+    assert first["token"]["kl"] != pytest.approx(fkl["kl"], rel=1e-4)  # each position weighs the same, not each row
+    off = first["off"]  # the same rollout, masked at random instead of at its own trajectory's states
+    assert off["rollout_len"] == fkl["rollout_len"] and off["tokens_per_forward"] == fkl["tokens_per_forward"]
+    assert off["loss"] != pytest.approx(fkl["loss"], rel=1e-3)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "import os"}\n')
     r = run_script("distill.py", *common(world, tmp_path / "pj"), "--prompts", prompts, "--max_iters", "1")

@@ -12,8 +12,7 @@ import sys
 import pytest
 import torch
 
-import convert
-from conftest import ROOT, run_script, tiny_world
+from conftest import ROOT, run_script, world_copy
 from model import Qwen3
 
 SMALL = ["--batch_size", "2", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2", "--grad_accum", "4"]
@@ -52,10 +51,8 @@ def same_weights(a, b):
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tiny_world(tmp_path_factory.mktemp("world"))
-    convert.convert(root / "ar", root / "dlm", "bidirectional")
-    convert.convert(root / "ar", root / "block", "block", block_size=4)
+def world(base_world, tmp_path_factory):
+    root = world_copy(base_world, tmp_path_factory)
     (root / "pairs.jsonl").write_text("".join(json.dumps(dict(prompt=f"def f{i}(x):\n", chosen=f"    return '{i}'",
                                                               rejected=f'    return "{i}"')) + "\n" for i in range(12)))
     return root
@@ -109,9 +106,8 @@ def test_fsdp_equals_ddp(align_runs):
 
 
 def test_dpo_two_ranks_equal_one(world, tmp_path):
-    one, two = both(world, tmp_path, "merge.py", "--ar", world / "ar", "--pairs", world / "pairs.jsonl", "--heldout",
-                    world / "pairs.jsonl", "--max_iters", 3, "--eval_interval", 2, "--lr", 1e-3, *SMALL,
-                    first=["dpo"])
+    one, two = both(world, tmp_path, "dpo.py", "--ar", world / "ar", "--pairs", world / "pairs.jsonl", "--heldout",
+                    world / "pairs.jsonl", "--max_iters", 3, "--eval_interval", 2, "--lr", 1e-3, *SMALL)
     same_losses(one, two, ("loss", "reward_acc", "margin", "grad_norm", "heldout_loss"))
     same_weights(one, two)
 

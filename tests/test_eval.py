@@ -29,25 +29,21 @@ import model as model_module
 import eval as E
 import sample as S
 import tasks
-from conftest import ROOT, run_script, tiny_world
+from conftest import ROOT, run_script, world_copy
 from model import Qwen3, preset
 from test_tasks import Oracle, wrong
 from tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(base_world, tmp_path_factory):
     """A tiny corpus; a micro AR model (random), its DLM conversions, and a uniform AR model (zero head)."""
-    root = tiny_world(tmp_path_factory.mktemp("world"))
+    root = world_copy(base_world, tmp_path_factory)
     m = Qwen3(preset("micro")).init_weights(0)
     with torch.no_grad():
         m.lm_head.weight.zero_()  # uniform logits over the whole vocabulary
     m.save_pretrained(root / "uniform")
     Tokenizer.byte_level().save_pretrained(root / "uniform")
-    convert.convert(root / "ar", root / "dlm", "bidirectional")
-    convert.convert(root / "ar", root / "dlm_noshift", "bidirectional", shift=False)
-    convert.convert(root / "ar", root / "block", "block", block_size=4)
-    convert.convert(root / "ar", root / "block_shift", "block", block_size=4, shift=True)
     convert.convert(root / "uniform", root / "uniform_dlm", "bidirectional")
     convert.convert(root / "uniform", root / "uniform_block", "block", block_size=4)
     return root

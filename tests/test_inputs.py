@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 import data
 import training
-from conftest import ROOT, killed_after_checkpoint, run_script, tiny_world
+from conftest import ROOT, killed_after_checkpoint, run_script, world_copy
 from convert import convert
 from checkpoint import safetensors_names, weight_files
 from model import Qwen3, Qwen3Config, preset
@@ -32,11 +32,10 @@ SMALL = ["--preset", "micro", "--batch_size", "4", "--seq_len", "32", "--eval_ba
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(base_world, tmp_path_factory):
     """tiny_world (byte-tokenized data, a micro AR model) plus its bidirectional DLM, and an AR model and DLM of the
     same shape whose tokenizer is a small learnt BPE instead (`other`, `other_dlm`)."""
-    root = tiny_world(tmp_path_factory.mktemp("inputs"))
-    convert(root / "ar", root / "dlm", "bidirectional")
+    root = world_copy(base_world, tmp_path_factory, "inputs")
     bpe = Tokenizer.train(["def f(x):\n    return x + 1\n" * 20], 280)
     Qwen3(preset("micro")).init_weights(1).save_pretrained(root / "other")
     bpe.save_pretrained(root / "other")

@@ -14,9 +14,10 @@ import torch
 import convert
 import data
 import diffusion
+import dpo
 import merge
 import sample
-from conftest import killed_after_checkpoint, run_script, tiny_world
+from conftest import run_script, world_copy
 from model import Qwen3, preset
 from test_tasks import Oracle
 from tokenizer import Tokenizer
@@ -28,11 +29,17 @@ def run(*args):
     return run_script("merge.py", *args)
 
 
+def run_dpo(*args):
+    return run_script("dpo.py", *args)
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """tiny_world's micro AR, its DLM conversions, a corpus with quotes and its pairs, and a differently shaped DLM."""
-    root = tiny_world(tmp_path_factory.mktemp("world"))
-    convert.convert(root / "ar", root / "dlm", "bidirectional")
+def world(base_world, tmp_path_factory):
+    return quote_world(world_copy(base_world, tmp_path_factory))
+
+
+def quote_world(root):
+    """The base world (conftest) plus a corpus with quotes and its pairs, and a differently shaped DLM."""
     src = root / "qsrc"
     src.mkdir()
     for i in range(10):
@@ -50,77 +57,6 @@ def world(tmp_path_factory):
 def micro(seed=0, **kw):
     return Qwen3(preset("micro", **kw)).init_weights(seed)
 
-
-# ---- DPO pieces ------------------------------------------------------------------------------------
-
-def test_response_logps_matches_a_slow_per_token_loop():
-    model = micro()
-    items = [([1, 2, 3], [4, 5], [6]), ([7], [8, 9, 10, 11], [12, 13, 14])]
-    ids, plen, resp, real = merge.pair_batch(items, "cpu")
-    assert ids.shape == (4, 5) and plen.tolist() == [3, 1, 3, 1] and resp.sum(1).tolist() == [2, 4, 1, 3]
-    with torch.no_grad():
-        got = merge.response_logps(model, ids, resp)
-        seqs = [x + y for x, y, _ in items] + [x + y for x, _, y in items]
-        for b, seq in enumerate(seqs):
-            want = 0.0
-            for i in range(int(plen[b]), len(seq)):  # response tokens only; padding never reached
-                want += model(torch.tensor([seq[:i]]), attn="causal")[0, -1].log_softmax(-1)[seq[i]].item()
-            assert abs(got[b].item() - want) < 1e-4
-
-
-def test_dpo_loss_and_rewards_match_scalar_arithmetic():
-    g = torch.Generator().manual_seed(0)
-    pw, pl, rw, rl = (torch.randn(5, generator=g) * 3 for _ in range(4))
-    loss, r_w, r_l = merge.dpo_loss(pw, pl, rw, rl, beta=0.1)
-    want = []
-    for k in range(5):
-        a, b = 0.1 * (pw[k].item() - rw[k].item()), 0.1 * (pl[k].item() - rl[k].item())
-        assert abs(r_w[k].item() - a) < 1e-6 and abs(r_l[k].item() - b) < 1e-6
-        want.append(-math.log(1 / (1 + math.exp(-(a - b)))))
-    assert abs(loss.item() - sum(want) / 5) < 1e-6
-
-
-def test_lora_starts_at_zero_and_merges_to_w_plus_scaled_ba():
-    model, x = micro(), torch.randint(0, 259, (2, 9))
-    base = {k: v.clone() for k, v in model.state_dict().items()}
-    want = model(x, attn="causal")
-    merge.add_lora(model, rank=2, alpha=16)
-    assert {n.rsplit(".", 1)[-1] for n, q in model.named_parameters() if q.requires_grad} == {"lora_A", "lora_B"}
-    assert torch.equal(model(x, attn="causal"), want)
-    with merge.merged(model):  # at init the task vector is zero
-        assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items())
-    lin = model.model.layers[1].mlp.down_proj
-    lora = lin.parametrizations.weight[0]
-    with torch.no_grad():
-        lora.lora_B.normal_()
-    after = model(x, attn="causal")
-    with merge.merged(model):
-        assert set(model.state_dict()) == set(base)  # an ordinary Qwen3 state dict
-        W = base["model.layers.1.mlp.down_proj.weight"]
-        assert torch.allclose(lin.weight, W + 8.0 * lora.lora_B @ lora.lora_A, atol=1e-6)
-    assert torch.equal(model(x, attn="causal"), after) and torch.equal(lin.parametrizations.weight.original, W)
-
-
-def test_lora_reference_with_adapters_off_is_the_frozen_base():
-    base, model = micro(), micro()  # the same seed: model is a separate copy of base
-    merge.add_lora(model, rank=2, alpha=16)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, merge.LoRA):
-                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g))  # a trained-looking, non-zero B·A
-    ids, _, resp, _ = merge.pair_batch([([1, 2, 3], [4, 5, 6], [7]), ([8], [9, 10], [11, 12, 13])], "cpu")
-    with torch.no_grad():
-        want, adapted = merge.response_logps(base, ids, resp), merge.response_logps(model, ids, resp)
-        with merge.adapters_off(model):
-            ref = merge.response_logps(model, ids, resp)
-        assert torch.allclose(ref, want, atol=1e-6) and not torch.allclose(adapted, want, atol=1e-3)
-        assert torch.equal(merge.response_logps(model, ids, resp), adapted)  # the adapters are back on
-        with merge.adapters_off(base):  # no LoRA: nothing to switch off
-            assert torch.equal(merge.response_logps(base, ids, resp), want)
-
-
-# ---- task vectors ----------------------------------------------------------------------------------
 
 def test_apply_at_gamma_zero_is_the_dlm_and_revert_is_bit_exact():
     model = micro(attn="bidirectional", mask_token_id=MASK, shift=True).requires_grad_(False)
@@ -353,7 +289,7 @@ def test_pairs_follow_the_rule_and_are_deterministic(world):
 # ---- the CLI ---------------------------------------------------------------------------------------
 
 def dpo_args(world, out, *extra):
-    return ["dpo", "--ar", world / "ar", "--pairs", world / "pairs/train.jsonl", "--heldout",
+    return ["--ar", world / "ar", "--pairs", world / "pairs/train.jsonl", "--heldout",
             world / "pairs/heldout.jsonl", "--out_dir", out, "--batch_size", 4, "--eval_batches", 2, "--warmup", 1,
             "--lr", 1e-3, *extra]
 
@@ -366,16 +302,16 @@ def merge_args(world, dpo, out, *extra, heldout=None):
 
 def test_cli_end_to_end(world, tmp_path, monkeypatch):
     n_heldout = len((world / "pairs/heldout.jsonl").read_text().splitlines())
-    r = run(*dpo_args(world, tmp_path / "dpo", "--max_iters", 6, "--eval_interval", 3, "--eval_batches", 1))
+    r = run_dpo(*dpo_args(world, tmp_path / "dpo", "--max_iters", 6, "--eval_interval", 3, "--eval_batches", 1))
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "dpo/results.json").read_text())
     assert res["heldout_reward_acc"] > 0.5 and res["heldout_loss"] < math.log(2)
     assert res["heldout_pairs"] == n_heldout == 8  # all of them, not --eval_batches × --batch_size = 4
     log = [json.loads(l) for l in (tmp_path / "dpo/log.jsonl").read_text().splitlines()]
     assert len(log) == 6 and {"loss", "reward_acc", "margin", "reward_chosen", "tokens_per_s", "mfu"} <= set(log[0])
-    loads, load = [], merge.training.load_model
-    monkeypatch.setattr(merge.training, "load_model", lambda *a, **kw: loads.append(a) or load(*a, **kw))
-    r = run(*dpo_args(world, tmp_path / "lora", "--max_iters", 3, "--eval_interval", 2, "--lora_rank", 2))
+    loads, load = [], dpo.training.load_model
+    monkeypatch.setattr(dpo.training, "load_model", lambda *a, **kw: loads.append(a) or load(*a, **kw))
+    r = run_dpo(*dpo_args(world, tmp_path / "lora", "--max_iters", 3, "--eval_interval", 2, "--lora_rank", 2))
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(loads) == 1  # LoRA: the reference is the policy with its adapters off, not a second copy
     monkeypatch.undo()
@@ -420,7 +356,7 @@ def test_cli_end_to_end(world, tmp_path, monkeypatch):
 
 
 def test_gamma_is_chosen_on_training_pairs_without_reading_the_heldout_ones(world, tmp_path):
-    r = run(*dpo_args(world, tmp_path / "dpo", "--max_iters", 4, "--eval_interval", 3))
+    r = run_dpo(*dpo_args(world, tmp_path / "dpo", "--max_iters", 4, "--eval_interval", 3))
     assert r.returncode == 0, r.stderr[-2000:]
     swapped = tmp_path / "swapped.jsonl"  # the held-out pairs with chosen and rejected exchanged
     recs = [json.loads(l) for l in (world / "pairs/heldout.jsonl").read_text().splitlines()]
@@ -443,58 +379,12 @@ def test_gamma_is_chosen_on_training_pairs_without_reading_the_heldout_ones(worl
     assert c["masks"] == "independent" and c["heldout"]["margin"][0] != 0  # γ = 0: the reward's Monte Carlo noise
 
 
-def test_dpo_bf16_reference(world, tmp_path, monkeypatch):
-    """--frozen_dtype bfloat16 (the default on CUDA) on a CPU: a full fine-tune's reference is loaded in bf16 (the
-    policy stays fp32), and DPO's losses are those of an fp32 reference up to bf16 rounding. With LoRA the reference
-    is the policy's own base: one fp32 model, whatever --frozen_dtype says."""
-    loads, load = [], merge.training.load_model
-    monkeypatch.setattr(merge.training, "load_model", lambda *a, **kw: loads.append(load(*a, **kw)) or loads[-1])
-    logs = {}
-    for dtype in ("bfloat16", "float32"):
-        r = run(*dpo_args(world, tmp_path / dtype, "--max_iters", 3, "--eval_interval", 2, "--frozen_dtype", dtype))
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert f"reference {dtype}" in r.stdout
-        logs[dtype] = [json.loads(l) for l in (tmp_path / dtype / "log.jsonl").read_text().splitlines()]
-    (policy, ref), (policy32, ref32) = loads[:2], loads[2:]
-    assert {q.dtype for q in ref.parameters()} == {torch.bfloat16}
-    assert {q.dtype for m in (policy, policy32, ref32) for q in m.parameters()} == {torch.float32}
-    a, b = logs["bfloat16"], logs["float32"]
-    assert b[0]["loss"] == pytest.approx(math.log(2)) and b[0]["margin"] == 0  # the policy is the reference
-    assert a[0]["margin"] != 0  # ... up to bf16 rounding
-    for x, y in zip(a, b):  # measured: up to 5e-5 apart
-        assert x["loss"] == pytest.approx(y["loss"], abs=1e-3)
-    assert a[-1]["heldout_loss"] == pytest.approx(b[-1]["heldout_loss"], abs=1e-3)
-    loads.clear()
-    r = run(*dpo_args(world, tmp_path / "lora", "--max_iters", 1, "--lora_rank", 2, "--frozen_dtype", "bfloat16"))
-    assert r.returncode == 0 and "reference float32" in r.stdout and len(loads) == 1, r.stderr[-2000:]
-
-
-@pytest.mark.parametrize("lora", [0, 2])
-@pytest.mark.parametrize("save_dtype", ["float32", "bfloat16"])
-def test_dpo_resume_after_kill_matches_an_uninterrupted_run(world, tmp_path, lora, save_dtype):
-    """Resume is bit-exact. With bf16 weights, a full fine-tune's train_state.pt keeps the fp32 values they round;
-    LoRA's keeps none (it resumes from the --ar base and its adapters A, B, which it stores in fp32)."""
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    args = ["--max_iters", 4, "--eval_interval", 2, "--lora_rank", lora, "--save_dtype", save_dtype]
-    assert run(*dpo_args(world, full, *args)).returncode == 0
-    with killed_after_checkpoint(2):
-        assert run(*dpo_args(world, cut, *args)).returncode == 3
-    state = torch.load(cut / "train_state.pt", weights_only=False)
-    assert (state["weights"] is None) == (lora > 0 or save_dtype == "float32")
-    r = run(*dpo_args(world, cut, *args, "--resume"))
-    assert r.returncode == 0, r.stderr[-2000:]
-    a, b = Qwen3.from_pretrained(full).state_dict(), Qwen3.from_pretrained(cut).state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    a, b = (torch.load(d / "train_state.pt", weights_only=False)["extra"].get("lora", {}) for d in (full, cut))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) and bool(a) == (lora > 0)
-
-
 def test_bad_inputs_give_one_line_errors(world, tmp_path):
-    r = run(*dpo_args(world, tmp_path / "x", "--pairs", tmp_path / "missing.jsonl"))
+    r = run_dpo(*dpo_args(world, tmp_path / "x", "--pairs", tmp_path / "missing.jsonl"))
     assert r.returncode == 1 and "missing.jsonl" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a"\n')
-    r = run(*dpo_args(world, tmp_path / "y", "--pairs", bad))
+    r = run_dpo(*dpo_args(world, tmp_path / "y", "--pairs", bad))
     assert r.returncode == 1 and "bad.jsonl:2" in r.stderr
     for cmd in (["spectrum", "--out", tmp_path / "s.json"], ["merge", "--pairs", world / "pairs/heldout.jsonl",
                                                               "--out_dir", tmp_path / "m", "--samples", 0]):
@@ -516,24 +406,3 @@ def test_bad_inputs_give_one_line_errors(world, tmp_path):
     assert r.returncode == 1 and "merge pairs:" in r.stderr and not (tmp_path / "p").exists()  # no empty directory
     r = run("pairs", "--data", world / "data", "--out_dir", tmp_path / "p2")  # a corpus without quotes
     assert r.returncode == 1 and "quotes" in r.stderr and not (tmp_path / "p2").exists()
-
-
-def test_dpo_sft_weight_adds_the_chosen_nll_per_token(world, tmp_path):
-    """--sft_weight α: at step 0 the policy is the reference, so DPO's term is log 2 and the logged loss is
-    log 2 + α · (−log π(y_w|x)) / |y_w|, checked against a slow per-token loop on the one pair of the file (every
-    draw picks it). The chosen response ends in the eos text, read as the eos id."""
-    pair = dict(prompt="x = ", chosen="'a'<|endoftext|>", rejected="\"a\"<|endoftext|>")
-    path = tmp_path / "pairs.jsonl"
-    path.write_text(json.dumps(pair) + "\n")
-    r = run("dpo", "--ar", world / "ar", "--pairs", path, "--heldout", path, "--out_dir", tmp_path / "out",
-            "--batch_size", 2, "--max_iters", 1, "--sft_weight", 0.5)
-    assert r.returncode == 0, r.stderr[-2000:]
-    loss = json.loads((tmp_path / "out/log.jsonl").read_text().splitlines()[0])["loss"]
-    tok, model = Tokenizer.byte_level(), Qwen3.from_pretrained(world / "ar")
-    x, y = tok.encode(pair["prompt"]), tok.encode(pair["chosen"], allowed_special={"<|endoftext|>"})
-    assert y[-1] == tok.eos_id and len(y) == 4
-    ids = torch.tensor([x + y])
-    with torch.no_grad():
-        logp = model(ids, attn="causal")[0].log_softmax(-1)
-    nll = -sum(logp[len(x) + i - 1, y[i]].item() for i in range(len(y)))  # row j-1 predicts token j
-    assert loss == pytest.approx(math.log(2) + 0.5 * nll / len(y), rel=1e-4)

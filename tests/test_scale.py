@@ -253,8 +253,8 @@ def pairs(w, data):
 
 
 def dpo(w, pairs, out, *extra):
-    label = f"merge.py dpo {' '.join(extra) or 'full'}, 1 step of 1 pair"
-    run(label, "merge.py", "dpo", "--ar", w / "q", "--pairs", pairs / "train.jsonl", "--heldout",
+    label = f"dpo.py {' '.join(extra) or 'full'}, 1 step of 1 pair"
+    run(label, "dpo.py", "--ar", w / "q", "--pairs", pairs / "train.jsonl", "--heldout",
         pairs / "heldout.jsonl", "--out_dir", out, "--seq_len", "64", "--lr", "1e-6", "--min_lr", "1e-6",
         *TRAIN[:4], "--eval_batches", "2", *TRAIN[6:], *extra)
     return out

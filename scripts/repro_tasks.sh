@@ -5,12 +5,12 @@
 # of a grid, scored at threshold 0.9 (the share of answers with the full stop against the accuracy kept).
 # Writes out/tasks/repro/results.md and curves.png (with matplotlib). About 15 minutes on 2 cores with N = 3.
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
 SEEDS=${SEEDS:-"1 2 3"}
 D=data/tasks O=out/tasks R=out/tasks/repro
 for need in $O/align/results.json $O/ar-dpo/results.json $O/block/config.json; do
-  [ -e $need ] || { echo "repro_tasks.sh: $need is missing; run 'bash run.sh' first" >&2; exit 1; }
+  [ -e $need ] || { echo "scripts/repro_tasks.sh: $need is missing; run 'bash run.sh' first" >&2; exit 1; }
 done
 TASKS=(--tasks $D/heldout.jsonl --tasks_n 50)
 ALIGN=(--init $O/dlm --data $D --loss_after " =" --seq_len 16 --batch_size 64 --max_iters 200 --eval_interval 20
@@ -34,7 +34,7 @@ for s in $SEEDS; do
   done
 done
 # plain DPO (no NLL term), as published, beside run.sh's --sft_weight 1 (out/tasks/ar-dpo)
-[ -e $R/ar-dpo-plain/results.json ] || "$PYTHON" merge.py dpo --ar $O/ar --pairs $D/pairs_train.jsonl \
+[ -e $R/ar-dpo-plain/results.json ] || "$PYTHON" dpo.py --ar $O/ar --pairs $D/pairs_train.jsonl \
   --heldout $D/pairs_heldout.jsonl --out_dir $R/ar-dpo-plain --max_iters 100 --lr 1e-3 --batch_size 16 \
   --eval_interval 50 --weights_only > $R/ar-dpo-plain.log 2>&1
 for m in ar ar-dpo; do
@@ -51,43 +51,7 @@ for g in $GAMMAS; do
     --thresholds 0.9 --out $R/eval-merged-g$g.json > /dev/null
 done
 
-"$PYTHON" - "$SEEDS" "$GAMMAS" <<'PY' | tee $R/results.md
-import json, statistics, sys
-from pathlib import Path
-R, seeds, gammas = Path("out/tasks/repro"), sys.argv[1].split(), sys.argv[2].split()
-runs = lambda name: json.loads(Path(name).read_text())["results"]["runs"]
-fmt = lambda xs: f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}"
-print(f"Exact match (all families, 200 held-out prompts each) / tokens per forward, mean ± sd over seeds {', '.join(seeds)}"
-      " (200 training steps each)\n")
-ts = [r["threshold"] for r in runs(R / f"eval-align-s{seeds[0]}.json")]
-print("| model | " + " | ".join(f"threshold {t:g}" for t in ts) + " | add at 0.9 |")
-print("|---|" + "---|" * (len(ts) + 1))
-for m, what in [("align0", "masked diffusion, λ = 0"), ("align", "REPR-ALIGN, λ = 10"),
-                ("distill-off", "OPDLM, off-policy ablation"), ("distill", "OPDLM, on-policy")]:
-    rs = [runs(R / f"eval-{m}-s{s}.json") for s in seeds]
-    cells = [f"{fmt([r[k]['accuracy'] for r in rs])} / {fmt([r[k]['tokens_per_forward'] for r in rs])}"
-             for k in range(len(ts))]
-    add = fmt([r[ts.index(0.9)]["families"]["add"]["accuracy"] for r in rs])
-    print(f"| {what} | " + " | ".join(cells) + f" | {add} |")
-print("\nDPO on the AR teacher (greedy, 200 held-out prompts per family): exact match / with a full stop\n")
-print("| model | sort | rev | add | held-out reward accuracy |\n|---|---|---|---|---|")
-for m, what in [("ar", "the teacher"), ("ar-dpo-plain", "plain DPO (--sft_weight 0)"),
-                ("ar-dpo", "DPO + the chosen answers' NLL (--sft_weight 1, run.sh)")]:
-    f = runs(R / f"eval-{m}.json")[0]["families"]
-    res = Path("out/tasks" + ("/repro/" if m == "ar-dpo-plain" else "/") + m) / "results.json"
-    acc = json.loads(res.read_text()).get("heldout_reward_acc") if m != "ar" else None
-    print(f"| {what} | " + " | ".join(f"{f[k]['accuracy']:.2f} / {f[k]['preferred']:.2f}" for k in ("sort", "rev", "add"))
-          + f" | {'—' if acc is None else f'{acc:.3f}'} |")
-print("\nAR-MAP: out/tasks/ar-dpo's task vector merged into out/tasks/align at each γ (threshold 0.9, 200 prompts per "
-      "family)\n")
-print("| γ | held-out reward accuracy | exact match | right, with or without the full stop | answered with a full stop "
-      "| tokens per forward |\n|---|---|---|---|---|---|")
-for g in gammas:
-    r = runs(R / f"eval-merged-g{g}.json")[0]
-    m = json.loads((R / f"merged-g{g}/merge.json").read_text())
-    print(f"| {g} | {m['heldout']['reward_accuracy'][0]:.3f} | {r['accuracy']:.2f} | {r['right']:.2f} | "
-          f"{r['preferred']:.2f} | {r['tokens_per_forward']:.2f} |")
-PY
+"$PYTHON" scripts/report.py repro_tasks "$SEEDS" "$GAMMAS" | tee $R/results.md
 if "$PYTHON" -c "import matplotlib" 2>/dev/null; then
   s=${SEEDS%% *}
   "$PYTHON" plot.py $R/align-s$s $R/align0-s$s $R/distill-s$s $R/distill-off-s$s --keys task_acc task_tpf \

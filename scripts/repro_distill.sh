@@ -24,11 +24,11 @@
 # Trained rows give the mean of the seeds, then each seed. Finished runs and evaluations are reused. The table is
 # printed and written to $OUT/table.md. About 11 minutes of one core's CPU time (measured piecewise: a 60-step run
 # 45 s, one model's evaluations 20 s), most of it the 8 training runs.
-#   bash repro_distill.sh           # ITERS=60, ITERS_UNSHIFTED=120, BATCH=8, SEEDS="1337 2"; OUT=out/repro_distill
-#   SMOKE=1 bash repro_distill.sh   # the script end to end in 1-3 minutes (2 steps, tiny evaluations),
+#   bash scripts/repro_distill.sh           # ITERS=60, ITERS_UNSHIFTED=120, BATCH=8, SEEDS="1337 2"; OUT=out/repro_distill
+#   SMOKE=1 bash scripts/repro_distill.sh   # the script end to end in 1-3 minutes (2 steps, tiny evaluations),
 #                                   # OUT=out/repro_distill_smoke: its numbers mean nothing
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
 if [ -n "${SMOKE:-}" ]; then
   ITERS=${ITERS:-2}; ITERS_UNSHIFTED=${ITERS_UNSHIFTED:-2}; BATCH=${BATCH:-2}; OUT=${OUT:-out/repro_distill_smoke}
@@ -45,13 +45,13 @@ DISTILL_ARGS=${DISTILL_ARGS:-"--curriculum_steps 40 --eval_batches 4"}  # extra 
 LIK_ARGS=${LIK_ARGS:-"--n_batches 4 --n_draws 4"}
 GEN_ARGS=${GEN_ARGS:-"--num_prompts 32 --max_new_tokens 64"}
 for f in out/ar-tiny/config.json data/stdlib/meta.json; do
-  [ -e $f ] || { echo "repro_distill.sh: run 'bash run.sh stdlib' first (it makes $(dirname $f))" >&2; exit 1; }
+  [ -e $f ] || { echo "scripts/repro_distill.sh: run 'bash run.sh stdlib' first (it makes $(dirname $f))" >&2; exit 1; }
 done
 T0=$SECONDS
 mkdir -p "$OUT/eval"
 quiet() {  # quiet LOG COMMAND...: the command's output goes to LOG; if it fails, LOG's tail is shown and we stop
   local log=$1; shift
-  "$@" > "$log" 2>&1 || { tail -5 "$log" >&2; echo "repro_distill.sh: failed ($log): $*" >&2; exit 1; }
+  "$@" > "$log" 2>&1 || { tail -5 "$log" >&2; echo "scripts/repro_distill.sh: failed ($log): $*" >&2; exit 1; }
 }
 for s in shift noshift; do  # the two students, converted here
   [ -e "$OUT/init-$s/config.json" ] || quiet "$OUT/init-$s.log" "$PYTHON" convert.py --ar out/ar-tiny \
@@ -63,20 +63,9 @@ for s in shift noshift; do
   [ -e "$OUT/$s-untrained/results.json" ] && continue
   mkdir -p "$OUT/$s-untrained"
   # shellcheck disable=SC2086
-  "$PYTHON" - "$OUT/$s-untrained/results.json" --init "$OUT/init-$s" --teacher out/ar-tiny --data data/stdlib \
-    --batch_size "$BATCH" $DISTILL_ARGS <<'PY'
-import json, sys
-import distill, training
-args = distill.p.parse_args(sys.argv[2:])
-device, ctx = training.setup(args.device, args.seed)
-student = training.load_model(args.init, device, "repro_distill: student")
-teacher = training.load_model(args.teacher, device, "repro_distill: teacher", attn="causal", like=student)
-tok = training.load_tokenizer(args.init, student.config)
-items = distill.prompt_pool(args, tok, args.rollout_max)[:args.eval_batches * args.batch_size]  # as distill.py
-res = distill.evaluate(student, teacher, items, args.rollout_max, batch_size=args.batch_size, eos_id=tok.eos_id,
-                       vocab_size=tok.vocab_size, threshold=args.threshold, temperature=args.temperature, ctx=ctx)
-open(sys.argv[1], "w").write(json.dumps(dict(**res, eval_len=args.rollout_max, steps=0), indent=2) + "\n")
-PY
+  "$PYTHON" scripts/report.py distill_untrained "$OUT/$s-untrained/results.json" --init "$OUT/init-$s" \
+    --teacher out/ar-tiny --data data/stdlib \
+    --batch_size "$BATCH" $DISTILL_ARGS
   echo "== $s-untrained: evaluated by distill.evaluate ($((SECONDS - T0)) s)"
 done
 
@@ -116,68 +105,11 @@ for seed in $SEEDS; do
 done
 # The queued evaluations in one process (starting Python and torch for each would cost about as much as the
 # evaluations themselves); each one's output goes to its .log next to its .json.
-"$PYTHON" - "$JOBS" "$((SECONDS - T0))" <<'PY'
-import contextlib, shlex, sys, time
-import eval as E
-jobs, t0 = [shlex.split(line) for line in open(sys.argv[1]) if line.strip()], time.time() - float(sys.argv[2])
-for k, argv in enumerate(jobs):
-    out = argv[argv.index("--out") + 1]
-    sys.argv = ["eval.py", *argv]
-    try:
-        with open(out[:-len(".json")] + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-            E.main()
-    except SystemExit as e:
-        raise SystemExit(f"repro_distill.sh: eval.py {shlex.join(argv)} failed ({e.code}); see its .log")
-    print(f"== eval {k + 1}/{len(jobs)}: {out} ({time.time() - t0:.0f} s)", flush=True)
-PY
+"$PYTHON" scripts/report.py eval_jobs "$JOBS" "$((SECONDS - T0))"
 
-"$PYTHON" - "$OUT" "$SEEDS" "$ITERS" "$ITERS_UNSHIFTED" <<'PY' | tee "$OUT/table.md"
-import json, sys
-from pathlib import Path
-out, seeds, iters, iters_un = Path(sys.argv[1]), sys.argv[2].split(), sys.argv[3], sys.argv[4]
-ev = lambda name, f: json.loads((out / "eval" / f"{name}-{f}.json").read_text())["results"]
-GEN = ("gen_perplexity", "unigram_entropy_bits", "repetition_4gram")
-
-
-def metrics(name):
-    """One model's numbers, in the table's column order (None: not measured)."""
-    thr = "ar" if name == "teacher" else "0.9"  # the AR sampler has no threshold
-    t1, t0 = ev(name, f"gen-T1.0-{thr}"), ev(name, f"gen-T0-{thr}")
-    if name == "teacher":
-        return [None] * 3 + [t1[k] for k in GEN] + [t0[k] for k in GEN] + [None] * 2
-    tpf = [ev(name, f"gen-T1.0-{t}")["tokens_per_forward"] for t in ("0.9", "0.7")]
-    lik = ev(name, "lik")["nelbo_bits_per_token"]
-    r = json.loads((out / name / "results.json").read_text())  # distill.py's evaluation
-    return [r["val_kl_data"], r["val_kl"], lik] + [t1[k] for k in GEN] + [t0[k] for k in GEN] + tpf
-
-
-def cell(i, v):
-    if v is None:
-        return "—"
-    return f"{v:.3f}" if i < 3 else f"{v:.2f}"  # the KLs and the bound: three decimals
-
-
-def row(label, vals):
-    print(f"| {label} | " + " | ".join(cell(i, v) for i, v in enumerate(vals)) + " |")
-
-
-print("| model | KL real text | KL own rollouts | BD3-LM −ELBO bits/tok | T=1 gen. ppl | T=1 entropy | T=1 rep. "
-      "4-grams | greedy gen. ppl | greedy entropy | greedy rep. 4-grams | tok/fwd per row @0.9 | @0.7 |")
-print("|---" * 12 + "|")  # the 12 columns above
-row("teacher (AR)", metrics("teacher"))
-row("shifted block student, untrained", metrics("shift-untrained"))
-row("unshifted block student, untrained", metrics("noshift-untrained"))
-for name, what in (("shift-on", f"shifted, on-policy (OPDLM), {iters} steps"),
-                   ("shift-off", f"shifted, off-policy (random masks of its rollouts), {iters} steps"),
-                   ("shift-data", f"shifted, random masks of data, {iters} steps"),
-                   ("noshift-on", f"unshifted (as published), on-policy, {iters_un} steps")):
-    per = [metrics(f"{name}-s{s}") for s in seeds]
-    row(f"**{what}**: mean of {len(seeds)} seeds", [sum(c) / len(c) for c in zip(*per)])
-    for s, vals in zip(seeds, per):
-        row(f"  seed {s}", vals)
-PY
+"$PYTHON" scripts/report.py repro_distill "$OUT" "$SEEDS" "$ITERS" "$ITERS_UNSHIFTED" | tee "$OUT/table.md"
 # The figure next to the table (plot.py needs matplotlib, an optional extra): the training KL of the first seed's runs.
 first=${SEEDS%% *}
 "$PYTHON" plot.py "$OUT/shift-on-s$first" "$OUT/shift-off-s$first" "$OUT/shift-data-s$first" "$OUT/noshift-on-s$first" \
-  --keys kl max_len --out "$OUT/curves.png" || echo "repro_distill.sh: no figure (pip install matplotlib)"
-echo "repro_distill.sh: done in $((SECONDS - T0)) s; the table is in $OUT/table.md"
+  --keys kl max_len --out "$OUT/curves.png" || echo "scripts/repro_distill.sh: no figure (pip install matplotlib)"
+echo "scripts/repro_distill.sh: done in $((SECONDS - T0)) s; the table is in $OUT/table.md"

@@ -1,0 +1,323 @@
+"""
+The tables of run.sh and the reproduction scripts (scripts/repro_*.sh), rendered from the JSON their runs write:
+one function per table, each printing markdown (the scripts tee it into their results.md / table.md).
+
+    python scripts/report.py tasks_world ar ar-dpo dlm align0 align ...    # what run.sh prints at its end
+    python scripts/report.py repro_align out/repro lambda0 lambda10 ...
+
+Each function takes the strings its script passes (paths, names, numbers) and reads the files those runs wrote.
+tests/test_report.py renders each one from small JSON files made in the test.
+"""
+import contextlib
+import csv
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules (eval.py, distill.py, ...)
+
+
+def tasks_world(*args):
+    """run.sh: the exact-answer world's table (out/tasks/results.md). args: the model names."""
+    argv = ["tasks_world", *map(str, args)]
+    O = Path("out/tasks")
+    what = {"ar": "AR teacher (`pretrain.py`, 1200 steps)", "ar-dpo": "AR after DPO (`dpo.py --sft_weight 1`)",
+            "dlm": "bidirectional conversion, untrained", "align0": "masked diffusion, λ = 0 (`align.py`, 200 steps)",
+            "align": "REPR-ALIGN, λ = 10 (`align.py`, 200 steps)", "block": "block conversion, untrained",
+            "distill-off": "OPDLM, off-policy ablation (`distill.py --policy off`, 200 steps)",
+            "distill": "OPDLM (`distill.py`, 200 steps)", "merged": "REPR-ALIGN + AR-MAP (`merge.py merge`)"}
+    runs = {m: json.loads((O / f"eval/{m}.json").read_text())["results"]["runs"] for m in argv[1:]}
+    merge = json.loads((O / "merged/merge.json").read_text())
+    print("Exact match on 100 held-out prompts per family (greedy; an answer ending in the preferred full stop "
+          "counts as "
+          "right), at threshold 0.9 for the DLMs (they commit every token whose confidence reaches it) and at 0.5; "
+          "tokens "
+          "per forward: the mean over rows of each row's own count.\n")
+    print("| model | sort | rev | add | tokens per forward | all, threshold 0.5: exact match / tokens per forward "
+          "| with the full stop |")
+    print("|---|---|---|---|---|---|---|")
+    order = ["ar", "dlm", "align0", "align", "distill-off", "distill", "ar-dpo", "merged"]
+    for m in [m for m in order if m in runs]:
+        rs = runs[m]
+        r = rs[0] if rs[0]["threshold"] is None else next(x for x in rs if x["threshold"] == 0.9)
+        lo = next((x for x in rs if x["threshold"] == 0.5), None)
+        f = r["families"]
+        name = what[m] + (f", γ = {merge['best_gamma']:g} chosen" if m == "merged" else "")
+        low = "—" if lo is None else f"{lo['right']:.2f} / {lo['tokens_per_forward']:.2f}"
+        print(f"| {name} | {f['sort']['right']:.2f} | {f['rev']['right']:.2f} | {f['add']['right']:.2f} | "
+              f"{r['tokens_per_forward']:.2f} | {low} | {r['preferred']:.2f} |")
+    print("\nAccuracy against parallelism: exact match (all families, a full stop allowed) / tokens per forward\n")
+    ts = [r["threshold"] for r in runs["align"]]
+    print("| model | " + " | ".join(f"threshold {t:g}" for t in ts) + " |")
+    print("|---|" + "---|" * len(ts))
+    for m, rs in runs.items():
+        if m not in ("ar", "ar-dpo"):
+            print(f"| {m} | " + " | ".join(f"{r['right']:.2f} / {r['tokens_per_forward']:.2f}" for r in rs) + " |")
+    k = merge["gammas"].index(merge["best_gamma"])
+    print(f"\nAR-MAP: γ = {merge['best_gamma']:g} chosen on {merge['train']['n_pairs']} training pairs (reward "
+          f"accuracy "
+          f"{merge['train']['reward_accuracy'][k]:.3f}); held-out reward accuracy "
+          f"{merge['heldout']['reward_accuracy'][k]:.3f}")
+
+
+def stdlib_world(*args):
+    """run.sh stdlib: the standard-library world's table (out/results.md). args: the model names."""
+    argv = ["stdlib_world", *map(str, args)]
+    what = {"ar-tiny": "AR teacher (pretrain.py)", "ar-dpo": "AR after DPO (dpo.py)",
+            "dlm-tiny": "converted DLM, untrained (convert.py)", "align0": "masked diffusion, λ = 0 (align.py)",
+            "align": "REPR-ALIGN, λ = 10 (align.py)", "dlm-block": "converted block DLM, untrained (convert.py)",
+            "distill": "OPDLM block student (distill.py)",
+            "dlm-merged": "REPR-ALIGN + AR-MAP (merge.py merge)"}
+    merge = json.loads(Path("out/dlm-merged/merge.json").read_text())
+    dpo = json.loads(Path("out/ar-dpo/results.json").read_text())
+    reward = {"ar-dpo": f"{dpo['heldout_reward_acc']:.3f}",
+              "dlm-merged": f"{merge['heldout']['reward_accuracy'][merge['gammas'].index(merge['best_gamma'])]:.3f} "
+                            f"(γ = {merge['best_gamma']:g}, chosen on training pairs)"}
+    print("| model | likelihood: bits/token (AR: exact; DLM: −ELBO ± s.e.) | masked acc @0.5 | gen. perplexity "
+          "(under the teacher) | sample entropy (bits) | tokens per forward | held-out reward accuracy |")
+    print("|---|---|---|---|---|---|---|")
+    for m in argv[1:]:
+        lk = json.loads(Path(f"out/eval/{m}.likelihood.json").read_text())["results"]
+        gn = json.loads(Path(f"out/eval/{m}.generate.json").read_text())["results"]
+        like = (f"{lk['bits_per_token']:.3f}" if lk["kind"] == "AR" else
+                f"{lk['nelbo_bits_per_token']:.3f} ± {lk['stderr']:.3f}")
+        acc = f"{lk['acc@0.5']:.3f}" if "acc@0.5" in lk else "—"
+        print(f"| {m}: {what[m]} | {like} | {acc} | {gn['gen_perplexity']:.1f} | {gn['unigram_entropy_bits']:.2f} "
+              f"| {gn['tokens_per_forward']:.2f} | {reward.get(m, '—')} |")
+    print(f"\nAR-MAP win rate of out/dlm-merged over out/align under the rule 'prefer single quotes': "
+          f"{merge['win_rate']:.3f} ({merge['samples']} samples each)")
+
+
+def repro_align(*args):
+    """repro_align.sh: curves.csv and the table. args: OUT, then the run names."""
+    argv = ["repro_align", *map(str, args)]
+    out, runs = Path(argv[1]), argv[2:]
+    cols = ["val_acc@0.15", "val_acc@0.5", "val_acc@0.9", "val_loss@0.5", "val_nelbo"]
+    curves, results = {}, {}
+    for r in runs:
+        recs = [json.loads(line) for line in (out / r / "log.jsonl").read_text().splitlines()]
+        curves[r] = [x for x in recs if "val_acc@0.5" in x]
+        results[r] = json.loads((out / r / "results.json").read_text())
+    n_cos = max((len(x.get("val_cos", [])) for r in runs for x in curves[r]), default=0)
+    with open(out / "curves.csv", "w", newline="") as f:  # one row per run x evaluation
+        w = csv.writer(f)
+        w.writerow(["run", "lambda_align", "freeze", "scratch", "step", *cols, "cos_mean",
+                    *(f"cos_{l}" for l in range(n_cos))])
+        for r in runs:
+            res = results[r]
+            for x in curves[r]:
+                cos = x.get("val_cos", [])
+                w.writerow([r, res["lambda_align"], "+".join(res["freeze"]), int(res["scratch"]), x["step"],
+                            *(f"{x[c]:.5f}" for c in cols), f"{sum(cos) / len(cos):.5f}" if cos else "",
+                            *(f"{v:.5f}" for v in cos)])
+    claim = [r for r in ("lambda0", "lambda10", "lambda0-frozen", "lambda10-frozen") if r in runs]
+    print("Convergence (lr 3e-4 constant after warmup; step s = after s+1 updates): acc@0.5 (higher is better) | "
+          "-ELBO in nats/token (lower is better)\n")
+    print("| step | " + " | ".join(f"acc@0.5 {r}" for r in claim) + " | "
+          + " | ".join(f"-ELBO {r}" for r in claim) + " |")
+    print("|---" * (1 + 2 * len(claim)) + "|")
+    for i, x in enumerate(curves[claim[0]]):
+        row = [curves[r][i] for r in claim]
+        print(f"| {x['step']} | " + " | ".join(f"{y['val_acc@0.5']:.3f}" for y in row) + " | "
+              + " | ".join(f"{y['val_nelbo']:.3f}" for y in row) + " |")
+    print("\nMean cosine to the teacher over all hidden states (at the aligned rows of a fixed 0.5-ratio corruption)\n")
+    print("| step | " + " | ".join(claim) + " |\n" + "|---" * (1 + len(claim)) + "|")
+    for i, x in enumerate(curves[claim[0]]):
+        cos = [curves[r][i].get("val_cos") for r in claim]
+        print(f"| {x['step']} | " + " | ".join(f"{sum(c) / len(c):.3f}" if c else "-" for c in cos) + " |")
+    base = results["lambda10"]["step_seconds_median"]
+    print(f"\nAll runs after step {curves[runs[0]][-1]['step']}: the cosine per hidden state (embeddings ... final "
+          f"norm)\n")
+    print("| run | acc@0.15 | acc@0.5 | acc@0.9 | loss@0.5 | -ELBO | cosine per hidden state | step time vs lambda10 |")
+    print("|---" * 8 + "|")
+    for r in runs:
+        res = results[r]
+        cos = " ".join(f"{v:.2f}" for v in res.get("val_cos", [])) or "-"
+        print(f"| {r} | {res['val_acc@0.15']:.3f} | {res['val_acc@0.5']:.3f} | {res['val_acc@0.9']:.3f} | "
+              f"{res['val_loss@0.5']:.3f} | {res['val_nelbo']:.3f} | {cos} | "
+              f"{res['step_seconds_median'] / base:.2f}x |")
+    print(f"\n(curves: {out / 'curves.csv'}; step times are each run's own median and move by ±10% on a shared "
+          f"machine)")
+
+
+def distill_untrained(*args):
+    """repro_distill.sh: distill.py's evaluation of an untrained conversion. args: the results.json to write, then
+    distill.py's flags."""
+    argv = ["distill_untrained", *map(str, args)]
+    import distill
+    import training
+    args = distill.p.parse_args(argv[2:])
+    device, ctx = training.setup(args.device, args.seed)
+    student = training.load_model(args.init, device, "repro_distill: student")
+    teacher = training.load_model(args.teacher, device, "repro_distill: teacher", attn="causal", like=student)
+    tok = training.load_tokenizer(args.init, student.config)
+    items = distill.prompt_pool(args, tok, args.rollout_max)[:args.eval_batches * args.batch_size]  # as distill.py
+    res = distill.evaluate(student, teacher, items, args.rollout_max, batch_size=args.batch_size, eos_id=tok.eos_id,
+                           vocab_size=tok.vocab_size, threshold=args.threshold, temperature=args.temperature, ctx=ctx)
+    open(argv[1], "w").write(json.dumps(dict(**res, eval_len=args.rollout_max, steps=0), indent=2) + "\n")
+
+
+def eval_jobs(*args):
+    """repro_distill.sh: the queued eval.py commands in one process. args: the jobs file, the seconds so far."""
+    argv = ["eval_jobs", *map(str, args)]
+    import eval as E
+    jobs, t0 = [shlex.split(line) for line in open(argv[1]) if line.strip()], time.time() - float(argv[2])
+    for k, job in enumerate(jobs):
+        out = job[job.index("--out") + 1]
+        sys.argv = ["eval.py", *job]  # eval.py's main reads its flags from sys.argv
+        try:
+            with open(out[:-len(".json")] + ".log", "w") as f, contextlib.redirect_stdout(f), \
+                    contextlib.redirect_stderr(f):
+                E.main()
+        except SystemExit as e:
+            raise SystemExit(f"scripts/repro_distill.sh: eval.py {shlex.join(job)} failed ({e.code}); see its .log")
+        print(f"== eval {k + 1}/{len(jobs)}: {out} ({time.time() - t0:.0f} s)", flush=True)
+
+
+def repro_distill(*args):
+    """repro_distill.sh: the table. args: OUT, SEEDS, ITERS, ITERS_UNSHIFTED."""
+    argv = ["repro_distill", *map(str, args)]
+    out, seeds, iters, iters_un = Path(argv[1]), argv[2].split(), argv[3], argv[4]
+    ev = lambda name, f: json.loads((out / "eval" / f"{name}-{f}.json").read_text())["results"]
+    GEN = ("gen_perplexity", "unigram_entropy_bits", "repetition_4gram")
+
+
+    def metrics(name):
+        """One model's numbers, in the table's column order (None: not measured)."""
+        thr = "ar" if name == "teacher" else "0.9"  # the AR sampler has no threshold
+        t1, t0 = ev(name, f"gen-T1.0-{thr}"), ev(name, f"gen-T0-{thr}")
+        if name == "teacher":
+            return [None] * 3 + [t1[k] for k in GEN] + [t0[k] for k in GEN] + [None] * 2
+        tpf = [ev(name, f"gen-T1.0-{t}")["tokens_per_forward"] for t in ("0.9", "0.7")]
+        lik = ev(name, "lik")["nelbo_bits_per_token"]
+        r = json.loads((out / name / "results.json").read_text())  # distill.py's evaluation
+        return [r["val_kl_data"], r["val_kl"], lik] + [t1[k] for k in GEN] + [t0[k] for k in GEN] + tpf
+
+
+    def cell(i, v):
+        if v is None:
+            return "—"
+        return f"{v:.3f}" if i < 3 else f"{v:.2f}"  # the KLs and the bound: three decimals
+
+
+    def row(label, vals):
+        print(f"| {label} | " + " | ".join(cell(i, v) for i, v in enumerate(vals)) + " |")
+
+
+    print("| model | KL real text | KL own rollouts | BD3-LM −ELBO bits/tok | T=1 gen. ppl | T=1 entropy | T=1 rep. "
+          "4-grams | greedy gen. ppl | greedy entropy | greedy rep. 4-grams | tok/fwd per row @0.9 | @0.7 |")
+    print("|---" * 12 + "|")  # the 12 columns above
+    row("teacher (AR)", metrics("teacher"))
+    row("shifted block student, untrained", metrics("shift-untrained"))
+    row("unshifted block student, untrained", metrics("noshift-untrained"))
+    for name, what in (("shift-on", f"shifted, on-policy (OPDLM), {iters} steps"),
+                       ("shift-off", f"shifted, off-policy (random masks of its rollouts), {iters} steps"),
+                       ("shift-data", f"shifted, random masks of data, {iters} steps"),
+                       ("noshift-on", f"unshifted (as published), on-policy, {iters_un} steps")):
+        per = [metrics(f"{name}-s{s}") for s in seeds]
+        row(f"**{what}**: mean of {len(seeds)} seeds", [sum(c) / len(c) for c in zip(*per)])
+        for s, vals in zip(seeds, per):
+            row(f"  seed {s}", vals)
+
+
+def repro_merge(*args):
+    """repro_merge.sh: the tables. args: OUT."""
+    argv = ["repro_merge", *map(str, args)]
+    out = Path(argv[1])
+    load = lambda f: json.loads((out / f).read_text())
+    dpo, spec = load("ar-dpo/results.json"), load("spectrum.json")
+    names = ["linear", "ties", "dare", "linear-independent"]
+    runs = {m: load(f"merged-{m}/merge.json") for m in names}
+    lin, ind = runs["linear"], runs["linear-independent"]
+    f3 = lambda x: "—" if x is None else f"{x:.3f}"
+    f4 = lambda x: "—" if x is None else f"{x:.4f}"
+    print(f"DPO on {spec['ar']} ({dpo['steps']} steps, β = {dpo['beta']}): held-out reward accuracy "
+          f"{dpo['heldout_reward_acc']:.3f} on {dpo['heldout_pairs']} pairs; held-out pairs with log π(y_w|x) > "
+          f"log π(y_l|x): {dpo['heldout_pref_acc_before']:.3f} before, {dpo['heldout_pref_acc']:.3f} after\n")
+    print(f"Linear merge into {spec['dlm']}, γ chosen on {lin['train']['n_pairs']} training pairs, reported on "
+          f"{lin['heldout']['n_pairs']} held-out pairs, {lin['n_masks']} ELBO draws per pair. Held-out: margin = the "
+          f"mean "
+          f"r_γ(y_w) − r_γ(y_l); same sign = the pairs whose margin has its sign at the smallest γ > 0; chosen, "
+          f"rejected = "
+          f"the mean r_γ(y_w), r_γ(y_l) (β × the ELBO change). Win rate against the DLM: {lin['samples']} samples "
+          f"per γ "
+          f"(the same for both mask settings: sampling draws no masks)\n")
+    print("| γ | masks | train acc | train DPO loss | held-out acc | margin | margin / γ | same sign | chosen | "
+          "rejected "
+          "| win rate |\n" + "|---" * 11 + "|")
+    for k, g in enumerate(lin["gammas"]):
+        for r in (lin, ind):
+            t, h = r["train"], r["heldout"]
+            print(f"| {g:g} | {r['masks']} | {f3(t['reward_accuracy'][k])} | {f4(t['dpo_loss'][k])} | "
+                  f"{f3(h['reward_accuracy'][k])} | {f4(h['margin'][k])} | {f4(h['margin_per_gamma'][k])} | "
+                  f"{f3(h['same_sign'][k])} | {f4(h['reward_chosen'][k])} | {f4(h['reward_rejected'][k])} | "
+                  f"{f3(lin['win_rates'][k])} |")
+    print("\nHeld-out reward accuracy per γ, and the γ each run chose on its training pairs\n")
+    head = {"linear": "linear", "ties": f"TIES (density {runs['ties']['density']})",
+            "dare": f"DARE (drop {runs['dare']['drop']})", "linear-independent": "linear, independent masks"}
+    print("| γ | " + " | ".join(head.values()) + " |\n" + "|---" * (len(runs) + 1) + "|")
+    for k, g in enumerate(lin["gammas"]):
+        print(f"| {g:g} | " + " | ".join(f"{r['heldout']['reward_accuracy'][k]:.3f}" for r in runs.values()) + " |")
+    for rule in lin["chosen_by"]:
+        print(f"| γ by --select {rule} | " + " | ".join(f"{r['chosen_by'][rule]:g}" for r in runs.values()) + " |")
+    print("| win rate vs the DLM at the --select accuracy γ | " + " | ".join(f3(r["win_rate"]) for r in runs.values())
+          + " |")
+    print("\nSpectral shadowing: ‖τ_diff‖₂ / ‖τ_pref‖₂ per layer type (τ_diff = W_AR − W_DLM)\n")
+    print("| layer type | count | median ‖τ_diff‖₂ | median ‖τ_pref‖₂ | median ratio | min ratio "
+          "|\n" + "|---" * 6 + "|")
+    for t, v in spec["summary"].items():
+        print(f"| {t} | {v['count']} | {v['diff']:.4g} | {v['pref']:.4g} | {v['ratio']:.4g} | {v['min_ratio']:.4g} |")
+
+
+def repro_tasks(*args):
+    """repro_tasks.sh: the tables. args: SEEDS, GAMMAS."""
+    argv = ["repro_tasks", *map(str, args)]
+    R, seeds, gammas = Path("out/tasks/repro"), argv[1].split(), argv[2].split()
+    runs = lambda name: json.loads(Path(name).read_text())["results"]["runs"]
+    fmt = lambda xs: f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}"
+    print(f"Exact match (all families, 200 held-out prompts each) / tokens per forward, mean ± sd over seeds "
+          f"{', '.join(seeds)}"
+          " (200 training steps each)\n")
+    ts = [r["threshold"] for r in runs(R / f"eval-align-s{seeds[0]}.json")]
+    print("| model | " + " | ".join(f"threshold {t:g}" for t in ts) + " | add at 0.9 |")
+    print("|---|" + "---|" * (len(ts) + 1))
+    for m, what in [("align0", "masked diffusion, λ = 0"), ("align", "REPR-ALIGN, λ = 10"),
+                    ("distill-off", "OPDLM, off-policy ablation"), ("distill", "OPDLM, on-policy")]:
+        rs = [runs(R / f"eval-{m}-s{s}.json") for s in seeds]
+        cells = [f"{fmt([r[k]['accuracy'] for r in rs])} / {fmt([r[k]['tokens_per_forward'] for r in rs])}"
+                 for k in range(len(ts))]
+        add = fmt([r[ts.index(0.9)]["families"]["add"]["accuracy"] for r in rs])
+        print(f"| {what} | " + " | ".join(cells) + f" | {add} |")
+    print("\nDPO on the AR teacher (greedy, 200 held-out prompts per family): exact match / with a full stop\n")
+    print("| model | sort | rev | add | held-out reward accuracy |\n|---|---|---|---|---|")
+    for m, what in [("ar", "the teacher"), ("ar-dpo-plain", "plain DPO (--sft_weight 0)"),
+                    ("ar-dpo", "DPO + the chosen answers' NLL (--sft_weight 1, run.sh)")]:
+        f = runs(R / f"eval-{m}.json")[0]["families"]
+        res = Path("out/tasks" + ("/repro/" if m == "ar-dpo-plain" else "/") + m) / "results.json"
+        acc = json.loads(res.read_text()).get("heldout_reward_acc") if m != "ar" else None
+        print(f"| {what} | " + " | ".join(f"{f[k]['accuracy']:.2f} / "
+                                          f"{f[k]['preferred']:.2f}" for k in ("sort", "rev", "add"))
+              + f" | {'—' if acc is None else f'{acc:.3f}'} |")
+    print("\nAR-MAP: out/tasks/ar-dpo's task vector merged into out/tasks/align at each γ (threshold 0.9, 200 "
+          "prompts per "
+          "family)\n")
+    print("| γ | held-out reward accuracy | exact match | right, with or without the full stop | answered with a "
+          "full stop "
+          "| tokens per forward |\n|---|---|---|---|---|---|")
+    for g in gammas:
+        r = runs(R / f"eval-merged-g{g}.json")[0]
+        m = json.loads((R / f"merged-g{g}/merge.json").read_text())
+        print(f"| {g} | {m['heldout']['reward_accuracy'][0]:.3f} | {r['accuracy']:.2f} | {r['right']:.2f} | "
+              f"{r['preferred']:.2f} | {r['tokens_per_forward']:.2f} |")
+
+
+TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
+                                  repro_merge, repro_tasks)}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in TABLES:
+        raise SystemExit(f"usage: python scripts/report.py {{{'|'.join(TABLES)}}} ARGS...")
+    TABLES[sys.argv[1]](*sys.argv[2:])

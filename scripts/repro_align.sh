@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The small-scale REPR-ALIGN reproduction, built around its claim: aligning the hidden states with the AR
+# teacher's (λ = 10) makes the converted DLM converge faster than the same conversion trained without it
+# (λ = 0, "AR fine-tuning"), at equal steps. Every run starts from the same converted DLM ($INIT, made by
+# run.sh) with the same steps, batch, data order and masks (same --seed) at the published learning rate 3e-4,
+# held constant after the warmup (--min_lr = --lr: the first steps of a long run, not a schedule squeezed into
+# 60 steps), and is evaluated every $EVERY steps on the same batches with the same masks: masked-token
+# accuracy at mask ratios 0.15/0.5/0.9, the negative ELBO, and the cosine to the teacher per hidden state.
+#   the claim:   λ 0 / 10, each with and without the published freezing (--freeze embed,lm_head)
+#   ablations:   cosine vs L2, the middle third of the hidden states, λ 1 / 30, from scratch, embed+mlp frozen;
+#                evaluated every $ABL_EVERY steps only (they are compared at the last step; evaluation dominates
+#                the cost on a CPU: 8 batches x 5 forwards against one training step)
+# Writes $OUT/curves.csv (one row per run x evaluation, for plotting) and $OUT/table.md; finished runs are reused.
+#   bash scripts/repro_align.sh                      # ITERS=61 (evaluations after steps 0, 5, ..., 60), OUT=out/repro
+#   ONLY=claim bash scripts/repro_align.sh           # the four convergence runs alone
+set -euo pipefail
+cd "$(dirname "$0")/.."  # the project root
+PYTHON=${PYTHON:-python3}
+ITERS=${ITERS:-61}
+EVERY=${EVERY:-5}
+ABL_EVERY=${ABL_EVERY:-20}
+OUT=${OUT:-out/repro}
+INIT=${INIT:-out/dlm-tiny}
+DATA=${DATA:-data/stdlib}
+ONLY=${ONLY:-all}      # all | claim
+EXTRA=${EXTRA:-}       # more align.py flags for every run (a smoke test: --batch_size 2 --seq_len 32 ...)
+[ -e "$INIT/config.json" ] || { echo "scripts/repro_align.sh: no $INIT; run 'bash run.sh stdlib' first (it makes it)" >&2; exit 1; }
+case $ONLY in all|claim) ;; *) echo "scripts/repro_align.sh: ONLY=$ONLY; use all or claim" >&2; exit 1 ;; esac
+
+RUNS=()
+run() {  # run NAME [align.py flags...]
+  local name=$1; shift
+  RUNS+=("$name")
+  if [ -e "$OUT/$name/results.json" ]; then echo "== $name: reusing $OUT/$name"; return; fi
+  rm -rf "$OUT/$name"
+  echo "== $name: align.py $*"
+  # shellcheck disable=SC2086
+  "$PYTHON" align.py --init "$INIT" --data "$DATA" --out_dir "$OUT/$name" --max_iters "$ITERS" --lr 3e-4 \
+    --min_lr 3e-4 --eval_interval "$EVERY" --ckpt_interval "$ITERS" --samples 0 $EXTRA "$@"
+}
+run lambda0          --lambda_align 0                             # the claim: λ = 0 against λ = 10,
+run lambda10                                                      # REPR-ALIGN: cosine, all hidden states
+run lambda0-frozen   --lambda_align 0 --freeze embed,lm_head      # each with the published freezing too
+run lambda10-frozen  --freeze embed,lm_head
+if [ "$ONLY" = all ]; then
+  EVERY=$ABL_EVERY
+  run l2             --align_metric l2                            # metric ablation
+  run mid            --align_layers mid                           # the middle third of the hidden states
+  run lambda1        --lambda_align 1
+  run lambda30       --lambda_align 30
+  run scratch        --lambda_align 0 --scratch                   # a DLM from random weights
+  run frozen-mlp     --freeze embed,mlp                           # the paper's speed claim: step time
+fi
+
+"$PYTHON" scripts/report.py repro_align "$OUT" "${RUNS[@]}" | tee "$OUT/table.md"
+# The figure next to the table (plot.py needs matplotlib, an optional extra): the four convergence runs.
+"$PYTHON" plot.py "$OUT/lambda0" "$OUT/lambda10" "$OUT/lambda0-frozen" "$OUT/lambda10-frozen" \
+  --keys val_acc@0.5 val_nelbo "val_cos*" --out "$OUT/curves.png" || echo "scripts/repro_align.sh: no figure (pip install matplotlib)"
