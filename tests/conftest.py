@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,3 +97,40 @@ def killed_after_checkpoint(step):
         yield
     finally:
         training.save_checkpoint = orig
+
+
+# ---- tiny random Qwen3s: ours against transformers' (test_model.py, test_checkpoint.py) ----------------------
+
+# head_dim 24 != hidden 64 / 4 heads; 4 query heads share 2 KV heads (GQA)
+TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=24, max_position_embeddings=256, rope_theta=10_000.0, rms_norm_eps=1e-6,
+            bos_token_id=0, eos_token_id=0, torch_dtype="float32")
+
+
+def randomise(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            base = 1.0 if name.endswith("norm.weight") else 0.0  # norms near 1, but not exactly
+            p.copy_(base + torch.randn(p.shape, generator=g) * (0.3 if base else 0.1))
+    return model
+
+
+def hf_model(tied, **kw):
+    import transformers  # the reference implementation (requirements-dev.txt)
+    cfg = transformers.Qwen3Config(**{**TINY, **kw}, tie_word_embeddings=tied, attn_implementation="eager")
+    return randomise(transformers.Qwen3ForCausalLM(cfg).eval(), seed=1)
+
+
+@pytest.fixture(params=[True, False], ids=["tied", "untied"])
+def pair(request, tmp_path):
+    """(reference HF model, our model loaded from the reference's saved checkpoint)."""
+    from model import Qwen3
+    ref = hf_model(request.param)
+    ref.save_pretrained(tmp_path / "hf")
+    ours = Qwen3.from_pretrained(tmp_path / "hf").eval()
+    return ref, ours, tmp_path
+
+
+def ids(B=2, T=13, vocab=101, seed=0):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))

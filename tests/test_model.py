@@ -1,46 +1,12 @@
 """Our Qwen3 against the reference: transformers' Qwen3ForCausalLM on tiny random configs, every tensor
 randomised (norm weights included); the attention modes position by position; the KV-cache path against
-the full forward; checkpoints both ways; and clear errors for bad checkpoints."""
-import json
-
+the full forward (checkpoint files: test_checkpoint.py)."""
 import pytest
 import torch
 
+from conftest import TINY, ids, randomise  # the pair fixture comes from conftest too
 from model import KVCache, Qwen3, Qwen3Config, attention_mask, preset
 
-import transformers  # the reference implementation (requirements-dev.txt)
-
-# head_dim 24 != hidden 64 / 4 heads; 4 query heads share 2 KV heads (GQA)
-TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=24, max_position_embeddings=256, rope_theta=10_000.0, rms_norm_eps=1e-6,
-            bos_token_id=0, eos_token_id=0, torch_dtype="float32")
-
-
-def randomise(model, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            base = 1.0 if name.endswith("norm.weight") else 0.0  # norms near 1, but not exactly
-            p.copy_(base + torch.randn(p.shape, generator=g) * (0.3 if base else 0.1))
-    return model
-
-
-def hf_model(tied, **kw):
-    cfg = transformers.Qwen3Config(**{**TINY, **kw}, tie_word_embeddings=tied, attn_implementation="eager")
-    return randomise(transformers.Qwen3ForCausalLM(cfg).eval(), seed=1)
-
-
-@pytest.fixture(params=[True, False], ids=["tied", "untied"])
-def pair(request, tmp_path):
-    """(reference HF model, our model loaded from the reference's saved checkpoint)."""
-    ref = hf_model(request.param)
-    ref.save_pretrained(tmp_path / "hf")
-    ours = Qwen3.from_pretrained(tmp_path / "hf").eval()
-    return ref, ours, tmp_path
-
-
-def ids(B=2, T=13, vocab=101, seed=0):
-    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
 def test_config_maps_hf_json(pair):
@@ -80,32 +46,6 @@ def test_other_modes_match_hf_with_explicit_mask(pair, attn, block_size):
     torch.testing.assert_close(got, want.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(hidden[2], want.hidden_states[2], atol=1e-5, rtol=1e-5)
     assert torch.equal(attention_mask(attn, q, q, block_size), m)
-
-
-def test_our_checkpoint_loads_in_transformers(pair):
-    ref, ours, tmp = pair
-    randomise(ours, seed=7)  # new weights, so agreement cannot come from the original file
-    ours.save_pretrained(tmp / "ours")
-    assert not list((tmp / "ours").glob("*.tmp"))
-    back = transformers.Qwen3ForCausalLM.from_pretrained(tmp / "ours").eval()
-    x = ids(seed=3)
-    with torch.no_grad():
-        torch.testing.assert_close(back(x).logits, ours(x, attn="causal"), atol=1e-5, rtol=1e-5)
-    again = Qwen3.from_pretrained(tmp / "ours")  # and our own round trip is exact
-    for (n, a), (_, b) in zip(ours.state_dict().items(), again.state_dict().items()):
-        assert torch.equal(a, b), n
-
-
-def test_transformers_4x_and_5x_config_styles(tmp_path):
-    d = {**TINY, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
-    v4 = dict(d, rope_theta=123.0, torch_dtype="bfloat16")
-    v5 = {k: v for k, v in d.items() if k not in ("rope_theta", "torch_dtype")}
-    v5.update(rope_parameters={"rope_type": "default", "rope_theta": 123.0}, dtype="bfloat16")
-    for cfg in (v4, v5):
-        c = Qwen3Config.from_dict(cfg)
-        assert c.rope_theta == 123.0 and c.torch_dtype == "bfloat16"
-    c = Qwen3Config.from_dict(dict(v4, some_future_key=5))
-    assert c.to_dict()["some_future_key"] == 5  # unknown keys survive a save
 
 
 def test_presets_match_published_shapes():
@@ -216,86 +156,7 @@ def test_freeze_groups_and_checkpointing_grads():
         tied.freeze(["embeddings"])
 
 
-def test_bf16_loads_without_fp32_copy(tmp_path):
-    m = randomise(Qwen3(Qwen3Config(**TINY))).to(torch.bfloat16)
-    m.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    back = Qwen3.from_pretrained(tmp_path)
-    assert all(p.dtype == torch.bfloat16 for p in back.parameters())
-    assert back.lm_head.weight is back.model.embed_tokens.weight
-    assert Qwen3.from_pretrained(tmp_path, dtype=torch.float32).lm_head.weight.dtype == torch.float32
-
-
-def test_sharded_checkpoint(tmp_path):
-    ref = hf_model(tied=False)
-    ref.save_pretrained(tmp_path, max_shard_size="20KB")
-    assert (tmp_path / "model.safetensors.index.json").exists()
-    ours = Qwen3.from_pretrained(tmp_path)
-    x = ids()
-    with torch.no_grad():
-        torch.testing.assert_close(ours(x, attn="causal"), ref(x).logits, atol=1e-5, rtol=1e-5)
-
-
-def test_qwen_layout_stored_head_generation_config_and_saving_over_shards(tmp_path):
-    """Qwen3-0.6B's file stores lm_head.weight although the config ties it: it is never read (here it is garbage, and
-    the logits are still transformers'). generation_config.json (eos_token_id) survives a save. Saving into a
-    directory that holds a sharded checkpoint replaces its index and shards by one model.safetensors."""
-    from safetensors.torch import load_file, save_file
-    ref = hf_model(tied=True)
-    ref.generation_config.eos_token_id = [5, 0]
-    ref.save_pretrained(tmp_path / "q")
-    state = load_file(tmp_path / "q/model.safetensors")
-    assert "lm_head.weight" not in state
-    save_file({**state, "lm_head.weight": torch.full((101, 64), 7.0)}, tmp_path / "q/model.safetensors")
-    ours = Qwen3.from_pretrained(tmp_path / "q").eval()
-    x = ids()
-    with torch.no_grad():
-        torch.testing.assert_close(ours(x, attn="causal"), ref(x).logits, atol=1e-5, rtol=1e-5)
-    assert ours.config.generation["eos_token_id"] == [5, 0]
-    ours.save_pretrained(tmp_path / "back")
-    assert json.loads((tmp_path / "back/generation_config.json").read_text()) == ours.config.generation
-
-    ref.save_pretrained(tmp_path / "s", max_shard_size="20KB")
-    shards = sorted((tmp_path / "s").glob("model-*.safetensors"))
-    assert len(shards) > 1
-    Qwen3.from_pretrained(tmp_path / "s").save_pretrained(tmp_path / "s")
-    assert not (tmp_path / "s/model.safetensors.index.json").exists() and not any(f.exists() for f in shards)
-    with torch.no_grad():
-        torch.testing.assert_close(Qwen3.from_pretrained(tmp_path / "s")(x, attn="causal"), ref(x).logits,
-                                   atol=1e-5, rtol=1e-5)
-
-
 # ---- bad inputs: each a clear error naming the problem ----------------------------------------
-
-def test_missing_files(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
-        Qwen3.from_pretrained(tmp_path)
-    Qwen3(Qwen3Config(**TINY)).save_pretrained(tmp_path)
-    (tmp_path / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="model.safetensors"):
-        Qwen3.from_pretrained(tmp_path)
-
-
-def test_truncated_safetensors(tmp_path):
-    Qwen3(Qwen3Config(**TINY)).save_pretrained(tmp_path)
-    f = tmp_path / "model.safetensors"
-    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
-    with pytest.raises(ValueError, match="truncated or corrupt"):
-        Qwen3.from_pretrained(tmp_path)
-
-
-def test_shape_mismatch_and_other_architecture(tmp_path):
-    Qwen3(Qwen3Config(**TINY)).save_pretrained(tmp_path)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, intermediate_size=128)))
-    with pytest.raises(ValueError, match=r"mlp\.\w+_proj\.weight has shape .* config.json implies"):
-        Qwen3.from_pretrained(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, model_type="llama", architectures=["LlamaForCausalLM"])))
-    with pytest.raises(ValueError, match="not a Qwen3 checkpoint"):
-        Qwen3Config.load(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, tie_word_embeddings=False)))
-    with pytest.raises(ValueError, match="no lm_head.weight"):
-        Qwen3.from_pretrained(tmp_path)
 
 
 def test_bad_forward_arguments():
