@@ -320,7 +320,7 @@ if __name__ == "__main__":
                                        divergence=args.divergence, top_k=args.teacher_top_k,
                                        reduction=args.kl_reduction, train_eos=args.train_eos)
             n = x.shape[0] * (x.shape[1] - P)  # the tokens rolled out and trained
-            run.backward(loss, {k: float(v) for k, v in {**s, **st, "loss": loss}.items()}, tokens=n,
+            run.backward(loss, {k: float(v) for k, v in {**s, **st, "loss": loss.detach()}.items()}, tokens=n,
                          flops=training.flops_per_token(student, x.shape[1], forward_only=teacher) * n)
         rec = run.update()
         rec.update(max_len=L, rollout_share=t_roll / run.step_times[-1])
