@@ -145,10 +145,10 @@ def train_mask(real, N, bs, *, flex=False):
 
 
 def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, flex=False, targets=None,
-                 reduction="none"):
+                 reduction="none", argmax=False):
     """The same as per_block_logits in one forward over [x, xt] (P + 2N slots) under `train_rule`, the noisy
     copy at the RoPE positions of the clean one: -> logits (n_sel, V), row-major, lm_head on those rows only
-    (targets (n_sel,): the model's (ce, pred) instead, Qwen3.forward).
+    (targets (n_sel,): the cross-entropy instead, with reduction and argmax as in Qwen3.forward).
     Under shift a block's first position is read at the clean slot before it (P + i - 1, which sees the clean
     blocks < b, exactly what the sampler and the per-block forward read there), the others at noisy slot i - 1.
     flex: attend through a FlexAttention BlockMask (CUDA training) instead of the dense mask."""
@@ -164,14 +164,15 @@ def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, fle
     first = (i % bs == 0) & bool(shift)
     rows = torch.where(first, P + i - 1, L + i - shift)  # the slot of [x, xt] that denoises position i
     return model(torch.cat([x, xt], 1), train_mask(real, N, bs, flex=flex), pos=torch.cat([pos, pos[:, P:]], 1),
-                 rows=(b, rows), targets=targets, reduction=reduction)
+                 rows=(b, rows), targets=targets, reduction=reduction, argmax=argmax)
 
 
 # ---- the losses ----------------------------------------------------------------------------------------------
 
-def denoiser_ce(model, x0, xt, masked, *, attn=None, shift=None, reduction="none", output_hidden_states=False):
-    """-> (CE (n_masked,), pred (n_masked,)) [, hidden_states]: CE_i = -log p_θ(x0_i | xt) (reduction="sum": their
-    sum) and the argmax at the masked positions in row-major order, from one forward with lm_head on the rows that
+def denoiser_ce(model, x0, xt, masked, *, attn=None, shift=None, reduction="none", argmax=False,
+                output_hidden_states=False):
+    """-> CE (n_masked,) [, hidden_states]: CE_i = -log p_θ(x0_i | xt) at the masked positions in row-major order
+    (reduction="sum": their sum; argmax=True: (CE, the argmax ids)), from one forward with lm_head on the rows that
     denoise them (denoiser_rows). attn, shift: default the checkpoint's config. attn "block": BD3-LM, block b
     given the clean blocks before it (block_logits over [x0, xt]; no hidden states)."""
     c = model.config
@@ -182,8 +183,9 @@ def denoiser_ce(model, x0, xt, masked, *, attn=None, shift=None, reduction="none
     if isinstance(attn, str) and attn == "block":
         if output_hidden_states:
             raise ValueError("a block DLM is read over [x0, xt] (BD3-LM): hidden states are not offered")
-        return block_logits(model, x0, xt, masked, shift=shift, targets=x0[masked], reduction=reduction)
-    return model(xt, attn, rows=denoiser_rows(masked, shift), targets=x0[masked], reduction=reduction,
+        return block_logits(model, x0, xt, masked, shift=shift, targets=x0[masked], reduction=reduction,
+                            argmax=argmax)
+    return model(xt, attn, rows=denoiser_rows(masked, shift), targets=x0[masked], reduction=reduction, argmax=argmax,
                  output_hidden_states=output_hidden_states)
 
 
@@ -200,7 +202,7 @@ def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None,
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
     out = denoiser_ce(model, x0, xt, masked, attn=attn, shift=shift, output_hidden_states=output_hidden_states)
-    (ce, _), hidden = out if output_hidden_states else (out, None)  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
+    ce, hidden = out if output_hidden_states else (out, None)  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
     if extra_ce:
         ce = ce + torch.exp(-ce.detach()) * ce  # CE_i + sg(exp(-CE_i)) · CE_i
     if norm == "mean":
@@ -229,7 +231,7 @@ def sequence_elbo(model, x0, masked, t, attn=None):
     is the bound log p(response | prompt) >= -E_{t,M}[Σ_{i∈M} CE_i / t] (LLaDA); merge.py's implicit rewards use
     it. A block DLM under attn "block" is read as BD3-LM (denoiser_ce)."""
     xt = torch.where(masked, torch.full_like(x0, model.config.mask_token_id), x0)
-    ce, _ = denoiser_ce(model, x0, xt, masked, attn=attn)  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
+    ce = denoiser_ce(model, x0, xt, masked, attn=attn)  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
     rows = masked.nonzero()[:, 0]  # the sequence of each masked token, in denoiser_ce's row-major order
     tm = per_position(t.float()).expand(x0.shape)[masked]  # each masked token's rate
     return -torch.zeros(x0.shape[0], device=x0.device).index_add(0, rows, ce / tm)  # -Σ_{i∈M_b} CE_{b,i} / t_b
@@ -249,7 +251,7 @@ def fixed_mask_eval(model, batches, ctx=None, ratios=EVAL_RATIOS, seed=EVAL_SEED
             for k, r in enumerate(ratios):
                 xt, masked, _ = corrupt(x0, c.mask_token_id, c.shift, g, t=r)
                 target = x0[masked]
-                ce_k, top = denoiser_ce(model, x0, xt, masked, reduction="sum")
+                ce_k, top = denoiser_ce(model, x0, xt, masked, reduction="sum", argmax=True)
                 ce[k] += ce_k.item()
                 acc[k] += (top == target).sum().item()
                 n[k] += target.numel()

@@ -90,7 +90,7 @@ def pair_batch(items, device):
 def response_logps(model, ids, resp_mask):
     """(B,) log π(y|x) = Σ_{i ∈ response} log p(ids_i | ids_<i): one causal forward, lm_head on the rows that
     predict a response token (row i-1 predicts token i, the AR head's shift); prompt and padding excluded."""
-    ce, _ = model(ids, "causal", rows=diffusion.denoiser_rows(resp_mask, True), targets=ids[resp_mask])
+    ce = model(ids, "causal", rows=diffusion.denoiser_rows(resp_mask, True), targets=ids[resp_mask])
     tok_logp = -ce  # log p(y_i | x, y_<i), (n_resp,)
     return torch.zeros(ids.shape[0], device=ids.device).index_add(0, resp_mask.nonzero()[:, 0], tok_logp)
 

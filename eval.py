@@ -79,7 +79,7 @@ def ar_likelihood(model, batches, ctx):
     with torch.no_grad():
         for x in tqdm(batches, desc="AR likelihood", leave=False):
             with ctx:
-                ce, _ = model(x[:, :-1], "causal", targets=x[:, 1:].flatten(), reduction="sum")
+                ce = model(x[:, :-1], "causal", targets=x[:, 1:].flatten(), reduction="sum")
                 nll += ce.item()
             n += x[:, 1:].numel()
     return dict(nll_nats=nll / n, bits_per_token=nll / n / LN2, perplexity=math.exp(nll / n), tokens=n)

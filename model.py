@@ -283,17 +283,17 @@ class Qwen3(WeightsFile, nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, idx, attn=None, *, rows=None, targets=None, reduction="none", output_hidden_states=False,
-                block_size=None, pos=None, cache=None, slots=None):
+    def forward(self, idx, attn=None, *, rows=None, targets=None, reduction="none", argmax=False,
+                output_hidden_states=False, block_size=None, pos=None, cache=None, slots=None):
         """idx (B, T) token ids -> logits (B, T, vocab) [, hidden_states]: the one entry point of every loss,
         evaluation and sampler (so that FSDP, which gathers the sharded tensors around forward, sees every use).
         attn: "causal" | "bidirectional" | "block" | a boolean mask | a FlexAttention BlockMask (no cache);
         default: the checkpoint's mode.
         rows: lm_head only on these rows, a (B, T) bool mask or a pair of index tensors (b, i) -> logits (n, vocab),
         row-major (with Qwen3's 152k-row head the full logits would dwarf everything else; no rows: no head).
-        targets (n,) or (B*T,): instead of logits, (ce, pred): each row's cross-entropy -log softmax(logits)[target]
-        in fp32 (reduction="sum": their sum) and its argmax (n,); without grad CE_ROWS rows at a time, so the
-        logits never exist at once.
+        targets (n,) or (B*T,): instead of logits, each row's cross-entropy -log softmax(logits)[target] in fp32
+        (reduction="sum": their sum; argmax=True: (ce, the rows' argmax ids)); without grad CE_ROWS rows at a
+        time, so the logits never exist at once.
         output_hidden_states: also Hugging Face's hidden_states list: the embedding output, each block's output,
         and the last one replaced by the final-norm output.
         pos: RoPE positions (T,) or (B, T); default the sequence index (or the cache slots).
@@ -317,11 +317,11 @@ class Qwen3(WeightsFile, nn.Module):
         if targets is None:
             out = self.lm_head(h)
         else:
-            out = self.cross_entropy(h.reshape(-1, h.shape[-1]), targets, reduction=reduction)
+            out = self.cross_entropy(h.reshape(-1, h.shape[-1]), targets, reduction=reduction, argmax=argmax)
         return (out, hidden) if output_hidden_states else out
 
-    def cross_entropy(self, h, targets, reduction="none"):
-        """Final hidden states h (n, C) and targets (n,) -> (CE (n,) fp32 or its sum, argmax ids (n,)). One piece
+    def cross_entropy(self, h, targets, reduction="none", argmax=False):
+        """Final hidden states h (n, C) and targets (n,) -> CE (n,) fp32 or its sum [, argmax ids (n,)]. One piece
         with grad (the backward keeps the logits anyway: F.cross_entropy's numbers bit for bit), CE_ROWS rows at a
         time without (the sum: of the pieces' sums)."""
         step = max(1, h.shape[0] if torch.is_grad_enabled() else CE_ROWS)
@@ -329,8 +329,10 @@ class Qwen3(WeightsFile, nn.Module):
         for hc, tc in zip(h.split(step), targets.split(step)):
             logits = self.lm_head(hc).float()  # (≤ step, V)
             ce.append(F.cross_entropy(logits, tc, reduction=reduction))  # -log softmax(logits)[target]
-            pred.append(logits.argmax(-1))
-        return torch.cat(ce) if reduction == "none" else torch.stack(ce).sum(), torch.cat(pred)
+            if argmax:  # evaluation's accuracy: not worth a pass over the logits in training
+                pred.append(logits.argmax(-1))
+        ce = torch.cat(ce) if reduction == "none" else torch.stack(ce).sum()
+        return (ce, torch.cat(pred)) if argmax else ce
 
     # ---- what the samplers and trainers need -------------------------------------------------
 
