@@ -294,9 +294,7 @@ class Run:
         rec = dict(step=self.step, loss=loss.item(), **{k: v.tolist() if torch.is_tensor(v) else v
                                                          for k, v in sums.items()},
                    lr=self.lr, grad_norm=(norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item(),
-                   tokens_per_s=tokens / dt, mfu=None)
-        if (peak := peak_flops(self.device)) and flops:
-            rec["mfu"] = flops / dt / (peak * self.world_size)
+                   tokens_per_s=tokens / dt, mfu=mfu(flops / dt, self.device, self.world_size) if flops else None)
         return rec
 
     def timing(self):
@@ -370,10 +368,11 @@ def flops_per_token(model, seq_len, *, forward_only=None):
     return model.flops_per_token(seq_len) - 2 * frozen + extra
 
 
-def mfu(model, tokens_per_s, seq_len, device, world_size=1):
-    """Model FLOPs utilisation of each GPU (bench.py): tokens_per_s is the whole job's; None off a known GPU."""
+def mfu(flops_per_s, device, world_size=1):
+    """Model FLOPs utilisation of each GPU: flops_per_s is the whole job's training FLOPs per second (flops_per_token
+    × tokens/s) over world_size GPUs' dense bf16 peak; None off a GPU of known peak."""
     peak = peak_flops(device)
-    return None if peak is None else model.flops_per_token(seq_len) * tokens_per_s / (peak * world_size)
+    return None if peak is None else flops_per_s / (peak * world_size)
 
 
 def configure_optimizer(model, lr, weight_decay, betas=(0.9, 0.95), device_type="cpu"):

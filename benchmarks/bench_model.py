@@ -63,7 +63,7 @@ def bench_model(args, device, dtype):
         tok_s = B * T / median[name]
         line = f"| {name} | {median[name] * 1e3:.1f} | {tok_s:,.0f} |"
         if cuda:
-            u = mfu(ours, tok_s, T, device)
+            u = mfu(ours.flops_per_token(T) * tok_s, device)
             line += f" {'n/a' if u is None else f'{u:.1%}'} | {(nbytes(model) + peaks[name]) / 2**30:.2f} |"
         print(line)
     if "transformers (sdpa)" in median:

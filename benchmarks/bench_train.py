@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from training import peak_flops
+from training import mfu
 from benchmarks.common import build_ours, machine, measure, timeit
 
 
@@ -76,8 +76,8 @@ def bench_align(args, device, dtype):
     for name, (_, fpt) in steps.items():
         line = f"| {name} | {med[name] * 1e3:.1f} | {B * T / med[name]:,.0f} | {med[name] / base:.2f}x |"
         if cuda:
-            peak = peak_flops(device)
-            util = "n/a" if peak is None else f"{fpt * B * T / med[name] / peak:.1%}"
+            util = mfu(fpt * B * T / med[name], device)
+            util = "n/a" if util is None else f"{util:.1%}"
             line += f" {util} | {peaks[name] / 2**30:.2f} |"
         print(line)
     print(f"\nfreezing embed+mlp: {med['λ=10'] / med['λ=10, freeze embed,mlp']:.2f}x the throughput of λ=10 unfrozen")

@@ -109,7 +109,7 @@ def check_model(table, s, device, dtype):
             t, peak = measure(lambda: train_step(model, forward, targets), device, warmup, iters)
             times[name] = t
             result = "; ".join(f"{t / times[k]:.2f}x the step time of {k}" for k in vs or () if k in times)
-            return dict(tok_s=B * T / t, mfu=mfu(ours, B * T / t, T, device), result=result or "-",
+            return dict(tok_s=B * T / t, mfu=mfu(ours.flops_per_token(T) * B * T / t, device), result=result or "-",
                         peak=None if peak is None else nbytes(model) + peak)  # the weights + what a step adds
         return fn
     run_ours, run_hf = (lambda: ours(idx, attn="causal")), (lambda: hf(input_ids=idx, use_cache=False).logits)
@@ -138,8 +138,7 @@ def check_align(table, s, device, dtype):
                 step, fpt = align_step(s["preset"], device, dtype, B, T, lam)
                 t, _ = measure(step, device, warmup, iters)
             times[lam] = t
-            peak = peak_flops(device)
-            return dict(tok_s=B * T / t, mfu=None if peak is None else fpt * B * T / t / peak, peak=mem["peak"],
+            return dict(tok_s=B * T / t, mfu=mfu(fpt * B * T / t, device), peak=mem["peak"],
                         result=f"{t / times[0]:.2f}x the step time of λ=0" if lam and 0 in times else "-")
         return fn
     table.run(2, "align.py step: λ=0 (no teacher)", variant(0.0))
