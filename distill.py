@@ -270,7 +270,7 @@ if __name__ == "__main__":
     teacher = training.load_teacher(teacher_dir, student, device, "distill", dtype=run.frozen_dtype)
     tok = training.load_tokenizer(args.init if not args.resume else run.out_dir, c)
     if not args.prompts:  # the prompts are cut from the data: it must share the student's tokenizer
-        training.load_splits(args.data, "distill", like=student, seq_len=args.seq_len)
+        run.load_splits(args.data, like=student)
     try:
         pool = prompt_pool(args, tok, args.rollout_max)
     except (FileNotFoundError, ValueError) as e:
