@@ -18,3 +18,16 @@ def short(doc):
 def parser(doc, **kwargs):
     """The ArgumentParser of a script whose module docstring is `doc`."""
     return argparse.ArgumentParser(description=short(doc), formatter_class=HelpFormatter, **kwargs)
+
+
+def comma_list(kind=str, *, choices=None, what="values"):
+    """An argparse type: "a,b" -> [kind(a), kind(b)] (empty items dropped), each one of `choices` when given."""
+    def parse(text):
+        try:
+            items = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what}") from None
+        if choices and (bad := sorted(set(items) - set(choices))):
+            raise argparse.ArgumentTypeError(f"unknown {what} {bad}; choose from {', '.join(choices)}")
+        return items
+    return parse

@@ -320,6 +320,20 @@ def read_prompts(path):
     return read_jsonl(path, ("prompt",))
 
 
+def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n):
+    """[(prompt ids, continuation ids)]: the last seq_len tokens of each record of the JSONL `prompts` (no
+    continuation), or about n windows of seq_len tokens and the span after them, spread over the val documents."""
+    if prompts:
+        return [(tok.encode(r["prompt"])[-seq_len:], []) for r in read_prompts(prompts)]
+    pool = []
+    for doc in documents(load_split(data_dir, "val"), tok.eos_id):
+        for o in range(0, len(doc) - seq_len, seq_len + span):
+            pool.append((doc[o:o + seq_len].tolist(), doc[o + seq_len:o + seq_len + span].tolist()))
+    if not pool:
+        raise ValueError("no prompts (the documents are shorter than --seq_len?)")
+    return pool[::max(1, len(pool) // n)][:n]  # spread over all documents
+
+
 def read_pairs(path):
     return read_jsonl(path, ("prompt", "chosen", "rejected"))
 

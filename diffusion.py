@@ -26,7 +26,14 @@ What is notable here:
   bound (each term keeps its expectation), but the blocks' terms then move together (a larger t raises the
   masked CE of every block) and the sum has the larger variance; independent t_b keep them uncorrelated.
 - Every random draw comes from the generator passed in, so a reseeded generator gives identical masks
-  (evaluation scores every checkpoint on the same corruptions).
+  (evaluation scores every checkpoint on the same corruptions: `fixed_mask_eval`, with EVAL_SEED).
+- `corrupt` draws t per sequence, or per (sequence, block) with block_size (BD3-LM); `where` restricts the masks
+  further (an answer-only loss: data.after_separator). `diffusion_loss`'s extra_ce is the public REPR-ALIGN
+  code's exp(-CE)·CE per masked token, exp(-CE) detached (the probability of the true token): its gradient is
+  (1 + p)·grad CE, so confident tokens weigh up to twice.
+- In `block_logits`, under shift a block's first position is read at the clean slot before it (P + i - 1,
+  which sees the clean blocks < b, exactly what the sampler and the per-block forward read there), the others
+  at noisy slot i - 1.
 """
 import contextlib
 
@@ -43,8 +50,7 @@ EVAL_RATIOS, EVAL_SEED, ELBO_EPS = (0.15, 0.5, 0.9), 1234, 1e-3
 
 
 def maskable(B, T, shift, prompt_lens=None, device=None):
-    """(B, T) bool: the positions that may be masked. Not position 0 under shift (nothing predicts it),
-    not the prompt (positions < prompt_lens[b])."""
+    """(B, T) bool: the positions that may be masked: not 0 under shift, not the prompt (< prompt_lens[b])."""
     pos = torch.arange(T, device=device).expand(B, T)
     ok = pos >= int(bool(shift))
     if prompt_lens is not None:
@@ -53,11 +59,8 @@ def maskable(B, T, shift, prompt_lens=None, device=None):
 
 
 def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=None, *, block_size=None, where=None):
-    """-> xt (B, T), masked (B, T) bool, t. Per sequence t ~ U(eps, 1-eps) (or the given t: a float or (B,)),
-    returned as (B,); with block_size, per (sequence, block) (BD3-LM; block g holds positions g·bs..g·bs+bs-1;
-    a given t: a float or (B, n_blocks)), returned per position, (B, T). Each maskable token is replaced by
-    mask_id independently with probability t (its block's). where (B, T) bool: only these positions are
-    maskable besides `maskable`'s rule (an answer-only loss: data.after_separator)."""
+    """-> xt (B, T), masked (B, T) bool, t (B,), or (B, T) per position with block_size. t ~ U(eps, 1-eps) per
+    sequence (per block), or the given t; each maskable token (and where (B, T) allows) masked w.p. t."""
     B, T = x0.shape
     gdev = generator.device if generator is not None else torch.device("cpu")
     shape = (B, -(-T // block_size)) if block_size else (B,)
@@ -68,19 +71,18 @@ def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=No
         t = t.repeat_interleave(block_size, 1)[:, :T]  # (B, T): each position its block's t
     u = torch.rand(B, T, generator=generator, device=gdev)
     masked = (u < per_position(t)).to(x0.device) & maskable(B, T, shift, prompt_lens, x0.device)  # P(masked) = t
-    if where is not None:
-        masked = masked & where
+    masked = masked if where is None else masked & where
     return torch.where(masked, torch.full_like(x0, mask_id), x0), masked, t.to(x0.device)
 
 
 def per_position(t):
-    """t (B,) per sequence -> (B, 1); t (B, T) per position stays: broadcastable to (B, T)."""
+    """t (B,) -> (B, 1); t (B, T) stays: broadcastable to (B, T)."""
     return t[:, None] if t.dim() == 1 else t
 
 
 def denoiser_rows(masked, shift):
-    """(B, T) bool: the positions whose output denoises a masked token. shift: row i-1 for masked i;
-    no shift: row i. In row-major order the k-th True row here predicts the k-th True position of masked."""
+    """(B, T) bool: the rows whose output denoises a masked token: i-1 for masked i (shift), else i. Row-major,
+    the k-th True row predicts the k-th True position of masked."""
     if not shift:
         return masked
     never_first(masked)
@@ -88,7 +90,7 @@ def denoiser_rows(masked, shift):
 
 
 def never_first(masked):
-    """Under shift nothing predicts position 0 (there are no logits at -1): ValueError if it is masked."""
+    """ValueError if position 0 is masked: under shift nothing predicts it."""
     if masked[:, 0].any():
         raise ValueError("under shift, position 0 cannot be denoised (no logits at -1): it must not be masked")
 
@@ -115,11 +117,8 @@ def per_block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None)
 
 
 def train_rule(real, N, bs):
-    """The attention rule over [x, xt] (x = [prompt, x0]: L = P + N slots, P a multiple of bs; then the N noisy
-    slots) as a FlexAttention mask_mod: rule(b, h, q, k) says whether query slot q of row b may attend to key
-    slot k. BD3-LM's three parts: a clean slot (< L) sees the clean stream block-causally (M_BC); a noisy slot of
-    block g sees the noisy slots of block g (M_BD) and the clean blocks < g (M_OBC). Pads (real False) are hidden
-    from every query, in both copies; a slot always sees itself (so a pad query has a key)."""
+    """The attention rule over [x, xt] (x = [prompt, x0], L = P + N slots; then N noisy ones) as a FlexAttention
+    mask_mod rule(b, h, q, k): BD3-LM's M_BC | M_OBC | M_BD; pads (real (B, L) False) hidden, a slot sees itself."""
     L = real.shape[1]
     key_real = torch.cat([real, real[:, L - N:]], 1)  # (B, L + N): a noisy slot is real where its clean one is
 
@@ -135,8 +134,7 @@ def train_rule(real, N, bs):
 
 
 def train_mask(real, N, bs, *, flex=False):
-    """The rule of `train_rule` as a FlexAttention BlockMask (flex: only the 128 x 128 tiles the rule allows are
-    computed, no (T, T) tensor is kept) or as a dense (B, 1, T, T) bool tensor: the rule on the index grid."""
+    """train_rule as a FlexAttention BlockMask (flex) or a dense (B, 1, T, T) bool mask, T = L + N."""
     B, T, dev = real.shape[0], real.shape[1] + N, real.device
     if flex:
         return create_block_mask(train_rule(real, N, bs), B, None, T, T, device=dev)
@@ -146,12 +144,8 @@ def train_mask(real, N, bs, *, flex=False):
 
 def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, flex=False, targets=None,
                  reduction="none", argmax=False):
-    """The same as per_block_logits in one forward over [x, xt] (P + 2N slots) under `train_rule`, the noisy
-    copy at the RoPE positions of the clean one: -> logits (n_sel, V), row-major, lm_head on those rows only
-    (targets (n_sel,): the cross-entropy instead, with reduction and argmax as in Qwen3.forward).
-    Under shift a block's first position is read at the clean slot before it (P + i - 1, which sees the clean
-    blocks < b, exactly what the sampler and the per-block forward read there), the others at noisy slot i - 1.
-    flex: attend through a FlexAttention BlockMask (CUDA training) instead of the dense mask."""
+    """per_block_logits in one forward over [x, xt] under train_rule, the noisy copy at the clean one's RoPE
+    positions -> logits (n_sel, V) row-major (targets: the CE instead, as Qwen3.forward); flex: a BlockMask."""
     B, L = x.shape
     N, bs, shift = L - P, model.config.block_size, int(model.config.shift if shift is None else shift)
     if P % bs:
@@ -161,8 +155,7 @@ def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, fle
     real = torch.ones_like(x, dtype=torch.bool) if real is None else real
     pos = torch.arange(L, device=x.device).expand(B, L) if pos is None else pos
     b, i = sel.nonzero(as_tuple=True)
-    first = (i % bs == 0) & bool(shift)
-    rows = torch.where(first, P + i - 1, L + i - shift)  # the slot of [x, xt] that denoises position i
+    rows = torch.where((i % bs == 0) & bool(shift), P + i - 1, L + i - shift)  # the slot that denoises position i
     return model(torch.cat([x, xt], 1), train_mask(real, N, bs, flex=flex), pos=torch.cat([pos, pos[:, P:]], 1),
                  rows=(b, rows), targets=targets, reduction=reduction, argmax=argmax)
 
@@ -171,13 +164,9 @@ def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, fle
 
 def denoiser_ce(model, x0, xt, masked, *, attn=None, shift=None, reduction="none", argmax=False,
                 output_hidden_states=False):
-    """-> CE (n_masked,) [, hidden_states]: CE_i = -log p_θ(x0_i | xt) at the masked positions in row-major order
-    (reduction="sum": their sum; argmax=True: (CE, the argmax ids)), from one forward with lm_head on the rows that
-    denoise them (denoiser_rows). attn, shift: default the checkpoint's config. attn "block": BD3-LM, block b
-    given the clean blocks before it (block_logits over [x0, xt]; no hidden states)."""
-    c = model.config
-    attn = c.attn if attn is None else attn
-    shift = c.shift if shift is None else shift
+    """-> CE_i = -log p_θ(x0_i | xt) (n_masked,), row-major [, hidden_states], lm_head on the denoiser_rows only
+    (reduction, argmax: as Qwen3.forward). attn "block": block b given the clean blocks before it (block_logits)."""
+    attn, shift = model.config.attn if attn is None else attn, model.config.shift if shift is None else shift
     if shift is None:
         raise ValueError("the model's config has no `shift`: is it a DLM converted by convert.py?")
     if isinstance(attn, str) and attn == "block":
@@ -191,14 +180,9 @@ def denoiser_ce(model, x0, xt, masked, *, attn=None, shift=None, reduction="none
 
 def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None, prompt_lens=None,
                    extra_ce=False, output_hidden_states=False):
-    """The masked-diffusion loss: -> scalar, or (scalar, hidden_states) with output_hidden_states.
-    t: (B,) per sequence or (B, T) per position (corrupt's). A block DLM is scored as BD3-LM (denoiser_ce).
-    norm="mean": the mean cross-entropy over masked tokens (the REPR-ALIGN code).
-    norm="elbo": sum over masked tokens of CE / t, divided by the number of tokens that can be masked
-        (T, or T-1 under shift, less the prompt), averaged over sequences (LLaDA/MDLM; BD3-LM for a block DLM):
-        the negative ELBO in nats per token, an upper bound on -log p(x0) per token.
-    extra_ce: add the public REPR-ALIGN code's exp(-CE)·CE per masked token, exp(-CE) detached (the
-        probability of the true token): its gradient is p·grad CE, i.e. confident tokens weigh up to twice."""
+    """-> the masked-diffusion loss [, hidden_states]; t (B,) or (B, T) as corrupt's. norm "mean": the mean CE
+    over masked tokens; "elbo": the negative ELBO in nats per maskable token (LLaDA/MDLM; BD3-LM for a block DLM).
+    extra_ce: + sg(exp(-CE))·CE per masked token."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
     out = denoiser_ce(model, x0, xt, masked, attn=attn, shift=shift, output_hidden_states=output_hidden_states)
@@ -217,8 +201,7 @@ def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None,
 
 
 def nelbo(model, x0, generator, eps=1e-3):
-    """One Monte Carlo draw of the negative ELBO in nats per token (a scalar): t ~ U(eps, 1-eps) per sequence,
-    or per (sequence, block) for a block DLM (BD3-LM), masks from the generator; diffusion_loss(norm="elbo")."""
+    """One draw of the negative ELBO in nats per token: diffusion_loss(norm="elbo") on a corruption of x0."""
     c = model.config
     bs = c.block_size if c.attn == "block" else None
     xt, masked, t = corrupt(x0, c.mask_token_id, c.shift, generator, eps, block_size=bs)
@@ -239,15 +222,12 @@ def sequence_elbo(model, x0, masked, t, attn=None):
 
 @torch.no_grad()
 def fixed_mask_eval(model, batches, ctx=None, ratios=EVAL_RATIOS, seed=EVAL_SEED, elbo_eps=ELBO_EPS):
-    """On fixed batches with fixed masks (one generator, seeded here, so every call and every checkpoint sees
-    the same corruptions): masked-token accuracy and mean CE at each mask ratio, and a one-draw negative ELBO
-    (nats/token, `nelbo`). A block DLM reads block b's masked positions given the clean blocks before it (the
-    same masks; BD3-LM's setting). Shared by align.py's evaluation and eval.py's likelihood."""
+    """Masked-token accuracy and mean CE at each mask ratio, and a one-draw negative ELBO (nelbo), on batches
+    masked from a generator of `seed`: every call, every checkpoint, the same corruptions."""
     c, g = model.config, torch.Generator().manual_seed(seed)
-    ctx = ctx or contextlib.nullcontext()
     ce, acc, n, nats = [0.0] * len(ratios), [0] * len(ratios), [0] * len(ratios), 0.0
     for x0 in batches:
-        with ctx:
+        with ctx or contextlib.nullcontext():
             for k, r in enumerate(ratios):
                 xt, masked, _ = corrupt(x0, c.mask_token_id, c.shift, g, t=r)
                 target = x0[masked]

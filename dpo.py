@@ -217,7 +217,6 @@ def main(args):
     held_out = lambda: evaluate(policy, heldout, ref_held, beta=args.beta, batch_size=args.batch_size, ctx=ctx,
                                 device=device)
     draw = lambda: torch.randint(len(train), (args.batch_size,), generator=run.gen).tolist()  # a micro-batch's pairs
-    last_eval = {}
     for step in run.steps():
         for pick in run.micro_batches(draw):
             ids, _, resp, _ = pair_batch([train[j] for j in pick], device)
@@ -234,18 +233,15 @@ def main(args):
                          flops=training.flops_per_token(policy, ids.shape[1], forward_only=ref) * ids.numel())
         rec = run.update()
         if run.eval_due():
-            last_eval = dict(step=step, **held_out())
-            rec.update({k: v for k, v in last_eval.items() if k != "step"})
+            rec.update(run.evaluate(held_out))
         if run.save_due():
             lora = {k: v for k, v in policy.state_dict().items() if "lora_" in k}
             with merged(policy):  # LoRA resumes from --ar and A, B: no fp32 copy of the merged weights (exact=())
                 run.save(policy, tok, extra=dict(args=vars(args), lora=lora), exact=() if args.lora_rank else None)
         run.log(rec, loss=f"{rec['loss']:.3f}", acc=f"{rec['reward_acc']:.2f}",
-                val_acc=f"{last_eval.get('heldout_reward_acc', float('nan')):.2f}")
+                val_acc=f"{run.last_eval.get('heldout_reward_acc', float('nan')):.2f}")
 
-    if last_eval.get("step") != args.max_iters - 1:  # a resumed run that had nothing left to train
-        last_eval = held_out()
-    final = {k: v for k, v in last_eval.items() if k != "step"}
+    final = dict(run.final(held_out))
     final["heldout_pref_acc_before"] = (ref_held[:, 0] > ref_held[:, 1]).float().mean().item()  # the AR's own
     print("\nfinal held-out: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     run.results(dict(**final, heldout_pairs=len(heldout), steps=args.max_iters, beta=args.beta,

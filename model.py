@@ -12,6 +12,14 @@ What is notable here:
 - Attention is F.scaled_dot_product_attention; causal and bidirectional calls pass no mask tensor. A
   FlexAttention BlockMask goes to flex_attention instead (distill.py's training mask on CUDA): only the
   blocks the mask allows are computed, and no (T, T) mask exists.
+- `Qwen3.forward` is the one entry point of every loss, evaluation and sampler, so FSDP (which gathers the
+  sharded tensors around forward) sees every use. `rows` runs lm_head on the rows that need it only: with
+  Qwen3's 152k-row head the full (B, T, V) logits would dwarf everything else. With `targets` it returns each
+  row's cross-entropy instead; without grad CE_ROWS rows at a time, so the logits never exist at once.
+- The KV cache keeps one tensor per layer (gpt-fast): under torch.compile an in-place write into a view of one
+  (layers, ...) tensor makes the compiled step copy the whole cache every call.
+- Hidden states are Hugging Face's `hidden_states`: the embedding output, each block's output, and the last one
+  replaced by the final-norm output (REPR-ALIGN aligns all of them).
 """
 from dataclasses import dataclass, field
 
@@ -52,25 +60,22 @@ class Qwen3Config(ConfigFile):  # config.json I/O: checkpoint.ConfigFile
     mask_token_id: int | None = None  # an unused embedding row; never sampled as an output
     shift: bool | None = None  # True: the logits at i-1 denoise position i (the AR head's meaning)
     converted_from: str | None = None
-    # Tokenizer.fingerprint of the tokenizer it was trained with (training.save_checkpoint, convert.py); when
-    # config.json has none (older checkpoints, downloaded ones), ConfigFile.load computes it from the tokenizer files
+    # checkpoint bookkeeping (checkpoint.ConfigFile): the tokenizer's fingerprint, the directory read from (not
+    # saved), other config.json keys (kept on save), generation_config.json (None: the checkpoint has none)
     tokenizer_sha256: str | None = None
-    path: str | None = field(default=None, repr=False, compare=False)  # the directory it was read from; not saved
-    extra: dict = field(default_factory=dict, repr=False)  # other config.json keys, kept on save
-    # generation_config.json (eos_token_id: the ids that end a turn, Tokenizer.end_ids; sampling defaults), read and
-    # written with config.json but not part of it; None when the checkpoint has none
+    path: str | None = field(default=None, repr=False, compare=False)
+    extra: dict = field(default_factory=dict, repr=False)
     generation: dict | None = field(default=None, repr=False)
 
     def validate(self, source="config"):
-        if self.attn not in ATTN_MODES:
-            raise ValueError(f"{source}: attn must be one of {ATTN_MODES}, got {self.attn!r}")
-        if self.attn == "block" and not (self.block_size and self.block_size > 0):
-            raise ValueError(f"{source}: attn='block' needs a positive block_size")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"{source}: num_attention_heads must be a multiple of num_key_value_heads")
-        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(f"{source}: mask_token_id {self.mask_token_id} outside the {self.vocab_size} "
-                             f"embedding rows")
+        bad = {f"attn must be one of {ATTN_MODES}, got {self.attn!r}": self.attn not in ATTN_MODES,
+               "attn='block' needs a positive block_size": self.attn == "block" and not (self.block_size or 0) > 0,
+               "num_attention_heads must be a multiple of num_key_value_heads":
+                   self.num_attention_heads % self.num_key_value_heads,
+               f"mask_token_id {self.mask_token_id} outside the {self.vocab_size} embedding rows":
+                   self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size}
+        if problems := [k for k, v in bad.items() if v]:
+            raise ValueError(f"{source}: {problems[0]}")
 
 
 # Presets: the published Qwen3 shapes (docs/methods.md §0) and tiny ones for CPU work.
@@ -110,9 +115,8 @@ class Qwen3RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # in fp32, as HF does
-        return self.weight * x32.to(x.dtype)
+        x32 = x.float()  # x / sqrt(mean(x²) + eps) in fp32, as HF does
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 def rope_cos_sin(pos, head_dim, theta, dtype):
@@ -120,8 +124,7 @@ def rope_cos_sin(pos, head_dim, theta, dtype):
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=pos.device).float() / head_dim))
     freqs = pos[..., None].float() * inv_freq  # (..., T, head_dim/2)
     emb = torch.cat((freqs, freqs), dim=-1)
-    if emb.dim() == 2:
-        emb = emb[None]
+    emb = emb[None] if emb.dim() == 2 else emb  # (1 or B, T, head_dim)
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
@@ -131,10 +134,7 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Static pre-allocated cache: per layer, k and v of shape (B, kv_heads, max_len, head_dim), each layer's its
-    own tensor (gpt-fast), so that under torch.compile the in-place write stays in place (writing into a view of
-    one (layers, ...) tensor makes the compiled step copy the whole cache every call). A forward writes its
-    keys/values at the cache slots it is given (index_copy_, no reallocation)."""
+    """Static cache: per layer k, v (B, kv_heads, max_len, head_dim), written in place at the given slots."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
         shape = (batch_size, config.num_key_value_heads, max_len, config.head_dim)
@@ -240,23 +240,18 @@ class Qwen3Model(nn.Module):
         self.gradient_checkpointing = False
 
     def forward(self, idx, attn, *, block_size=None, output_hidden_states=False, pos=None, cache=None, slots=None):
-        """Returns the final normed hidden state (B, T, C) and, if asked, Hugging Face's hidden_states list:
-        the embedding output, each block's output, and the last one replaced by the final-norm output."""
-        B, T = idx.shape
+        """-> the final normed hidden state (B, T, C) and, if asked, the hidden_states list (else None)."""
         dev = idx.device
         x = self.embed_tokens(idx)
-        seq = torch.arange(T, device=dev) if slots is None else slots  # sequence index of each query
+        seq = torch.arange(idx.shape[1], device=dev) if slots is None else slots  # sequence index of each query
         cos, sin = rope_cos_sin(seq if pos is None else pos, self.config.head_dim, self.config.rope_theta, x.dtype)
-        mask, is_causal = None, False
         if isinstance(attn, (torch.Tensor, BlockMask)):
             mask = attn  # explicit boolean mask, broadcastable to (B, heads, T, keys), or a BlockMask
         elif cache is not None:  # keys are the cache slots; slots not yet written are hidden
-            k_pos = torch.arange(cache.max_len, device=dev)
-            mask = attention_mask(attn, seq, k_pos, block_size, k_len=seq.max() + 1)
-        elif attn == "causal":
-            is_causal = True  # SDPA's own causal kernel, no mask tensor
-        elif attn == "block":
-            mask = attention_mask(attn, seq, seq, block_size)
+            mask = attention_mask(attn, seq, torch.arange(cache.max_len, device=dev), block_size, k_len=seq.max() + 1)
+        else:  # causal: SDPA's own causal kernel; bidirectional: no mask at all
+            mask = attention_mask(attn, seq, seq, block_size) if attn == "block" else None
+        is_causal = mask is None and attn == "causal"
         hidden = [x]
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
@@ -270,8 +265,8 @@ class Qwen3Model(nn.Module):
 
 
 class Qwen3(WeightsFile, nn.Module):
-    """Qwen3ForCausalLM: model (embeddings + decoder layers + final norm) and lm_head. from_pretrained and
-    save_pretrained (Hugging Face directories) come from checkpoint.WeightsFile."""
+    """Qwen3ForCausalLM: model (embeddings + decoder layers + final norm) and lm_head; from_pretrained and
+    save_pretrained (Hugging Face directories) from checkpoint.WeightsFile."""
     config_class = Qwen3Config
 
     def __init__(self, config):
@@ -285,45 +280,31 @@ class Qwen3(WeightsFile, nn.Module):
 
     def forward(self, idx, attn=None, *, rows=None, targets=None, reduction="none", argmax=False,
                 output_hidden_states=False, block_size=None, pos=None, cache=None, slots=None):
-        """idx (B, T) token ids -> logits (B, T, vocab) [, hidden_states]: the one entry point of every loss,
-        evaluation and sampler (so that FSDP, which gathers the sharded tensors around forward, sees every use).
-        attn: "causal" | "bidirectional" | "block" | a boolean mask | a FlexAttention BlockMask (no cache);
-        default: the checkpoint's mode.
-        rows: lm_head only on these rows, a (B, T) bool mask or a pair of index tensors (b, i) -> logits (n, vocab),
-        row-major (with Qwen3's 152k-row head the full logits would dwarf everything else; no rows: no head).
-        targets (n,) or (B*T,): instead of logits, each row's cross-entropy -log softmax(logits)[target] in fp32
-        (reduction="sum": their sum; argmax=True: (ce, the rows' argmax ids)); without grad CE_ROWS rows at a
-        time, so the logits never exist at once.
-        output_hidden_states: also Hugging Face's hidden_states list: the embedding output, each block's output,
-        and the last one replaced by the final-norm output.
-        pos: RoPE positions (T,) or (B, T); default the sequence index (or the cache slots).
-        cache, slots: a KVCache and the LongTensor (T,) of cache slots this call's tokens are written to;
-        queries then attend to the cached keys under the same rule, in cache-slot coordinates."""
+        """idx (B, T) token ids -> logits (B, T, V) [, hidden_states (output_hidden_states)].
+        attn: "causal" | "bidirectional" | "block" | a bool mask | a BlockMask; default the checkpoint's mode.
+        rows: lm_head on these rows only, a (B, T) bool mask or index tensors (b, i) -> logits (n, V), row-major.
+        targets (n,): instead of logits, each row's -log softmax(logits)[target] (cross_entropy's reduction, argmax).
+        pos: RoPE positions (T,) or (B, T), default the sequence index; cache, slots: a KVCache and the slots (T,)
+        this call writes, its queries attending to the cached keys under the same rule."""
         if idx.dim() != 2 or idx.dtype != torch.long:
             raise ValueError(f"idx must be a (B, T) LongTensor, got {tuple(idx.shape)} {idx.dtype}")
-        attn = self.config.attn if attn is None else attn
-        if isinstance(attn, str):
-            if attn not in ATTN_MODES:
-                raise ValueError(f"attn must be one of {ATTN_MODES} or a boolean mask, got {attn!r}")
-            block_size = block_size or self.config.block_size
-            if attn == "block" and not block_size:
-                raise ValueError("attn='block' needs block_size (argument or checkpoint config)")
+        attn, block_size = self.config.attn if attn is None else attn, block_size or self.config.block_size
+        if isinstance(attn, str) and attn not in ATTN_MODES:
+            raise ValueError(f"attn must be one of {ATTN_MODES} or a boolean mask, got {attn!r}")
+        if isinstance(attn, str) and attn == "block" and not block_size:
+            raise ValueError("attn='block' needs block_size (argument or checkpoint config)")
         if (cache is None) != (slots is None):
             raise ValueError("cache and slots go together")
         h, hidden = self.model(idx, attn, block_size=block_size, output_hidden_states=output_hidden_states, pos=pos,
                                cache=cache, slots=slots)  # (B, T, C)
-        if rows is not None:
-            h = h[rows]  # (n, C)
-        if targets is None:
-            out = self.lm_head(h)
-        else:
-            out = self.cross_entropy(h.reshape(-1, h.shape[-1]), targets, reduction=reduction, argmax=argmax)
+        h = h if rows is None else h[rows]  # (n, C)
+        out = self.lm_head(h) if targets is None else self.cross_entropy(h.reshape(-1, h.shape[-1]), targets,
+                                                                         reduction=reduction, argmax=argmax)
         return (out, hidden) if output_hidden_states else out
 
     def cross_entropy(self, h, targets, reduction="none", argmax=False):
-        """Final hidden states h (n, C) and targets (n,) -> CE (n,) fp32 or its sum [, argmax ids (n,)]. One piece
-        with grad (the backward keeps the logits anyway: F.cross_entropy's numbers bit for bit), CE_ROWS rows at a
-        time without (the sum: of the pieces' sums)."""
+        """h (n, C), targets (n,) -> CE (n,) fp32, or its sum [, argmax ids (n,)]; CE_ROWS rows at a time without
+        grad (with grad one piece: the backward keeps the logits anyway)."""
         step = max(1, h.shape[0] if torch.is_grad_enabled() else CE_ROWS)
         ce, pred = [], []
         for hc, tc in zip(h.split(step), targets.split(step)):
@@ -334,46 +315,20 @@ class Qwen3(WeightsFile, nn.Module):
         ce = torch.cat(ce) if reduction == "none" else torch.stack(ce).sum()
         return (ce, torch.cat(pred)) if argmax else ce
 
-    # ---- what the samplers and trainers need -------------------------------------------------
-
     def new_cache(self, batch_size, max_len):
         w = self.model.embed_tokens.weight
         return KVCache(self.config, batch_size, max_len, w.device, w.dtype)
 
-    def param_group(self, name):
-        """The parameter names in a freezable group: embed, attn, mlp, lm_head (tied: lm_head is embed)."""
-        keys = {"embed": "model.embed_tokens.", "attn": ".self_attn.", "mlp": ".mlp.", "lm_head": "lm_head."}
-        if name not in keys:
-            raise ValueError(f"unknown parameter group {name!r}; choose from {sorted(keys)}")
-        if name == "lm_head" and self.config.tie_word_embeddings:
-            name = "embed"  # tied: the output head is the embedding matrix
-        return [n for n, _ in self.named_parameters() if keys[name] in n or n.startswith(keys[name])]
-
-    def freeze(self, groups):
-        for g in groups:
-            names = set(self.param_group(g))
-            for n, p in self.named_parameters():
-                if n in names:
-                    p.requires_grad_(False)
-
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
 
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token (forward + backward), as in the PaLM appendix / nanoGPT."""
-        c = self.config
-        n = self.num_params() - self.model.embed_tokens.weight.numel() * (not c.tie_word_embeddings)
-        return 6 * n + 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq_len
-
+    @torch.no_grad()
     def init_weights(self, seed=0):
-        """Random init (std 0.02, nanoGPT/HF style): the tiny teacher and the 'from scratch' baseline."""
+        """Random init (nanoGPT/HF): N(0, 0.02) matrices, zero biases, unit norms."""
         g = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
-            with torch.no_grad():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                elif name.endswith(".bias"):
-                    p.zero_()
-                else:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+            if name.endswith(("norm.weight", ".bias")):
+                p.fill_(float(name.endswith("norm.weight")))  # norms 1, biases 0
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
         return self

@@ -46,13 +46,9 @@ p.add_argument("--data", default="data/stdlib", help="a directory prepared by da
 p.add_argument("--out_dir", default="out/ar-tiny", help="checkpoints, log.jsonl and results.json go here")
 p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape when starting from scratch")
 p.add_argument("--init", default=None, help="start from this Qwen3 checkpoint instead of random weights")
-training.add_loop_args(p, max_iters=600, batch_size=16, seq_len=256, lr=6e-3, min_lr=6e-4, warmup=20,
+training.add_loop_args(p, answers=True, max_iters=600, batch_size=16, seq_len=256, lr=6e-3, min_lr=6e-4, warmup=20,
                        eval_interval=100, eval_batches=16)
 p.add_argument("--samples", type=int, default=3, help="prompts continued at the end (greedy and sampled)")
-p.add_argument("--loss_after", default=None, metavar="TEXT",
-               help="answer-only loss: score only the tokens after TEXT (one token) in each document, up to its eos, "
-                    "in windows that begin at a document's start (tasks.py's documents: ' ='); default every token "
-                    "of random windows")
 
 
 def ar_loss(model, x, *, sep_id=None, eos_id=None):

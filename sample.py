@@ -67,11 +67,9 @@ class Generation:
     prompt_lens: torch.Tensor  # (B,) real prompt tokens per row: row b's prompt is tokens[b, P - len_b : P]
     start: int  # P, the slot of the first generated token
     nfe: int  # model forwards the batch used (a block ends when its slowest row is done)
-    row_nfe: torch.Tensor  # (B,) forwards row b needed: AR, one per token up to its eos; diffusion, its rounds
-    # (threshold) or steps (fixed) per block, up to and including the block that holds its first eos
+    row_nfe: torch.Tensor  # (B,) forwards row b needed, up to and including the block of its first eos
     row_tokens: torch.Tensor  # (B,) tokens row b generated up to and including its first eos (N if none)
-    rounds: torch.Tensor | None = None  # (B, N) block_generate(record=True): the round (0 = the first forward
-    # on its block) in which each position was committed; -1 where never generated (early stop at eos)
+    rounds: torch.Tensor | None = None  # (B, N) record=True: the round (0: its block's first) of each commit, or -1
 
     @property
     def generated(self):  # (B, N)
@@ -114,11 +112,8 @@ def until_end(ids, eos_id):
 
 
 def sample(logits, temperature=0.0, top_k=None, top_p=None, generator=None, ban=None):
-    """logits (..., V) -> tokens (...), confidence (...). The token is drawn from the temperature-scaled,
-    top-k/top-p filtered distribution (argmax when greedy); its confidence is its probability under the raw
-    softmax, after `ban` but before temperature, top-k and top-p, as LLaDA and Fast-dLLM compute it: the
-    threshold and low-confidence remasking compare the model's own belief, not the distribution that was
-    sharpened or flattened to draw from. `ban` (V,) is added first: -inf at ids never to emit (the mask token)."""
+    """logits (..., V) -> tokens (...) drawn after temperature, top-k, top-p (argmax when greedy), and their
+    confidence: the raw softmax probability (after `ban` (V,), -inf at ids never emitted; before the rest)."""
     logits = logits.float() if ban is None else logits.float() + ban
     if temperature == 0:
         tok = logits.argmax(-1)
@@ -138,19 +133,16 @@ def sample(logits, temperature=0.0, top_k=None, top_p=None, generator=None, ban=
 
 
 def choose(conf, masked, n=None, threshold=None):
-    """Which masked positions to commit: the n most confident (n a 0-d tensor), or with a threshold every one
-    whose confidence is >= threshold plus the most confident (Fast-dLLM's rule: always at least one).
-    conf, masked: (B, T) -> (B, T) bool."""
+    """conf, masked (B, T) -> (B, T) bool, the masked positions to commit: the n most confident (n a 0-d tensor), or
+    every one with confidence >= threshold plus the most confident (Fast-dLLM: at least one)."""
     conf = conf.masked_fill(~masked, NEG_INF)
     rank = conf.argsort(dim=-1, descending=True, stable=True).argsort(-1)  # 0 = the most confident masked position
     return masked & ((rank < n) if threshold is None else (conf >= threshold) | (rank == 0))
 
 
 def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
-    """prompt: a (B, T) LongTensor or a list of token lists / 1-D tensors (ragged: left-padded with pad_id to
-    P, a multiple of `multiple`). -> x (B, P + n_new) with `fill` after the prompts, prompt_lens (B,), P,
-    real (B, P + n_new) bool (the slot holds a token, not a pad), pos (B, P + n_new) RoPE positions.
-    Refuses a prompt whose length + n_new exceeds the model's positions (config.max_position_embeddings)."""
+    """prompt (B, T) or token lists, left-padded with pad_id to P (a multiple of `multiple`) -> x (B, P + n_new),
+    `fill` after the prompts, prompt_lens (B,), P, real (B, P + n_new) bool (not a pad), RoPE positions."""
     dev = model.model.embed_tokens.weight.device
     if torch.is_tensor(prompt) and prompt.dim() != 2:
         raise ValueError(f"a prompt tensor must be (B, T), got {tuple(prompt.shape)}")
@@ -170,14 +162,9 @@ def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
     return x, lens, P, *left_padded(lens, P, P + n_new)
 
 
-def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, temperature, top_k, top_p):
-    """The shared arguments, checked: ban (V,) (-inf at the mask token and ids >= vocab_limit), the generator,
-    pad id (default the first end id, else 0) and the end ids: None, or a LongTensor (E,) from eos_id (an int or
-    a list/tuple of ids: a row stops at the first of any)."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
-    if (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
-        raise ValueError(f"top_k must be >= 1 and top_p in (0, 1], got top_k={top_k}, top_p={top_p}")
+def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id):
+    """-> ban (V,) (-inf at the mask token and ids >= vocab_limit), the generator (fresh when None), the pad id
+    (default the first end id, else 0) and the end ids (E,) of eos_id (an id or several), or None."""
     dev = model.model.embed_tokens.weight.device
     ban = torch.zeros(model.config.vocab_size, device=dev)
     if mask_token_id is not None:
@@ -187,21 +174,16 @@ def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, 
     if generator is None:
         generator = torch.Generator(dev)
         generator.seed()  # fresh randomness, never the global RNG; pass a seeded generator to reproduce
-    eos = None
-    if eos_id is not None:
-        ids = end_list(eos_id)
-        if not ids or not all(isinstance(i, int) for i in ids):
-            raise ValueError(f"eos_id must be an int or a non-empty list/tuple of ints, got {eos_id!r}")
-        eos = torch.tensor(ids, device=dev)
-    if pad_id is None:
-        pad_id = 0 if eos is None else int(eos[0])
-    return ban, generator, pad_id, eos
+    ids = end_list(eos_id)
+    if eos_id is not None and not (ids and all(isinstance(i, int) for i in ids)):
+        raise ValueError(f"eos_id must be an int or a non-empty list/tuple of ints, got {eos_id!r}")
+    pad_id = (ids[0] if ids else 0) if pad_id is None else pad_id
+    return ban, generator, pad_id, torch.tensor(ids, device=dev) if ids else None
 
 
 def dlm_fields(model, mask_token_id, shift):
     c = model.config
-    mask_id = c.mask_token_id if mask_token_id is None else mask_token_id
-    shift = c.shift if shift is None else shift
+    mask_id, shift = c.mask_token_id if mask_token_id is None else mask_token_id, c.shift if shift is None else shift
     if mask_id is None or shift is None:
         raise ValueError("a diffusion sampler needs mask_token_id and shift (from the checkpoint's config: "
                          "convert.py writes them, or pass them)")
@@ -209,8 +191,8 @@ def dlm_fields(model, mask_token_id, shift):
 
 
 def finish(x, lens, P, nfe, row_nfe, eos, rounds=None):
-    """The Generation: every generated position after a row's first end token (any of eos (E,)) becomes that
-    token (in place), and each row's tokens up to and including it are counted (all N without one)."""
+    """The Generation: each row's slots after its first end token (of eos (E,)) become it, in place; its tokens
+    up to and including it are counted (all N without one)."""
     gen, N = x[:, P:], x.shape[1] - P
     row_tokens = torch.full_like(row_nfe, N)
     if eos is not None:
@@ -222,10 +204,8 @@ def finish(x, lens, P, nfe, row_nfe, eos, rounds=None):
 
 
 def forward(model, x, q, pos, real, rule, cache=None, block_size=None):
-    """One model call of a sampler: tokens x (B, T) at slots q (T,) with RoPE positions pos (B, T), attending
-    under `rule` ("causal" | "bidirectional" | "block") to key slots 0..S-1, pads (real (B, S) False) hidden.
-    With a cache the keys are its S slots and this call writes its own keys/values at q first; without one
-    they are the first S slots of the sequence, x being all of them. -> logits (B, T, V)."""
+    """One model call: x (B, T) at slots q (T,), RoPE positions pos, attending under `rule` to key slots 0..S-1
+    (the cache's, written at q first; or x itself), pads (real (B, S) False) hidden -> logits (B, T, V)."""
     mask = attend(rule, q, real, block_size)  # (B, 1, T, S)
     return model(x, attn=mask, pos=pos, cache=cache, slots=None if cache is None else q)
 
@@ -238,8 +218,7 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
     the whole sequence per token (reference). compile: the one-token steps through torch.compile (compiling.stepper);
     the prompt's forward stays eager."""
     mask_id = model.config.mask_token_id if mask_token_id is None else mask_token_id
-    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
-                                                top_k, top_p)
+    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
     x, lens, P, real, pos = prepare(model, prompt, max_new_tokens, pad_id, pad_id)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
@@ -296,8 +275,7 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
         raise ValueError(f"steps {steps} must be a positive multiple of the number of blocks {n_blocks}")
     if threshold is not None and remasking != "low_confidence":
         raise ValueError("threshold decoding needs remasking='low_confidence'")
-    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
-                                                top_k, top_p)
+    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
     x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
@@ -336,37 +314,20 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     return finish(x, lens, P, nfe, row_nfe, eos)
 
 
-def first_fed(b, r, s, bs, use_cache):
-    """block_generate: the first slot fed in round r on block b (whose slots are s..s+bs-1)."""
-    if not use_cache or (b == 0 and r == 0):
-        return 0  # the whole sequence: no cache to read from, or the prompt enters the cache now
-    if r == 0:
-        return s - bs  # the previous block, final since its last round, enters the cache with the masked block
-    return s  # later rounds: the block alone, reading everything before it from the cache
-
-
 @torch.no_grad()
 def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, temperature=0.0, top_k=None,
                    top_p=None, use_cache=True, record=False, eos_id=None, pad_id=None, generator=None,
                    mask_token_id=None, shift=None, vocab_limit=None, *, compile=False):
-    """Block diffusion for block-attention DLMs: blocks of block_size are denoised one after the other, each
-    round committing every prediction with confidence >= threshold plus the most confident (the raw softmax
-    probability of the chosen token, see `sample`; threshold <= 0 commits a block per forward, > 1 one token
-    per forward). Finished blocks are written into the KV cache once (exact: later blocks cannot change
-    them); use_cache=False recomputes the whole sequence every round (the slow reference, same results).
-    record=True fills Generation.rounds. compile: the rounds through torch.compile (compiling.stepper), all of one
-    shape but round 0 (two blocks fed) and the prompt's first forward (eager)."""
+    """Block diffusion: blocks of block_size denoised in turn, each round committing every prediction with
+    confidence >= threshold plus the most confident (`choose`), finished blocks entering the KV cache once
+    (use_cache=False: the slow reference, recomputing everything). record: Generation.rounds."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     bs = block_size or model.config.block_size
-    if not bs:
-        raise ValueError("block_generate needs a block size (argument or the checkpoint's config.block_size)")
-    if gen_length % bs or threshold is None:
-        raise ValueError(f"gen_length {gen_length} must be a multiple of the block size {bs}, and a threshold set")
-    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, temperature,
-                                                top_k, top_p)
-    # Alignment: the prompt is left-padded to P, a multiple of bs, so generated block b occupies the slots
-    # [P + b*bs, P + (b+1)*bs) and the model's block rule (slot // bs) applies in slot coordinates, prompt
-    # blocks included (pads hidden). distill.py trains with the same convention.
+    if not bs or gen_length % bs or threshold is None:
+        raise ValueError(f"gen_length {gen_length} must be a multiple of the block size {bs} (argument or "
+                         f"config.block_size), and a threshold set")
+    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
+    # the prompt left-padded to P, a multiple of bs: the block rule (slot // bs) holds in slot coordinates
     x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id, multiple=bs)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
@@ -374,15 +335,13 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
     cache = compiling.static_cache(model.new_cache(B, L), compile) if use_cache else None
     rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
     finished = torch.zeros(B, dtype=torch.bool, device=x.device)  # the row's eos is in an earlier block
-    row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
-    nfe, edge = 0, None  # edge: slot s-1's logits, set by each block's round 0 before the later rounds read them
+    row_nfe, nfe, edge = torch.zeros(B, dtype=torch.long, device=x.device), 0, None  # edge: slot s-1's logits
     for b in range(gen_length // bs):
         s, e = P + b * bs, P + (b + 1) * bs  # the block's slots
         for r in range(bs):  # every round commits at least one token of each unfinished row
-            # With the cache, round 0 feeds the previous block (the prompt, for b = 0) with its final tokens
-            # along with the masked block: their keys/values enter the cache once, here. Later rounds feed
-            # the block alone. Without the cache every round feeds slots 0..e-1.
-            a = first_fed(b, r, s, bs, use_cache)
+            # the first slot fed: with the cache, round 0 feeds the previous block (b = 0: the prompt), now final,
+            # with the masked block, so that it enters the cache once; later rounds the block alone
+            a = 0 if not use_cache or (b == 0 and r == 0) else s - bs if r == 0 else s
             keys = real if use_cache else real[:, :e]  # (B, L or e)
             fn = forward if use_cache and a == 0 else step  # the prompt's forward (its length varies) eager
             logits = fn(model, x[:, a:e], slots[a:e], pos[:, a:e], keys, "block", cache, bs)  # (B, e-a, V)
@@ -434,6 +393,10 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
                          "drop it")
     if threshold is not None and not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    if (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(f"top_k must be >= 1 and top_p in (0, 1], got top_k={top_k}, top_p={top_p}")
     common = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
                   vocab_limit=vocab_limit, compile=compile)
     if kind == "causal":
@@ -512,6 +475,8 @@ def main():
     p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory; its config.attn picks the sampler")
     p.add_argument("--prompt", default="def ", help="the text to continue (encoded with the checkpoint's tokenizer)")
     p.add_argument("--num_samples", type=int, default=1, help="rows of one batch, all from --prompt")
+    p.add_argument("--data", default=None, help="a data.py directory: one prompt per row instead, the first "
+                   "--num_samples validation documents from their first def (32 tokens)")
     p.add_argument("--max_new_tokens", type=int, default=64, help="AR: at most; DLMs: the generation length")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top_k", type=int, default=None, help="sample among the k most likely tokens only")
@@ -552,10 +517,15 @@ def main():
         raise SystemExit(f"sample: --chat: {e}")
     if not ids:
         raise SystemExit("sample: --prompt encodes to no tokens")
+    rows = [ids] * args.num_samples
+    if args.data:
+        import data
+        val = training.load_splits(args.data, "sample: --data", like=model)[1]
+        rows = data.code_prompts(val, tok, args.num_samples, 32)
     if args.show_rounds and model.config.attn != "block":
         raise SystemExit(f"sample: --show_rounds needs a block-diffusion checkpoint (config.attn 'block'), "
                          f"{args.ckpt} has {model.config.attn!r}")
-    prompt = torch.tensor([ids] * args.num_samples, device=device)
+    prompt = rows if args.data else torch.tensor(rows, device=device)
     eos_id = None if args.ignore_eos else tok.end_ids(model.config)  # every end id the checkpoint declares
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
@@ -570,10 +540,10 @@ def main():
         raise SystemExit(f"sample: {e}")
     sync()
     dt = time.perf_counter() - t0
-    for b in range(args.num_samples):
+    for b, ids in enumerate(rows):
         n = int(gen.row_tokens[b])  # the sample up to its first eos
         seq = gen.sequence(b)[:len(ids) + n].tolist()
-        print(f"--- sample {b}")
+        print(f"--- prompt: {tok.decode(ids)!r}" if args.data else f"--- sample {b}")
         if args.show_rounds:
             rounds = [-1] * len(ids) + gen.rounds[b, :n].tolist()
             print(show_rounds(token_pieces(tok, seq), rounds, colour=sys.stdout.isatty()))
@@ -583,7 +553,7 @@ def main():
         print("(under each generated character: the round of its block that committed it, 0 = the block's first "
               "forward)")
     s = throughput([gen], dt)
-    print(f"{SAMPLERS[model.config.attn]}: {args.num_samples} x {args.max_new_tokens} tokens in {dt:.2f} s; per row "
+    print(f"{SAMPLERS[model.config.attn]}: {len(rows)} x {args.max_new_tokens} tokens in {dt:.2f} s; per row "
           f"{s['tokens_per_forward']:.2f} tokens per forward (min {s['tokens_per_forward_min']:.2f}, max "
           f"{s['tokens_per_forward_max']:.2f}; {s['forwards_per_row']:.1f} forwards a row); "
           f"{s['tokens_per_s']:.1f} tokens/s up to eos, {s['raw_tokens_per_s']:.1f} raw ({gen.nfe} batched forwards)")

@@ -148,9 +148,11 @@ def write(out_dir, train, items, pool=(), train_pairs=(), heldout_pairs=()):
 
 
 def heldout_items(data_dir, config, ckpt, who, per_family=None):
-    """The held-out items of the task data in data_dir (load_items), to score the checkpoint ckpt whose config is
-    given: refused in one line, naming `who`, when data_dir has no heldout.jsonl or was tokenized otherwise."""
-    path = Path(data_dir) / "heldout.jsonl"
+    """The held-out items of the task data in data_dir (its heldout.jsonl, or that file named itself: load_items),
+    to score the checkpoint ckpt whose config is given: refused in one line, naming `who`, when there is no such
+    file or the data was tokenized otherwise."""
+    path = Path(data_dir)
+    path, data_dir = (path, path.parent) if path.suffix == ".jsonl" else (path / "heldout.jsonl", path)
     if not path.is_file():
         raise SystemExit(f"{who}: no {path}; write one with: python tasks.py --out_dir {data_dir}")
     training.same_tokenizer(fingerprint_of(data_dir), f"{who}: the task data {data_dir}", config.tokenizer_sha256,
@@ -228,41 +230,6 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
                 preferred=sum(r["preferred"] for r in rows) / len(rows),
                 right=sum(r["correct"] or r["preferred"] for r in rows) / len(rows), families=families, rows=rows,
                 **sample.throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
-
-
-def add_eval_args(p, threshold):
-    """--tasks FILE and --tasks_n on a training script's parser: the exact-match evaluation it logs (log_record)."""
-    p.add_argument("--tasks", default=None, metavar="FILE",
-                   help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
-                   f"{threshold}, greedy (task_acc, task_tpf, task_pref in log.jsonl)")
-    p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
-
-
-def eval_items(p, args):
-    """The items --tasks names (the first --tasks_n of each family), or None without --tasks; p.error on bad flags."""
-    if args.tasks_n <= 0:
-        p.error("--tasks_n must be > 0")
-    if args.tasks is None:
-        return None
-    if not Path(args.tasks).is_file():
-        p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
-    return load_items(args.tasks, args.tasks_n)
-
-
-def log_record(model, tok, items, *, threshold=0.9, batch_size=64, seed=1337):
-    """The flat record a training script logs at an evaluation: task_acc (all items), task_acc_<family>,
-    task_tpf (tokens per forward, the mean over rows), task_pref (the share of right answers with a full stop),
-    from exact_match with the model's own sampler at `threshold` (AR: greedy), temperature 0, a fixed seed."""
-    was_training = model.training
-    model.eval()
-    dev = model.model.embed_tokens.weight.device
-    res = exact_match(model, tok, items, batch_size=batch_size, generator=torch.Generator(dev).manual_seed(seed),
-                      threshold=None if model.config.attn == "causal" else threshold)
-    model.train(was_training)
-    fam = res["families"]
-    rec = dict(task_acc=res["accuracy"], **{f"task_acc_{f}": r["accuracy"] for f, r in fam.items()},
-               task_tpf=res["tokens_per_forward"], task_pref=res["preferred"])
-    return rec
 
 
 # ---- CLI -----------------------------------------------------------------------------------------

@@ -38,7 +38,9 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -62,10 +64,11 @@ FROZEN_DTYPES = ("auto", "float32", "bfloat16")
 CONVERT_FLAGS = {"bidirectional": "--attn bidirectional", "block": "--attn block --block_size 4"}
 
 
-def add_loop_args(p, *, frozen=None, **defaults):
+def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
     """The training-loop flags every training script shares, with that script's defaults (max_iters, batch_size,
     seq_len, lr, min_lr, warmup, eval_interval, eval_batches). frozen: what the script's frozen model is (e.g. "the
-    teacher"), for its --frozen_dtype flag (frozen_dtype); None: the script has none."""
+    teacher"), for its --frozen_dtype flag (frozen_dtype); None: the script has none. tasks: the threshold the
+    --tasks evaluation decodes at, in words (Run.task_eval); None: no --tasks. answers: --loss_after (answers_only)."""
     d = dict(grad_accum=1, weight_decay=0.1, grad_clip=1.0, **defaults)
     helps = dict(max_iters="optimizer steps in all", batch_size="sequences per micro-batch",
                  seq_len="tokens per training sequence",
@@ -95,6 +98,16 @@ def add_loop_args(p, *, frozen=None, **defaults):
     p.add_argument("--weights_only", action="store_true",
                    help="checkpoints without train_state.pt (optimizer moments, fp32 weights, RNG states): much "
                         "smaller and faster to write, but the run cannot be --resume'd")
+    if answers:
+        p.add_argument("--loss_after", default=None, metavar="TEXT",
+                       help="answer-only loss: train on the tokens after TEXT (one token) in each document, up to its "
+                       "eos, in windows that begin at a document's start (tasks.py's documents: ' ='); default every "
+                       "token of random windows")
+    if tasks:
+        p.add_argument("--tasks", default=None, metavar="FILE",
+                       help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
+                       f"{tasks}, greedy, by eval.py tasks (task_acc, task_tpf, task_pref in log.jsonl)")
+        p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
     if frozen:
         p.add_argument("--frozen_dtype", default="auto", choices=FROZEN_DTYPES,
                        help=f"dtype {frozen} is held in; auto: bfloat16 on CUDA (half the memory of fp32; the "
@@ -113,6 +126,10 @@ def parse_loop_args(p):
                 f"micro-batches of a step over all of them): use {-(-args.grad_accum // world_size) * world_size}")
     if args.fsdp and not args.weights_only:
         p.error("--fsdp writes no train_state.pt (the optimizer state is sharded): add --weights_only")
+    if getattr(args, "tasks_n", 1) <= 0:
+        p.error("--tasks_n must be > 0")
+    if getattr(args, "tasks", None) and not Path(args.tasks).is_file():
+        p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
     return args
 
 
@@ -179,6 +196,7 @@ class Run:
                              "--nproc_per_node=N, or drop --fsdp")
         self.gen = torch.Generator(self.device if generator == "device" else "cpu").manual_seed(args.seed)
         self.at, self.checkpoint, self.state, self.first = None, None, None, 0  # the next step; the last checkpoint
+        self.last_eval, self.last_eval_step = {}, None
         sys.excepthook = lambda kind, value, tb: interrupted(kind, value, tb, self.where())
         frozen = getattr(args, "frozen_dtype", "auto")
         self.frozen_dtype = ((torch.bfloat16 if self.device.type == "cuda" else torch.float32) if frozen == "auto"
@@ -305,6 +323,16 @@ class Run:
                     step_seconds_median=float(np.median(times)) if times else None,
                     train_seconds_this_run=time.time() - getattr(self, "t_start", time.time()))
 
+    def evaluate(self, fn):
+        """fn()'s evaluation record (for this step's log record), kept as last_eval (the bar's, and final's)."""
+        self.last_eval, self.last_eval_step = fn(), self.step
+        return self.last_eval
+
+    def final(self, fn):
+        """The evaluation of the final weights: the last one when it was at the last step, else fn() (a --resume
+        with nothing left to train)."""
+        return self.last_eval if self.last_eval_step == self.args.max_iters - 1 else fn()
+
     def eval_due(self):
         """Whether this step evaluates: every --eval_interval steps, and the last."""
         return self.step % self.args.eval_interval == 0 or self.step == self.args.max_iters - 1
@@ -330,6 +358,28 @@ class Run:
         if self.is_main:
             text = json.dumps(dict(results, world_size=self.world_size), indent=2) + "\n"
             (self.out_dir / "results.json").write_text(text)
+
+    def task_eval(self, model, tokenizer, *, threshold=0.9):
+        """--tasks: exact match of this step's weights on the first --tasks_n held-out prompts of each family, and
+        tokens per forward, at `threshold` (AR: greedy), by `eval.py tasks` in a child process on a copy of the
+        weights in out_dir/task_eval (as a checkpoint would store them; removed after) -> the flat record
+        task_acc, task_acc_<family>, task_tpf (the mean over rows), task_pref (right with a full stop); {} without
+        --tasks and on ranks but 0."""
+        if not getattr(self.args, "tasks", None):
+            return {}
+        full = full_state_dict(model) if self.fsdp else None  # every rank takes part; rank 0 receives the tensors
+        rec, d = {}, self.out_dir / "task_eval"
+        if self.is_main:
+            stored = model.config.torch_dtype  # save_pretrained records the dtype written: the run's stays
+            model.save_pretrained(d, dtype=save_dtype(model.config, self.args.save_dtype), state_dict=full)
+            model.config.torch_dtype = stored
+            tokenizer.save_pretrained(d)
+            run_script("eval.py", "tasks", "--ckpt", d, "--data", self.args.tasks, "--num_prompts", self.args.tasks_n,
+                       "--thresholds", threshold, "--device", self.device, "--out", d / "tasks.json", quiet=True)
+            rec = task_record(json.loads((d / "tasks.json").read_text())["results"]["runs"][0])
+            shutil.rmtree(d)
+        self.barrier()
+        return rec
 
     # ---- several processes -------------------------------------------------------------------------
 
@@ -359,13 +409,41 @@ class Run:
         return last + (" (weights only: not resumable)" if self.args.weights_only else ": rerun with --resume")
 
 
+def task_record(res):
+    """tasks.exact_match's result -> the flat record logged: task_acc, task_acc_<family>, task_tpf, task_pref."""
+    return dict(task_acc=res["accuracy"], **{f"task_acc_{f}": r["accuracy"] for f, r in res["families"].items()},
+                task_tpf=res["tokens_per_forward"], task_pref=res["preferred"])
+
+
+def run_script(script, *args, quiet=False):
+    """Another of the project's scripts (eval.py, sample.py) in a child process on this Python, its output written
+    through this process's sys.stdout and sys.stderr when it ends (quiet: only if it fails); a failure ends this
+    run with its last lines."""
+    cmd = [sys.executable, str(Path(__file__).with_name(script)), *map(str, args)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, WORLD_SIZE="1"))
+    if r.returncode or not quiet:
+        sys.stdout.write(r.stdout)
+        sys.stderr.write(r.stderr)
+    if r.returncode:
+        tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-2:])
+        raise SystemExit(f"{' '.join(cmd[1:])} failed (exit {r.returncode}): {tail}")
+
+
+def model_flops_per_token(model, seq_len):
+    """Training FLOPs per token (forward + backward) of a Qwen3, as in the PaLM appendix / nanoGPT: 6 per weight
+    (the input embedding of an untied model aside: a lookup) and 12 per layer, head dim and position of attention."""
+    c = model.config
+    n = model.num_params() - model.model.embed_tokens.weight.numel() * (not c.tie_word_embeddings)
+    return 6 * n + 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seq_len
+
+
 def flops_per_token(model, seq_len, *, forward_only=None):
-    """Training FLOPs per token of model (forward + backward: model.flops_per_token), less 2 per frozen matrix weight
-    (no weight gradient), plus the forward of a frozen model (a teacher, a reference: a third of its count)."""
+    """Training FLOPs per token of model (model_flops_per_token), less 2 per frozen matrix weight (no weight
+    gradient), plus the forward of a frozen model (a teacher, a reference: a third of its count)."""
     tied = model.config.tie_word_embeddings
     frozen = sum(q.numel() for k, q in model.named_parameters() if not q.requires_grad and (tied or "embed" not in k))
-    extra = forward_only.flops_per_token(seq_len) / 3 if forward_only is not None else 0
-    return model.flops_per_token(seq_len) - 2 * frozen + extra
+    extra = model_flops_per_token(forward_only, seq_len) / 3 if forward_only is not None else 0
+    return model_flops_per_token(model, seq_len) - 2 * frozen + extra
 
 
 def mfu(flops_per_s, device, world_size=1):
@@ -373,6 +451,22 @@ def mfu(flops_per_s, device, world_size=1):
     × tokens/s) over world_size GPUs' dense bf16 peak; None off a GPU of known peak."""
     peak = peak_flops(device)
     return None if peak is None else flops_per_s / (peak * world_size)
+
+
+def param_group(model, name):
+    """The parameter names of a group of a Qwen3: embed, attn, mlp, lm_head (tied: lm_head is embed)."""
+    keys = {"embed": "model.embed_tokens.", "attn": ".self_attn.", "mlp": ".mlp.", "lm_head": "lm_head."}
+    if name not in keys:
+        raise ValueError(f"unknown parameter group {name!r}; choose from {sorted(keys)}")
+    key = keys["embed" if name == "lm_head" and model.config.tie_word_embeddings else name]  # tied: one matrix
+    return [n for n, _ in model.named_parameters() if key in n or n.startswith(key)]
+
+
+def freeze(model, groups):
+    """No gradients for the parameters of these groups (param_group): they stay as loaded."""
+    names = {n for g in groups for n in param_group(model, g)}
+    for n, p in model.named_parameters():
+        p.requires_grad_(p.requires_grad and n not in names)
 
 
 def configure_optimizer(model, lr, weight_decay, betas=(0.9, 0.95), device_type="cpu"):
@@ -539,10 +633,12 @@ def require_dlm(config, where, who, attn=None):
                          f"with: python convert.py --ar AR_DIR --out_dir DLM_DIR {flags}")
 
 
-def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.float32):
+def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.float32, share_frozen=False):
     """The frozen AR teacher of a DLM student (eval mode, no gradients, in dtype: a Run's frozen_dtype): an
     attn="causal" checkpoint with the student's tokenizer and vocabulary, and with same_shapes its very tensor shapes
-    (a teacher whose hidden states are compared with the student's). path None: the student's config.converted_from."""
+    (a teacher whose hidden states are compared with the student's). path None: the student's config.converted_from.
+    share_frozen: every frozen student tensor becomes the teacher's too (checked equal first), so that memory holds
+    one copy; a teacher in another dtype than the student (--frozen_dtype) keeps its own (a module cannot mix)."""
     path = path or student.config.converted_from
     if path is None:
         raise SystemExit(f"{who}: no --teacher given and the student's config has no converted_from")
@@ -552,6 +648,17 @@ def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.f
     if teacher.config.vocab_size != student.config.vocab_size or same_shapes and shape(teacher) != shape(student):
         raise SystemExit(f"{who}: the teacher {path} and the student have different "
                          f"{'shapes' if same_shapes else 'vocabularies'}")
+    if not share_frozen or teacher.lm_head.weight.dtype != student.lm_head.weight.dtype:
+        return teacher
+    for name, param in student.named_parameters():
+        if not param.requires_grad:
+            if not torch.equal(param, teacher.get_parameter(name)):
+                raise SystemExit(f"{who}: frozen tensor {name} differs between student and teacher, so it cannot be "
+                                 f"shared (a --scratch student?): freeze nothing, or start from the converted weights")
+            module, _, leaf = name.rpartition(".")
+            setattr(teacher.get_submodule(module), leaf, param)
+    if teacher.config.tie_word_embeddings:
+        teacher.lm_head.weight = teacher.model.embed_tokens.weight
     return teacher
 
 

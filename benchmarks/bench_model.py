@@ -19,7 +19,7 @@ import statistics
 
 import torch
 
-from training import mfu
+from training import mfu, model_flops_per_token
 from benchmarks.common import build_hf, build_ours, machine, measure, nbytes, train_step
 
 
@@ -63,7 +63,7 @@ def bench_model(args, device, dtype):
         tok_s = B * T / median[name]
         line = f"| {name} | {median[name] * 1e3:.1f} | {tok_s:,.0f} |"
         if cuda:
-            u = mfu(ours.flops_per_token(T) * tok_s, device)
+            u = mfu(model_flops_per_token(ours, T) * tok_s, device)
             line += f" {'n/a' if u is None else f'{u:.1%}'} | {(nbytes(model) + peaks[name]) / 2**30:.2f} |"
         print(line)
     if "transformers (sdpa)" in median:

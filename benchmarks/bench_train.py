@@ -84,18 +84,23 @@ def bench_align(args, device, dtype):
 
 
 @contextlib.contextmanager
-def student_mask(how):
+def student_mask(how, distill=None):
     """Inside: distill.py's vectorised student forward (diffusion.block_logits) attends through a dense (B, 1, T, T)
-    mask (how="dense") or a FlexAttention BlockMask ("flex") on any device; otherwise as distill.py chooses
+    mask (how="dense") or a FlexAttention BlockMask ("flex") on any device, or distill's student is read by the
+    definition, one forward per block ("per-block": diffusion.per_block_logits); otherwise as distill.py chooses
     (FlexAttention on CUDA, the dense mask elsewhere)."""
     import diffusion
-    train_mask = diffusion.train_mask
+    train_mask, block_logits = diffusion.train_mask, getattr(distill, "block_logits", None)
     if how in ("dense", "flex"):
         diffusion.train_mask = lambda real, N, bs, flex=False: train_mask(real, N, bs, flex=how == "flex")
+    if how == "per-block":
+        distill.block_logits = lambda *a, flex=False, **kw: diffusion.per_block_logits(*a, **kw)
     try:
         yield
     finally:
         diffusion.train_mask = train_mask
+        if distill is not None:
+            distill.block_logits = block_logits
 
 
 class DistillRun:
@@ -131,9 +136,9 @@ class DistillRun:
     def loss(self, batch, how="auto"):
         """distill_loss on a rollout batch. how: "auto" (distill.py's vectorised forward), "dense" or "flex" (the
         vectorised forward with that mask, student_mask), "per-block" (the one-forward-per-block reference)."""
-        with student_mask(how):
+        with student_mask(how, self.distill):
             return self.distill.distill_loss(self.student, self.teacher, *batch, eos_id=self.eos_id,
-                                             vocab_size=self.vocab, vectorised=how != "per-block")[0]
+                                             vocab_size=self.vocab)[0]
 
     def update(self, batch, how="auto"):
         """The student's training step on a batch: loss (the teacher's forward included), backward, AdamW. -> loss"""

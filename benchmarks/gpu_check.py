@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from training import mfu, peak_flops
+from training import mfu, model_flops_per_token, peak_flops
 from benchmarks.bench_sample import hf_generator, random_prompts
 from benchmarks.bench_train import DistillRun, align_step
 from benchmarks.common import (build_hf, build_ours, machine, measure, meta_model, nbytes, peak_memory, timeit,
@@ -109,7 +109,8 @@ def check_model(table, s, device, dtype):
             t, peak = measure(lambda: train_step(model, forward, targets), device, warmup, iters)
             times[name] = t
             result = "; ".join(f"{t / times[k]:.2f}x the step time of {k}" for k in vs or () if k in times)
-            return dict(tok_s=B * T / t, mfu=mfu(ours.flops_per_token(T) * B * T / t, device), result=result or "-",
+            fpt = model_flops_per_token(ours, T)
+            return dict(tok_s=B * T / t, mfu=mfu(fpt * B * T / t, device), result=result or "-",
                         peak=None if peak is None else nbytes(model) + peak)  # the weights + what a step adds
         return fn
     run_ours, run_hf = (lambda: ours(idx, attn="causal")), (lambda: hf(input_ids=idx, use_cache=False).logits)

@@ -23,9 +23,10 @@ from model import Qwen3, Qwen3Model, preset
 from tokenizer import Tokenizer
 
 
-def teacher_of(path, student):
-    """align.py's teacher: the AR checkpoint, frozen, with the student's shapes."""
-    return training.load_teacher(path, student, "cpu", "align", same_shapes=True)
+def teacher_of(path, student, share_frozen=False):
+    """align.py's teacher: the AR checkpoint, frozen, with the student's shapes (share_frozen: λ > 0's, holding the
+    student's frozen tensors)."""
+    return training.load_teacher(path, student, "cpu", "align", same_shapes=True, share_frozen=share_frozen)
 
 
 SMALL = ["--batch_size", "4", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2", "--samples", "1",
@@ -252,8 +253,8 @@ def test_lambda_zero_never_runs_the_teacher_in_training(world, tmp_path, monkeyp
 
 def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     student = Qwen3.from_pretrained(world / "dlm")
-    student.freeze(["embed", "mlp"])
-    teacher = align.share_frozen(student, teacher_of(world / "ar", student))
+    training.freeze(student, ["embed", "mlp"])
+    teacher = teacher_of(world / "ar", student, share_frozen=True)
     frozen = {n: q for n, q in student.named_parameters() if not q.requires_grad}
     assert "model.embed_tokens.weight" in frozen and any(".mlp." in n for n in frozen)
     for n, q in frozen.items():
@@ -303,8 +304,8 @@ def test_published_freeze_embed_and_head_tied_and_untied(world, tmp_path, ckpt, 
     for k in init:
         assert torch.equal(init[k], got[k]) == (k in want), k
     student = Qwen3.from_pretrained(world / ckpt)
-    student.freeze(groups.split(","))
-    teacher = align.share_frozen(student, teacher_of(world / f"ar{'' if tied else '_untied'}", student))
+    training.freeze(student, groups.split(","))
+    teacher = teacher_of(world / f"ar{'' if tied else '_untied'}", student, share_frozen=True)
     assert (teacher.lm_head.weight is student.lm_head.weight) == ("lm_head.weight" in want)
     assert (teacher.model.embed_tokens.weight is student.model.embed_tokens.weight) == (frozen["embed"] in want)
     assert teacher.lm_head.weight is not teacher.model.embed_tokens.weight or tied

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounter
 from torch.nn.attention.flex_attention import create_mask
 
+import data
 import diffusion
 import distill
 from conftest import run_script, world_copy, killed_after_checkpoint
@@ -107,8 +108,15 @@ def loss_kw(**kw):
     return dict(eos_id=EOS, vocab_size=256, **kw)
 
 
+def per_block_loss(monkeypatch, *args, **kw):
+    """distill_loss with the student's denoiser read by its definition, one forward per block (per_block_logits)."""
+    with monkeypatch.context() as m:
+        m.setattr(distill, "block_logits", lambda *a, flex=False, **k: diffusion.per_block_logits(*a, **k))
+        return distill.distill_loss(*args, **kw)
+
+
 @pytest.mark.parametrize("name", ["block", "block_shift"])
-def test_vectorised_loss_equals_per_block_reference(world, name):
+def test_vectorised_loss_equals_per_block_reference(world, name, monkeypatch):
     student, teacher = student_of(world, name), Qwen3.from_pretrained(world / "ar")
     x, lens, P, masked = ragged_batch()
     real, pos = distill.left_padded(lens, P, x.shape[1])
@@ -121,12 +129,12 @@ def test_vectorised_loss_equals_per_block_reference(world, name):
         for red in ("seq", "token"):
             kw = loss_kw(divergence=div, reduction=red)
             l1, s1 = distill.distill_loss(student, teacher, x, lens, P, masked, **kw)
-            l2, _ = distill.distill_loss(student, teacher, x, lens, P, masked, **kw, vectorised=False)
+            l2, _ = per_block_loss(monkeypatch, student, teacher, x, lens, P, masked, **kw)
             assert torch.allclose(l1, l2, atol=1e-6) and l1 > 0
     # gradients agree too
     l1, _ = distill.distill_loss(student, teacher, x, lens, P, masked, **loss_kw())
     g1 = torch.autograd.grad(l1, list(student.parameters()))
-    l2, _ = distill.distill_loss(student, teacher, x, lens, P, masked, **loss_kw(), vectorised=False)
+    l2, _ = per_block_loss(monkeypatch, student, teacher, x, lens, P, masked, **loss_kw())
     g2 = torch.autograd.grad(l2, list(student.parameters()))
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g1, g2))
 
@@ -513,7 +521,8 @@ def test_learns_and_logs(world, tmp_path):
     # the final evaluation is evaluate() at --rollout_max (16, not the curriculum's 8) on the first eval prompts
     args = distill.p.parse_args([str(a) for a in common(world, out)])
     tok = Tokenizer.byte_level()
-    items = distill.prompt_pool(args, tok, args.rollout_max)[:args.batch_size]
+    items = data.prompt_pool(tok, args.rollout_max, prompts=args.prompts, data_dir=args.data, seq_len=args.seq_len,
+                             n=args.num_prompts)[:args.batch_size]
     teacher = Qwen3.from_pretrained(world / "ar")
     kw = dict(batch_size=4, eos_id=tok.eos_id, vocab_size=tok.vocab_size)
     want = distill.evaluate(student, teacher, items, 16, **kw)

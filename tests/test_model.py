@@ -4,6 +4,7 @@ the full forward (checkpoint files: test_checkpoint.py)."""
 import pytest
 import torch
 
+import training
 from conftest import TINY, ids, randomise  # the pair fixture comes from conftest too
 from model import KVCache, Qwen3, Qwen3Config, attention_mask, preset
 
@@ -136,7 +137,7 @@ def test_flex_block_mask_equals_dense_mask():
 
 def test_freeze_groups_and_checkpointing_grads():
     m = randomise(Qwen3(Qwen3Config(**TINY, tie_word_embeddings=False)))
-    m.freeze(["embed", "mlp"])
+    training.freeze(m, ["embed", "mlp"])
     frozen = {n for n, p in m.named_parameters() if not p.requires_grad}
     assert frozen == {"model.embed_tokens.weight"} | {n for n, _ in m.named_parameters() if ".mlp." in n}
     x = ids(B=2, T=8)
@@ -151,9 +152,10 @@ def test_freeze_groups_and_checkpointing_grads():
         if p.requires_grad:
             torch.testing.assert_close(p.grad, g1[n], atol=1e-6, rtol=1e-5)
     tied = Qwen3(Qwen3Config(**TINY))
-    assert tied.param_group("lm_head") == tied.param_group("embed") == ["model.embed_tokens.weight"]
+    group = lambda name: training.param_group(tied, name)
+    assert group("lm_head") == group("embed") == ["model.embed_tokens.weight"]
     with pytest.raises(ValueError, match="unknown parameter group"):
-        tied.freeze(["embeddings"])
+        training.freeze(tied, ["embeddings"])
 
 
 # ---- bad inputs: each a clear error naming the problem ----------------------------------------

@@ -1,6 +1,7 @@
 """The methods on the exact-answer world: align.py --loss_after masks answers only (windows at document starts)
 and, with --tasks, logs exact match and tokens per forward at every evaluation; distill.py takes tasks.py's
-prompts.jsonl and logs the same; the numbers logged are tasks.log_record's (tested in test_tasks.py)."""
+prompts.jsonl and logs the same; the numbers logged are eval.py tasks' (a child process), equal to tasks.exact_match
+on the last checkpoint in this process."""
 import json
 
 import pytest
@@ -10,6 +11,7 @@ import convert
 import data
 import diffusion
 import tasks
+import training
 from conftest import run_script
 from model import Qwen3, preset
 from tokenizer import Tokenizer
@@ -68,6 +70,11 @@ def test_align_and_distill_log_the_task_world(world, tmp_path):
     evals = [rec for rec in log(tmp_path / "align") if "val_nelbo" in rec]
     assert [rec["step"] for rec in evals] == [0, 2] and all(TASK_KEYS <= set(rec) for rec in evals)
     assert all(0 <= rec["task_acc"] <= 1 and rec["task_tpf"] > 0 for rec in evals)
+    assert not (tmp_path / "align/task_eval").exists()  # the child's copy of the weights is gone
+    final = Qwen3.from_pretrained(tmp_path / "align").eval()  # the last step's weights: the last record's
+    res = tasks.exact_match(final, Tokenizer.from_pretrained(tmp_path / "align"), tasks.load_items(heldout, 2),
+                            threshold=0.9)
+    assert {k: evals[-1][k] for k in TASK_KEYS} == pytest.approx(training.task_record(res))
     r = run_script("distill.py", "--init", world / "block", "--teacher", world / "ar", "--prompts",
                    d / "prompts.jsonl", "--out_dir", tmp_path / "distill", "--seq_len", 16, "--rollout_min", 8,
                    "--rollout_max", 8, "--train_eos", "--eval_batches", 1, *small)

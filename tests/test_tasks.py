@@ -13,6 +13,7 @@ import torch
 import data
 import sample
 import tasks
+import training
 from conftest import run_script
 from model import Qwen3Config
 from tokenizer import EOS, Tokenizer
@@ -344,13 +345,14 @@ def test_exact_match_stops_and_cuts_at_every_end_id(world, attn, kw):
         assert all(r["tokens"] == len(tok.encode(it["answer"])) + 1 for r, it in zip(res["rows"], items))
 
 
-def test_log_record_summarises_exact_match(world):
-    """The flat record the training scripts log: the same numbers as exact_match, and the full stop's share."""
+def test_task_record_summarises_exact_match(world):
+    """The flat record the training scripts log (training.task_record of eval.py tasks' result): the same numbers as
+    exact_match, and the full stop's share."""
     tok, items = world
     marked = {it["prompt"]: it["answer"] + (tasks.MARK if it["family"] == "sort" else "") for it in items}
     model = Oracle(tok, marked, "block", 4)
-    rec = tasks.log_record(model, tok, items, threshold=0.9, batch_size=4)
     res = tasks.exact_match(model, tok, items, batch_size=4, threshold=0.9)
+    rec = training.task_record(res)
     assert rec["task_acc"] == res["accuracy"] and rec["task_tpf"] == pytest.approx(res["tokens_per_forward"])
     assert rec["task_acc_rev"] == rec["task_acc_add"] == 1.0 and rec["task_acc_sort"] == 0.0
     assert rec["task_pref"] == pytest.approx(1 / 3) and res["families"]["sort"]["preferred"] == 1.0
