@@ -152,7 +152,7 @@ if __name__ == "__main__":
     teacher_path, teacher, cosines = args.teacher or c.converted_from, None, None
     if args.lambda_align > 0 or args.teacher or (teacher_path and Path(teacher_path).is_dir()):
         teacher = training.load_teacher(teacher_path, student, device, "align", same_shapes=True,
-                                        dtype=run.frozen_dtype, share_frozen=args.lambda_align > 0 and not args.fsdp)
+                                        dtype=run.frozen_dtype, share=args.lambda_align > 0 and not args.fsdp)
         cosines = CosineEval(teacher, c, val_batches, ctx)
     if args.lambda_align > 0:
         shared = sum(q.numel() for q in teacher.parameters() if any(q is s for s in student.parameters()))

@@ -633,12 +633,11 @@ def require_dlm(config, where, who, attn=None):
                          f"with: python convert.py --ar AR_DIR --out_dir DLM_DIR {flags}")
 
 
-def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.float32, share_frozen=False):
+def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.float32, share=False):
     """The frozen AR teacher of a DLM student (eval mode, no gradients, in dtype: a Run's frozen_dtype): an
     attn="causal" checkpoint with the student's tokenizer and vocabulary, and with same_shapes its very tensor shapes
     (a teacher whose hidden states are compared with the student's). path None: the student's config.converted_from.
-    share_frozen: every frozen student tensor becomes the teacher's too (checked equal first), so that memory holds
-    one copy; a teacher in another dtype than the student (--frozen_dtype) keeps its own (a module cannot mix)."""
+    share: the student's frozen tensors become the teacher's (share_frozen)."""
     path = path or student.config.converted_from
     if path is None:
         raise SystemExit(f"{who}: no --teacher given and the student's config has no converted_from")
@@ -648,7 +647,13 @@ def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.f
     if teacher.config.vocab_size != student.config.vocab_size or same_shapes and shape(teacher) != shape(student):
         raise SystemExit(f"{who}: the teacher {path} and the student have different "
                          f"{'shapes' if same_shapes else 'vocabularies'}")
-    if not share_frozen or teacher.lm_head.weight.dtype != student.lm_head.weight.dtype:
+    return share_frozen(student, teacher, who) if share else teacher
+
+
+def share_frozen(student, teacher, who="align"):
+    """Every frozen student tensor made the teacher's too (checked equal first), so that memory holds one copy; a
+    teacher in another dtype than the student (--frozen_dtype) keeps its own (a module cannot mix). -> teacher"""
+    if teacher.lm_head.weight.dtype != student.lm_head.weight.dtype:
         return teacher
     for name, param in student.named_parameters():
         if not param.requires_grad:

@@ -28,14 +28,14 @@ def align_step(preset, device, dtype, B, T, lam, freeze=()):
     weights) and, for lam > 0, its frozen teacher (an equal copy, as after convert.py; frozen groups shared)."""
     import align
     import diffusion
-    from training import configure_optimizer, flops_per_token
+    from training import configure_optimizer, flops_per_token, freeze as freeze_groups, share_frozen
     student = build_ours(preset, device, dtype)  # same seed: student and teacher start equal, as after convert.py
     c = student.config
     c.attn, c.mask_token_id, c.shift = "bidirectional", c.vocab_size - 1, True  # the last row: never a token
-    student.freeze(list(freeze))
+    freeze_groups(student, list(freeze))
     teacher = None
     if lam:
-        teacher = align.share_frozen(student, build_ours(preset, device, dtype).requires_grad_(False).eval())
+        teacher = share_frozen(student, build_ours(preset, device, dtype).requires_grad_(False).eval())
     opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
     layers = list(range(c.num_hidden_layers + 1))
     g = torch.Generator(device).manual_seed(0)

@@ -147,6 +147,7 @@ def distill_untrained(*args):
     """repro_distill.sh: distill.py's evaluation of an untrained conversion. args: the results.json to write, then
     distill.py's flags."""
     argv = ["distill_untrained", *map(str, args)]
+    import data
     import distill
     import training
     args = distill.p.parse_args(argv[2:])
@@ -154,7 +155,8 @@ def distill_untrained(*args):
     student = training.load_model(args.init, device, "repro_distill: student")
     teacher = training.load_model(args.teacher, device, "repro_distill: teacher", attn="causal", like=student)
     tok = training.load_tokenizer(args.init, student.config)
-    items = distill.prompt_pool(args, tok, args.rollout_max)[:args.eval_batches * args.batch_size]  # as distill.py
+    items = data.prompt_pool(tok, args.rollout_max, prompts=args.prompts, data_dir=args.data, seq_len=args.seq_len,
+                             n=args.num_prompts)[:args.eval_batches * args.batch_size]  # as distill.py
     res = distill.evaluate(student, teacher, items, args.rollout_max, batch_size=args.batch_size, eos_id=tok.eos_id,
                            vocab_size=tok.vocab_size, threshold=args.threshold, temperature=args.temperature, ctx=ctx)
     open(argv[1], "w").write(json.dumps(dict(**res, eval_len=args.rollout_max, steps=0), indent=2) + "\n")

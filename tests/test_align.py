@@ -23,10 +23,10 @@ from model import Qwen3, Qwen3Model, preset
 from tokenizer import Tokenizer
 
 
-def teacher_of(path, student, share_frozen=False):
-    """align.py's teacher: the AR checkpoint, frozen, with the student's shapes (share_frozen: λ > 0's, holding the
+def teacher_of(path, student, share=False):
+    """align.py's teacher: the AR checkpoint, frozen, with the student's shapes (share: λ > 0's, holding the
     student's frozen tensors)."""
-    return training.load_teacher(path, student, "cpu", "align", same_shapes=True, share_frozen=share_frozen)
+    return training.load_teacher(path, student, "cpu", "align", same_shapes=True, share=share)
 
 
 SMALL = ["--batch_size", "4", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2", "--samples", "1",
@@ -254,7 +254,7 @@ def test_lambda_zero_never_runs_the_teacher_in_training(world, tmp_path, monkeyp
 def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     student = Qwen3.from_pretrained(world / "dlm")
     training.freeze(student, ["embed", "mlp"])
-    teacher = teacher_of(world / "ar", student, share_frozen=True)
+    teacher = teacher_of(world / "ar", student, share=True)
     frozen = {n: q for n, q in student.named_parameters() if not q.requires_grad}
     assert "model.embed_tokens.weight" in frozen and any(".mlp." in n for n in frozen)
     for n, q in frozen.items():
@@ -305,7 +305,7 @@ def test_published_freeze_embed_and_head_tied_and_untied(world, tmp_path, ckpt, 
         assert torch.equal(init[k], got[k]) == (k in want), k
     student = Qwen3.from_pretrained(world / ckpt)
     training.freeze(student, groups.split(","))
-    teacher = teacher_of(world / f"ar{'' if tied else '_untied'}", student, share_frozen=True)
+    teacher = teacher_of(world / f"ar{'' if tied else '_untied'}", student, share=True)
     assert (teacher.lm_head.weight is student.lm_head.weight) == ("lm_head.weight" in want)
     assert (teacher.model.embed_tokens.weight is student.model.embed_tokens.weight) == (frozen["embed"] in want)
     assert teacher.lm_head.weight is not teacher.model.embed_tokens.weight or tied
