@@ -101,6 +101,31 @@ class WeightsFile:
     """model.safetensors (or shards) <-> the model (model.Qwen3, whose `config_class` is its config dataclass)."""
 
     @classmethod
+    def open_weights(cls, paths, who="merge"):
+        """-> one {tensor name: safe_open handle} per checkpoint directory (nothing read yet; a tied checkpoint's
+        stored lm_head left out: it is the embedding), after checking that all hold the same names and shapes; a
+        one-line exit naming `who` otherwise."""
+        from safetensors import SafetensorError, safe_open
+        handles = []
+        for path in paths:
+            h = {}
+            try:
+                tied = cls.config_class.load(path).tie_word_embeddings
+                for f in weight_files(Path(path)):
+                    sf = safe_open(f, "pt")
+                    h.update({k: sf for k in sf.keys() if not (tied and k == "lm_head.weight")})
+            except (FileNotFoundError, OSError, ValueError, SafetensorError) as e:
+                raise SystemExit(f"{who}: {path}: {e}")
+            handles.append(h)
+        shapes = [{k: tuple(sf.get_slice(k).get_shape()) for k, sf in h.items()} for h in handles]
+        for path, sh in zip(paths[1:], shapes[1:]):
+            if sh != shapes[0]:
+                diff = sorted(set(sh.items()) ^ set(shapes[0].items()))[:2]
+                raise SystemExit(f"{who}: {path} and {paths[0]} hold different tensors (names or shapes), e.g. {diff}: "
+                                 f"they are not the same model")
+        return handles
+
+    @classmethod
     def from_pretrained(cls, path, device=None, dtype=None):
         """Load a Hugging Face Qwen3 directory (config.json + model.safetensors or a sharded index).
         Tensors go straight to `device` in their stored dtype, or are cast to `dtype` there."""
@@ -200,6 +225,11 @@ def safetensors_names(f):
         raise ValueError(f"{f}: the header describes {8 + n + end:,} bytes but the file has {size:,}: "
                          f"truncated or corrupt; copy it again")
     return set(header)
+
+
+def read_tensor(handles, name, device="cpu"):
+    """One tensor, in fp32 on `device`, from a checkpoint opened by WeightsFile.open_weights."""
+    return handles[name].get_tensor(name).to(device).float()
 
 
 def weight_files(path):

@@ -3,6 +3,7 @@ paragraph and its usage lines; the rest of the docstring is for readers of the c
 default."""
 import argparse
 import itertools
+import math
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -20,8 +21,9 @@ def parser(doc, **kwargs):
     return argparse.ArgumentParser(description=short(doc), formatter_class=HelpFormatter, **kwargs)
 
 
-def comma_list(kind=str, *, choices=None, what="values"):
-    """An argparse type: "a,b" -> [kind(a), kind(b)] (empty items dropped), each one of `choices` when given."""
+def comma_list(kind=str, *, choices=None, what="values", distinct=False):
+    """An argparse type: "a,b" -> [kind(a), kind(b)] (empty items dropped), each one of `choices` when given;
+    distinct: at least one item, no two equal (and finite, for floats)."""
     def parse(text):
         try:
             items = [kind(x) for x in text.split(",") if x.strip()]
@@ -29,5 +31,14 @@ def comma_list(kind=str, *, choices=None, what="values"):
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what}") from None
         if choices and (bad := sorted(set(items) - set(choices))):
             raise argparse.ArgumentTypeError(f"unknown {what} {bad}; choose from {', '.join(choices)}")
+        finite = all(math.isfinite(x) for x in items if isinstance(x, float))
+        if distinct and (not items or len(set(items)) < len(items) or not finite):
+            raise argparse.ArgumentTypeError(f"{text!r}: need one or more distinct finite {what}")
         return items
     return parse
+
+
+def table(header, rows):
+    """A markdown table: the header's cells, then each row's (str of each cell)."""
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(map(str, cells)) + " |" for cells in lines)

@@ -9,15 +9,7 @@ Per step, for a batch of pairs (x, y_w, y_l) (merge.py pairs, or tasks.py's pair
     log π(y|x)  = Σ_{i ∈ y} log p(y_i | x, y_<i)          one causal forward, lm_head on the response rows only
     r(x, y)     = β (log π(y|x) − log π_ref(y|x))          π_ref: the AR model before DPO, frozen
     L           = −log σ(r(x, y_w) − r(x, y_l))  [+ α · NLL(y_w) per token: --sft_weight]
-
-What is notable here:
-- --lora_rank r: LoRA through torch.nn.utils.parametrize, merged into plain weights whenever a checkpoint is
-  written, so the output is an ordinary Qwen3 checkpoint either way (train_state.pt keeps A, B and their AdamW
-  moments, not the merged weights: --resume puts A, B back on the --ar base); the reference π_ref is then the same
-  model with its adapters switched off, not a second copy.
-- No weight decay and fp32 checkpoints by default: decay would add −η·λ·W to τ_pref, which is not the preference,
-  and bf16 would round a small τ_pref away.
-- Every held-out pair is scored at each evaluation (the reference's log-probabilities once, at the start).
+--lora_rank: π_ref is the policy with its adapters off (one copy); checkpoints hold the merged, plain weights.
 """
 import contextlib
 import math
@@ -31,7 +23,6 @@ import cli
 import data
 import diffusion
 import training
-from tokenizer import EOS
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -41,58 +32,22 @@ p.add_argument("--pairs", default="data/pairs/train.jsonl", help="training pairs
 p.add_argument("--heldout", default="data/pairs/heldout.jsonl", help="every pair is scored at each evaluation")
 p.add_argument("--out_dir", default="out/ar-dpo", help="the DPO-trained AR checkpoint goes here")
 p.add_argument("--beta", type=float, default=0.1, help="DPO's β: the strength of the pull away from π_ref")
-p.add_argument("--sft_weight", type=float, default=0.0,
-               help="α: add α times the chosen responses' per-token NLL to the DPO loss (not in the published recipe; "
-               "keeps a small model's generations intact while it learns a preference)")
-p.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning; r > 0: LoRA, and π_ref is the "
-               "policy's own base with the adapters off (one copy, held as the policy is; --frozen_dtype unused)")
+p.add_argument("--sft_weight", type=float, default=0.0, help="α: + α · the chosen responses' NLL per token (not "
+               "published; keeps a small model's generations intact)")
+p.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning; r > 0: LoRA, π_ref its base")
 p.add_argument("--lora_alpha", type=float, default=16.0, help="LoRA scale α (the update is (α/r)·BA)")
 training.add_loop_args(p, frozen="the reference model π_ref (full fine-tuning)", max_iters=30, batch_size=8,
-                       seq_len=512, lr=2e-4, min_lr=2e-5, warmup=3, eval_interval=10,
-                       eval_batches=16)  # eval_batches: unused, the whole held-out set is scored
+                       seq_len=512, lr=2e-4, min_lr=2e-5, warmup=3, eval_interval=10, eval_batches=16)  # unused
 # decay would add -η·λ·W to τ_pref, which is not the preference; fp32 weights, as bf16 would round a small τ_pref away
 p.set_defaults(weight_decay=0.0, save_dtype="float32")
-
-
-def read_pairs(path, tok, seq_len, who="dpo"):
-    """-> [(prompt ids, chosen ids, rejected ids)]: responses cut to seq_len // 2 tokens, each prompt to its last
-    tokens that fit, at least one (it predicts the first response token)."""
-    try:
-        recs = data.read_pairs(path)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"{who}: {e}")
-    out = []
-    for k, r in enumerate(recs, 1):
-        yw, yl = (tok.encode(r[k], allowed_special={EOS})[:seq_len // 2] for k in ("chosen", "rejected"))
-        x = tok.encode(r["prompt"])[-(seq_len - max(len(yw), len(yl))):]
-        if not x:
-            raise SystemExit(f"{who}: {path}: record {k} has an empty prompt")
-        out.append((x, yw, yl))
-    return out
-
-
-def pair_batch(items, device):
-    """Chosen rows then rejected rows, right-padded: -> ids (2B, T), prompt_lens (2B,), resp (2B, T) bool (the
-    response positions), real (2B, T) bool (not padding)."""
-    seqs = [(x, yw) for x, yw, _ in items] + [(x, yl) for x, _, yl in items]
-    lens = torch.tensor([len(x) + len(y) for x, y in seqs])
-    plen = torch.tensor([len(x) for x, _ in seqs])
-    ids = torch.zeros(len(seqs), int(lens.max()), dtype=torch.long)
-    for b, (x, y) in enumerate(seqs):
-        ids[b, :lens[b]] = torch.tensor(x + y)
-    pos = torch.arange(ids.shape[1])
-    real = pos < lens[:, None]
-    return ids.to(device), plen.to(device), ((pos >= plen[:, None]) & real).to(device), real.to(device)
 
 
 # ---- DPO -------------------------------------------------------------------------------------------
 
 def response_logps(model, ids, resp_mask):
-    """(B,) log π(y|x) = Σ_{i ∈ response} log p(ids_i | ids_<i): one causal forward, lm_head on the rows that
-    predict a response token (row i-1 predicts token i, the AR head's shift); prompt and padding excluded."""
-    ce = model(ids, "causal", rows=diffusion.denoiser_rows(resp_mask, True), targets=ids[resp_mask])
-    tok_logp = -ce  # log p(y_i | x, y_<i), (n_resp,)
-    return torch.zeros(ids.shape[0], device=ids.device).index_add(0, resp_mask.nonzero()[:, 0], tok_logp)
+    """(B,) log π(y|x) = Σ_{i ∈ response} log p(ids_i | ids_<i): one causal forward, lm_head on rows i-1 only."""
+    ce = model(ids, "causal", rows=diffusion.denoiser_rows(resp_mask, True), targets=ids[resp_mask])  # (n_resp,)
+    return torch.zeros(ids.shape[0], device=ids.device).index_add(0, resp_mask.nonzero()[:, 0], -ce)  # Σ log p
 
 
 def dpo_loss(pi_w, pi_l, ref_w, ref_l, beta):
@@ -103,8 +58,7 @@ def dpo_loss(pi_w, pi_l, ref_w, ref_l, beta):
 
 
 class LoRA(nn.Module):
-    """The parametrization W -> W + (α/r)·B@A of a Linear's weight; B starts at zero (the model is unchanged).
-    enabled = False (adapters_off) gives back W itself: the frozen base model."""
+    """The parametrization W -> W + (α/r)·B@A of a Linear's weight, B starting at zero; disabled: W itself."""
 
     def __init__(self, weight, rank, alpha):
         super().__init__()
@@ -114,15 +68,12 @@ class LoRA(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(weight.shape[0], rank, device=weight.device))
 
     def forward(self, W):
-        if not self.enabled:
-            return W
-        return W + self.scale * self.lora_B @ self.lora_A  # W + (α/r)·B@A
+        return W + self.scale * self.lora_B @ self.lora_A if self.enabled else W  # W + (α/r)·B@A
 
 
 @contextlib.contextmanager
 def adapters_off(model):
-    """Inside: every LoRA of the model is switched off, so the model computes with its frozen base weights, i.e. it
-    is DPO's reference π_ref without a second copy in memory. A model without LoRA is left as it is."""
+    """Inside: every LoRA of the model off, so that it computes π_ref, its frozen base (no LoRA: the model)."""
     loras = [m for m in model.modules() if isinstance(m, LoRA)]
     for m in loras:
         m.enabled = False
@@ -142,23 +93,11 @@ def add_lora(model, rank, alpha):
     return model
 
 
-@contextlib.contextmanager
-def merged(model):
-    """Inside: each LoRA Linear holds the plain weight W + (α/r)·B@A, so state_dict is an ordinary Qwen3's.
-    On exit the parametrizations come back with the same A, B (the optimizer's tensors) and the base W, restored
-    bit for bit from a copy (removing a parametrization overwrites the base tensor in place)."""
-    saved = []
-    for m in model.modules():
-        if parametrize.is_parametrized(m, "weight"):
-            saved.append((m, m.parametrizations.weight.original.detach().clone(), m.parametrizations.weight[0]))
-            parametrize.remove_parametrizations(m, "weight", leave_parametrized=True)
-    try:
-        yield model
-    finally:
-        for m, base, lora in saved:
-            parametrize.register_parametrization(m, "weight", lora)
-            with torch.no_grad():
-                m.parametrizations.weight.original.copy_(base)
+def merged_state(model):
+    """The weights of a model with LoRA as a plain Qwen3's state dict: each adapted weight W + (α/r)·B@A."""
+    state = {k: v for k, v in model.state_dict().items() if ".parametrizations." not in k}
+    return state | {f"{n}.weight": m.weight.detach() for n, m in model.named_modules()
+                    if parametrize.is_parametrized(m, "weight")}
 
 
 @torch.no_grad()
@@ -166,25 +105,15 @@ def all_logps(model, items, batch_size, ctx, device):
     """(n, 2): log π(y_w|x), log π(y_l|x) of every pair."""
     out = []
     for s in range(0, len(items), batch_size):
-        ids, _, resp, _ = pair_batch(items[s:s + batch_size], device)
+        ids, _, resp, _ = data.pair_batch(items[s:s + batch_size], device)
         with ctx:
             lp = response_logps(model, ids, resp).cpu()
         out.append(torch.stack(lp.chunk(2), 1))
     return torch.cat(out)
 
 
-def evaluate(model, items, ref_lp, *, beta, batch_size, ctx, device):
-    """The held-out DPO loss, reward accuracy and margin of every pair against the reference's log-probabilities
-    ref_lp (n, 2), and the share of pairs whose chosen response is the more likely (heldout_pref_acc)."""
-    model.eval()
-    lp = all_logps(model, items, batch_size, ctx, device)
-    model.train()
-    loss, r_w, r_l = dpo_loss(lp[:, 0], lp[:, 1], ref_lp[:, 0], ref_lp[:, 1], beta)
-    return dict(heldout_loss=loss.item(), heldout_reward_acc=(r_w > r_l).float().mean().item(),
-                heldout_margin=(r_w - r_l).mean().item(), heldout_pref_acc=(lp[:, 0] > lp[:, 1]).float().mean().item())
-
-
-def main(args):
+if __name__ == "__main__":
+    args = training.parse_loop_args(p)
     if args.beta <= 0 or args.lora_rank < 0 or args.sft_weight < 0:
         p.error("need --beta > 0, --lora_rank >= 0 and --sft_weight >= 0")
     if args.fsdp and args.lora_rank:
@@ -194,32 +123,33 @@ def main(args):
     load_ar = lambda dtype=torch.float32: training.load_model(args.ar, device, "dpo: --ar", attn="causal",
                                                               dtype=dtype)
     policy = run.start(load_ar)
-    if args.lora_rank:
-        if run.state:  # the checkpoint holds the merged W + (α/r)BA: LoRA continues on the --ar base with A, B saved
-            policy = load_ar()
-        add_lora(policy, args.lora_rank, args.lora_alpha)
+    if args.lora_rank:  # a checkpoint holds the merged W + (α/r)BA: a resumed LoRA continues on --ar with A, B saved
+        policy = add_lora(load_ar() if run.state else policy, args.lora_rank, args.lora_alpha)
         if run.state:
             policy.load_state_dict(run.state["extra"]["lora"], strict=False)
-        ref = policy  # π_ref: the base under the adapters, i.e. the policy inside adapters_off (one copy)
-    else:
-        ref = load_ar(run.frozen_dtype).requires_grad_(False).eval()  # π_ref: the initial AR, frozen
+    # π_ref: the initial AR, frozen; with LoRA the policy's own base, under adapters_off (one copy)
+    ref = policy if args.lora_rank else load_ar(run.frozen_dtype).requires_grad_(False).eval()
     tok = training.load_tokenizer(args.ar, ref.config)
-    train, heldout = read_pairs(args.pairs, tok, args.seq_len), read_pairs(args.heldout, tok, args.seq_len)
+    train, heldout = (data.tokenized_pairs(f, tok, args.seq_len, "dpo") for f in (args.pairs, args.heldout))
     policy = run.train(policy, dynamic=True)  # --compile: dynamic, as pairs differ in length from batch to batch
     with adapters_off(ref):
         ref_held = all_logps(ref, heldout, args.batch_size, ctx, device)  # the reference never changes: once
     n_train = sum(q.numel() for q in policy.parameters() if q.requires_grad)
-    print(f"DPO: {len(train)} train / {len(heldout)} held-out pairs (all scored at each evaluation), β = {args.beta}, "
-          f"{n_train / 1e6:.3f}M trainable parameters "
-          f"({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}); reference "
-          f"{str(ref.lm_head.weight.dtype).removeprefix('torch.')}; device {device}")
+    print(f"DPO: {len(train)} train / {len(heldout)} held-out pairs, β = {args.beta}, reference "
+          f"{str(ref.lm_head.weight.dtype).removeprefix('torch.')}; {n_train / 1e6:.3f}M trainable "
+          f"({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full'})")
 
-    held_out = lambda: evaluate(policy, heldout, ref_held, beta=args.beta, batch_size=args.batch_size, ctx=ctx,
-                                device=device)
+    def held_out():  # the DPO loss, reward accuracy and margin; the share of pairs whose y_w is the more likely
+        lp = all_logps(policy.eval(), heldout, args.batch_size, ctx, device)
+        loss, r_w, r_l = dpo_loss(lp[:, 0], lp[:, 1], ref_held[:, 0], ref_held[:, 1], args.beta)
+        policy.train()
+        return dict(heldout_loss=loss.item(), heldout_reward_acc=(r_w > r_l).float().mean().item(), heldout_margin=(
+            r_w - r_l).mean().item(), heldout_pref_acc=(lp[:, 0] > lp[:, 1]).float().mean().item())
+
     draw = lambda: torch.randint(len(train), (args.batch_size,), generator=run.gen).tolist()  # a micro-batch's pairs
     for step in run.steps():
         for pick in run.micro_batches(draw):
-            ids, _, resp, _ = pair_batch([train[j] for j in pick], device)
+            ids, _, resp, _ = data.pair_batch([train[j] for j in pick], device)
             with torch.no_grad(), ctx, adapters_off(ref):
                 ref_w, ref_l = response_logps(ref, ids, resp).chunk(2)  # log π_ref(y|x), no gradient
             with ctx:
@@ -234,10 +164,10 @@ def main(args):
         rec = run.update()
         if run.eval_due():
             rec.update(run.evaluate(held_out))
-        if run.save_due():
+        if run.save_due():  # LoRA: the merged weights; it resumes from --ar and A, B (exact=(): no fp32 copy)
             lora = {k: v for k, v in policy.state_dict().items() if "lora_" in k}
-            with merged(policy):  # LoRA resumes from --ar and A, B: no fp32 copy of the merged weights (exact=())
-                run.save(policy, tok, extra=dict(args=vars(args), lora=lora), exact=() if args.lora_rank else None)
+            run.save(policy, tok, extra=dict(args=vars(args), lora=lora), exact=() if args.lora_rank else None,
+                     state_dict=merged_state(policy) if args.lora_rank else None)
         run.log(rec, loss=f"{rec['loss']:.3f}", acc=f"{rec['reward_acc']:.2f}",
                 val_acc=f"{run.last_eval.get('heldout_reward_acc', float('nan')):.2f}")
 
@@ -247,6 +177,3 @@ def main(args):
     run.results(dict(**final, heldout_pairs=len(heldout), steps=args.max_iters, beta=args.beta,
                      lora_rank=args.lora_rank, train_seconds_this_run=run.timing()["train_seconds_this_run"]))
 
-
-if __name__ == "__main__":
-    main(training.parse_loop_args(p))

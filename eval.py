@@ -7,6 +7,7 @@ checkpoints alike. Each subcommand prints a short table and writes --out FILE (J
     python eval.py humaneval  --ckpt out/ar-tiny --n_samples 10 --temperature 0.8 --limit 20
     python eval.py humaneval  --completions samples.jsonl            # score given completions, no model
     python eval.py tasks      --ckpt out/dlm-tasks --data data/tasks --thresholds 0.5,0.7,0.9,0.95
+    python eval.py winrate    --ckpt out/dlm-merged --ref out/align --pairs data/pairs/heldout.jsonl
 
 What is notable here:
 - likelihood: an AR checkpoint gets perplexity and bits/token; a DLM the negative ELBO in bits/token (Monte
@@ -33,6 +34,9 @@ What is notable here:
   curve), an AR model once; --cache prefix|dual decodes a masked-diffusion DLM with Fast-dLLM's approximate
   KV cache (in one block, the default, the two are the same: nothing follows the block). The checkpoint must
   have the task data's tokenizer.
+- winrate: the stdlib world's preference (data.rule_score: prefer single-quoted strings) on completions of the
+  prompts of a pairs file, each --ckpt against --ref: the share of prompts whose completion scores higher (ties
+  count half), all sampled at temperature 1.0 and threshold 0.9 from one seeded generator (merge.py's win rate).
 - humaneval: generated code is untrusted. Each program runs in its own `python -I -B` process in a fresh
   temporary directory (its cwd) with a minimal environment, stdin closed, rlimits (CPU, address space, file
   size, core, processes), a wall-clock limit, and the whole process group killed afterwards. stdout+stderr
@@ -287,6 +291,49 @@ def task_curve(args):
     return dict(sampler=sampler, prompts=len(items), runs=runs)
 
 
+# ---- win rate: the preference's rule on completions -------------------------------------------------
+
+WIN_SEQ_LEN, WIN_BATCH, WIN_LEN, WIN_BLOCK = 512, 16, 64, 32  # pairs cut as merge.py cuts them; prompts per call;
+# tokens per completion; the bidirectional sampler's block length
+
+
+def completions(model, prompts, tok, seed, ctx):
+    """Decoded completions from the DLM's own sampler at temperature 1.0 and confidence threshold 0.9, one seeded
+    generator: bidirectional, diffusion_generate (Fast-dLLM, blocks of WIN_BLOCK); block, block_generate. Each
+    stops, and is cut, at the first of the checkpoint's end ids (Tokenizer.end_ids)."""
+    import torch
+    from sample import block_generate, diffusion_generate, until_end
+    c, dev, ends = model.config, model.model.embed_tokens.weight.device, tok.end_ids(model.config)
+    g, out = torch.Generator(dev).manual_seed(seed), []
+    kw = dict(temperature=1.0, threshold=0.9, eos_id=ends, generator=g, vocab_limit=tok.vocab_size)
+    for s in tqdm(range(0, len(prompts), WIN_BATCH), desc="sampling", leave=False):
+        with ctx, torch.no_grad():
+            if c.attn == "block":
+                gen = block_generate(model, prompts[s:s + WIN_BATCH], -(-WIN_LEN // c.block_size) * c.block_size, **kw)
+            else:
+                gen = diffusion_generate(model, prompts[s:s + WIN_BATCH], WIN_LEN, WIN_BLOCK, WIN_LEN, **kw)
+        out += [tok.decode(until_end(r, ends)) for r in gen.generated.tolist()]
+    return out
+
+
+def win_rate(args):
+    """Each --ckpt's completions against --ref's on the first --samples prompts of --pairs (cycled), by rule_score
+    -> dict(win_rates, rule_scores (the mean per --ckpt), rule_score_ref, samples)."""
+    import data
+    scores = []
+    for path in [args.ref, *args.ckpt]:
+        model, tok, _, ctx = load(path, args.device, args.seed)
+        if model.config.attn == "causal":
+            raise SystemExit(f"eval: winrate: {path} is an AR checkpoint; the win rate compares DLMs' samplers")
+        pairs = data.tokenized_pairs(args.pairs, tok, WIN_SEQ_LEN, "eval")
+        prompts = [pairs[k % len(pairs)][0] for k in range(args.samples)]
+        scores.append([data.rule_score(x) for x in completions(model, prompts, tok, args.seed, ctx)])
+    base = scores.pop(0)
+    wins = [sum((x > y) + 0.5 * (x == y) for x, y in zip(mine, base)) / len(base) for mine in scores]  # ties: half
+    return dict(win_rates=wins, rule_scores=[sum(m) / len(m) for m in scores], rule_score_ref=sum(base) / len(base),
+                samples=args.samples)
+
+
 # ---- HumanEval: sandboxed execution --------------------------------------------------------------
 
 PREAMBLE = r'''
@@ -518,7 +565,13 @@ def parser():
                     help="masked diffusion: semi-AR block (default the whole answer, one block)")
     tk.add_argument("--batch_size", type=int, default=64, help="rows per sampler call")
     cache_args(tk)
-    for s in (lk, gn, he, tk):
+    wr = sub.add_parser("winrate", formatter_class=HelpFormatter,
+                        help="the preference's win rate (data.rule_score) of DLM completions against a reference")
+    wr.add_argument("--ckpt", nargs="+", required=True, help="the DLM checkpoints scored (each against --ref)")
+    wr.add_argument("--ref", required=True, help="the reference DLM (e.g. the one merged into)")
+    wr.add_argument("--pairs", default="data/pairs/heldout.jsonl", help="pairs whose prompts are continued")
+    wr.add_argument("--samples", type=int, default=32, help="completions per model (the prompts cycled)")
+    for s in (lk, gn, he, tk, wr):
         s.add_argument("--out", default=None, help="write the results here (JSON)")
         s.add_argument("--seed", type=int, default=1337, help="seeds the sampler and the masks (runs repeat)")
         s.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
@@ -529,14 +582,15 @@ def main():
     p = parser()
     args = p.parse_args()
     for k in ("batch_size", "seq_len", "n_batches", "n_draws", "num_prompts", "prompt_len", "max_new_tokens",
-              "n_samples", "workers", "limit", "timeout", "memory_mb", "block_length"):
+              "n_samples", "workers", "limit", "timeout", "memory_mb", "block_length", "samples"):
         if getattr(args, k, 1) is not None and getattr(args, k, 1) <= 0:
             p.error(f"--{k} must be positive")
     if args.cmd == "humaneval" and (args.ckpt is None) == (args.completions is None):
         p.error("humaneval: give exactly one of --ckpt and --completions")
     t0 = time.time()
     try:
-        run = {"likelihood": likelihood, "generate": generate, "humaneval": humaneval, "tasks": task_curve}[args.cmd]
+        run = {"likelihood": likelihood, "generate": generate, "humaneval": humaneval, "tasks": task_curve,
+               "winrate": win_rate}[args.cmd]
         res = run(args)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"eval: {e}")

@@ -341,10 +341,10 @@ class Run:
         """Whether this step writes a checkpoint: every `interval` steps (default --eval_interval), and the last."""
         return self.step % (interval or self.args.eval_interval) == 0 or self.step == self.args.max_iters - 1
 
-    def save(self, model, tokenizer, *, extra=None, exact=None):
+    def save(self, model, tokenizer, *, extra=None, exact=None, state_dict=None):
         """The checkpoint of this step (save_checkpoint; extra: what --resume needs besides, default the settings)."""
         save_checkpoint(self.out_dir, model, tokenizer, self.opt, self.step, self.gen,
-                        vars(self.args) if extra is None else extra, exact=exact, run=self)
+                        vars(self.args) if extra is None else extra, exact=exact, run=self, state_dict=state_dict)
 
     def log(self, rec, **postfix):
         """One record in log.jsonl (rank 0), and the bar's postfix."""
@@ -497,7 +497,8 @@ def save_dtype(config, name="auto"):
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
-def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None, *, exact=None, run=None):
+def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None, *, exact=None, run=None,
+                    state_dict=None):
     """Weights first, then the train state naming the same step: a crash between the two is detected.
     The weights are stored in save_dtype(); train_state.pt holds the fp32 value of each tensor that rounds (not of
     frozen ones loaded from the same dtype), so --resume is exact; exact: the names of the tensors whose exact values
@@ -505,7 +506,8 @@ def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None,
     the model's own (config.tokenizer_sha256, recorded here for a new model) and that of any checkpoint already in
     out_dir: a checkpoint's tokenizer is never replaced. run (a Run): its settings: nothing at step 0 of a run longer
     than one step (those are the weights it started from), --save_dtype, --weights_only (no train_state.pt; a stale
-    one is removed), --fsdp (the shards gathered to rank 0, which alone writes); the run records the checkpoint."""
+    one is removed), --fsdp (the shards gathered to rank 0, which alone writes); the run records the checkpoint.
+    state_dict: the weights to write instead of the model's own (dpo.py: LoRA merged into plain Qwen3 weights)."""
     args = run.args if run else None
     if step == 0 and args is not None and args.max_iters > 1:
         return
@@ -515,7 +517,7 @@ def save_checkpoint(out_dir, model, tokenizer, optimizer, step, gen, extra=None,
     same_tokenizer(tokenizer.fingerprint, "the tokenizer being saved", fingerprint_of(out_dir), str(out_dir), fix)
     model.config.tokenizer_sha256 = tokenizer.fingerprint
     dtype = save_dtype(model.config, getattr(args, "save_dtype", "auto"))
-    full = full_state_dict(model) if run and run.fsdp else None  # every rank takes part; rank 0 receives the tensors
+    full = full_state_dict(model) if run and run.fsdp else state_dict  # FSDP: every rank takes part, rank 0 receives
     if run is None or run.is_main:
         with interrupts_deferred():  # weights and train state of one step, or neither: --resume needs the pair
             model.save_pretrained(out_dir, metadata={"step": str(step)}, dtype=dtype, state_dict=full)

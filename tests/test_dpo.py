@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import data
 import dpo
 from conftest import killed_after_checkpoint, world_copy
 from model import Qwen3
@@ -24,7 +25,7 @@ def world(base_world, tmp_path_factory):
 def test_response_logps_matches_a_slow_per_token_loop():
     model = micro()
     items = [([1, 2, 3], [4, 5], [6]), ([7], [8, 9, 10, 11], [12, 13, 14])]
-    ids, plen, resp, real = dpo.pair_batch(items, "cpu")
+    ids, plen, resp, real = data.pair_batch(items, "cpu")
     assert ids.shape == (4, 5) and plen.tolist() == [3, 1, 3, 1] and resp.sum(1).tolist() == [2, 4, 1, 3]
     with torch.no_grad():
         got = dpo.response_logps(model, ids, resp)
@@ -55,17 +56,17 @@ def test_lora_starts_at_zero_and_merges_to_w_plus_scaled_ba():
     dpo.add_lora(model, rank=2, alpha=16)
     assert {n.rsplit(".", 1)[-1] for n, q in model.named_parameters() if q.requires_grad} == {"lora_A", "lora_B"}
     assert torch.equal(model(x, attn="causal"), want)
-    with dpo.merged(model):  # at init the task vector is zero
-        assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items())
+    merged = dpo.merged_state(model)  # at init the task vector is zero
+    assert all(torch.equal(v, base[k]) for k, v in merged.items())
     lin = model.model.layers[1].mlp.down_proj
     lora = lin.parametrizations.weight[0]
     with torch.no_grad():
         lora.lora_B.normal_()
     after = model(x, attn="causal")
-    with dpo.merged(model):
-        assert set(model.state_dict()) == set(base)  # an ordinary Qwen3 state dict
-        W = base["model.layers.1.mlp.down_proj.weight"]
-        assert torch.allclose(lin.weight, W + 8.0 * lora.lora_B @ lora.lora_A, atol=1e-6)
+    merged = dpo.merged_state(model)
+    assert set(merged) == set(base)  # an ordinary Qwen3 state dict
+    W = base["model.layers.1.mlp.down_proj.weight"]
+    assert torch.allclose(merged["model.layers.1.mlp.down_proj.weight"], W + 8.0 * lora.lora_B @ lora.lora_A, atol=1e-6)
     assert torch.equal(model(x, attn="causal"), after) and torch.equal(lin.parametrizations.weight.original, W)
 
 
@@ -77,7 +78,7 @@ def test_lora_reference_with_adapters_off_is_the_frozen_base():
         for m in model.modules():
             if isinstance(m, dpo.LoRA):
                 m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g))  # a trained-looking, non-zero B·A
-    ids, _, resp, _ = dpo.pair_batch([([1, 2, 3], [4, 5, 6], [7]), ([8], [9, 10], [11, 12, 13])], "cpu")
+    ids, _, resp, _ = data.pair_batch([([1, 2, 3], [4, 5, 6], [7]), ([8], [9, 10], [11, 12, 13])], "cpu")
     with torch.no_grad():
         want, adapted = dpo.response_logps(base, ids, resp), dpo.response_logps(model, ids, resp)
         with dpo.adapters_off(model):

@@ -551,3 +551,25 @@ def test_tasks_on_checkpoints_and_bad_input(world, task_data, tmp_path, monkeypa
     r = run_script("eval.py", "tasks", "--ckpt", world / "ar", "--data", task_data["byte"], "--block_length", 4)
     assert r.returncode == 1 and r.stderr.strip().endswith("block_length: not used by the AR sampler "
                                                            "(config.attn 'causal'); drop it")
+
+
+# ---- winrate -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("attn, block_size", [("bidirectional", None), ("block", 4)])
+def test_win_rate_samples_stop_and_cut_at_every_end_id(attn, block_size):
+    """eval.completions (merge.py's win rate) on a stand-in DLM (test_tasks' Oracle, confident enough that
+    temperature 1.0 samples its choice) declaring [<|endoftext|>, <|im_end|>] and ending each completion with
+    <|im_end|>: each sample is cut there, and the sampler stops there (the rest of the row repeats it)."""
+    tok = Tokenizer.byte_level()
+    texts = {"x = 'a' + ": "'b'\n", "print(\"hi\", ": "'there')\n"}  # prompt -> completion
+    model = Oracle(tok, texts, attn, block_size, sharp=lambda j: 30.0, end=258)
+    model.config.generation = {"eos_token_id": [tok.eos_id, 258]}
+    seen = []
+    sampler = {"bidirectional": "diffusion_generate", "block": "block_generate"}[attn]
+    with pytest.MonkeyPatch.context() as mp:
+        original = getattr(S, sampler)
+        mp.setattr(S, sampler, lambda *a, **k: seen.append(original(*a, **k)) or seen[-1])
+        out = E.completions(model, [tok.encode(t) for t in texts], tok, 0, contextlib.nullcontext())
+    assert out == list(texts.values())
+    for b, c in enumerate(texts.values()):
+        assert (seen[0].generated[b, len(c):] == 258).all() and int(seen[0].row_tokens[b]) == len(c) + 1

@@ -1,10 +1,9 @@
 """merge.py (AR-MAP): response log-probs and the DPO loss against slow references, LoRA (and its reference with the
 adapters off), in-place apply/revert, TIES and DARE on hand-made tensors, spectral norms against the SVD, the ELBO
 estimate (deterministic, common masks, a slow position-by-position reference, padding), the rewards and margins of
-the γ grid against a slow loop, shared vs independent masks, pick_gamma, the synthetic pairs, win-rate samples cut at
-either of two end ids, DPO resume (LoRA's train_state.pt without the merged weights), and the CLI end to end (γ
+the γ grid against a slow loop, shared vs independent masks, pick_gamma, the synthetic pairs (data.make_pairs), DPO
+resume (LoRA's train_state.pt without the merged weights), and the CLI end to end (γ
 chosen on training pairs without reading the held-out ones)."""
-import contextlib
 import json
 import math
 
@@ -16,10 +15,8 @@ import data
 import diffusion
 import dpo
 import merge
-import sample
 from conftest import run_script, world_copy
 from model import Qwen3, preset
-from test_tasks import Oracle
 from tokenizer import Tokenizer
 
 MASK = 259
@@ -251,36 +248,17 @@ def test_pick_gamma():
 
 # ---- pairs -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("attn, block_size", [("bidirectional", None), ("block", 4)])
-def test_win_rate_samples_stop_and_cut_at_every_end_id(attn, block_size):
-    """merge.completions on a stand-in DLM (test_tasks' Oracle, confident enough that temperature 1.0 samples its
-    choice) declaring [<|endoftext|>, <|im_end|>] and ending each completion with <|im_end|>: each sample is cut
-    there, and the sampler stops there (the rest of the row repeats it)."""
-    tok = Tokenizer.byte_level()
-    texts = {"x = 'a' + ": "'b'\n", "print(\"hi\", ": "'there')\n"}  # prompt -> completion
-    model = Oracle(tok, texts, attn, block_size, sharp=lambda j: 30.0, end=258)
-    model.config.generation = {"eos_token_id": [tok.eos_id, 258]}
-    seen = []
-    sampler = {"bidirectional": "diffusion_generate", "block": "block_generate"}[attn]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(merge, sampler, lambda *a, **k: seen.append(getattr(sample, sampler)(*a, **k)) or seen[-1])
-        out = merge.completions(model, [tok.encode(t) for t in texts], tok, 0, contextlib.nullcontext())
-    assert out == list(texts.values())
-    for b, c in enumerate(texts.values()):
-        assert (seen[0].generated[b, len(c):] == 258).all() and int(seen[0].row_tokens[b]) == len(c) + 1
-
-
 def test_pairs_follow_the_rule_and_are_deterministic(world):
     texts = ["a = 'x' + \"y\"\n" * 20, 'print("hi", \'there\')\n' * 20]
-    recs = merge.make_pairs(texts, 6, 16, 12, seed=3)
-    assert recs == merge.make_pairs(texts, 6, 16, 12, seed=3) and len(recs) == 6
+    recs = data.make_pairs(texts, 6, 16, 12, seed=3)
+    assert recs == data.make_pairs(texts, 6, 16, 12, seed=3) and len(recs) == 6
     for r in recs:
         assert '"' not in r["chosen"] and "'" not in r["rejected"] and len(r["prompt"]) == 16
         assert r["chosen"].replace("'", '"') == r["rejected"]
-    assert merge.rule_score("'a' \"b\" 'c'") == pytest.approx(1 / 3)  # (4 - 2) / 6
-    assert (merge.rule_score("no quotes"), merge.rule_score("'x'"), merge.rule_score('"x"')) == (0.0, 1.0, -1.0)
+    assert data.rule_score("'a' \"b\" 'c'") == pytest.approx(1 / 3)  # (4 - 2) / 6
+    assert (data.rule_score("no quotes"), data.rule_score("'x'"), data.rule_score('"x"')) == (0.0, 1.0, -1.0)
     lines = (world / "pairs" / "train.jsonl").read_text().splitlines()
-    assert len(lines) == 24 and all(merge.rule_score(json.loads(l)["chosen"]) == 1.0 for l in lines)
+    assert len(lines) == 24 and all(data.rule_score(json.loads(l)["chosen"]) == 1.0 for l in lines)
     r = run("pairs", "--data", world / "qdata", "--out_dir", world / "pairs2", "--n_train", 24, "--n_heldout", 8,
             "--prompt_chars", 24, "--response_chars", 12)
     assert (world / "pairs2" / "train.jsonl").read_text() == "\n".join(lines) + "\n"
