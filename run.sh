@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded default, end to end on a CPU (about 5 minutes on 2 cores; the stdlib world about 8). Installs the
-# run-time requirements into the current Python, then runs one of two worlds and ends with its table, printed and
-# written to a results.md:
+# run-time requirements (scripts/python_env.sh: into .venv, or PYTHON=, or the active environment), then runs one of
+# two worlds and ends with its table, printed and written to a results.md:
 #
 #   bash run.sh          (or: bash run.sh tasks)  the exact-answer world, out/tasks/results.md:
 #       tasks.py (sort / rev / add prompts, preference pairs) -> tiny AR teacher (answer-only loss) -> conversions
@@ -21,8 +21,8 @@ WORLD=${1:-tasks}
 if [ "$WORLD" != tasks ] && [ "$WORLD" != stdlib ]; then
   echo "usage: bash run.sh [tasks|stdlib]   (default: tasks, the exact-answer world)" >&2; exit 2
 fi
-PYTHON=${PYTHON:-python3}
-"$PYTHON" -m pip install -q --disable-pip-version-check -r requirements.txt
+source scripts/python_env.sh
+python_env requirements.txt run.sh   # .venv unless PYTHON= or an active environment says otherwise
 
 T0=$SECONDS
 stage() {  # stage NAME OUTPUT_FILE COMMAND...

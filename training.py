@@ -11,9 +11,14 @@ The training machinery every training script shares (pretrain.py, align.py, dist
                 loss, stats = my_loss(model, *batch)
             run.backward(loss, stats, tokens=n, flops=f)
         rec = run.update()                         # sum over ranks, NaN guard, clip, AdamW step, speed, MFU
-        if run.eval_due(): rec.update(evaluate(model))
+        if run.eval_due(): rec.update(run.evaluate(evaluate))   # kept: run.last_eval, run.final(evaluate)
         if run.save_due(): run.save(model, tok)    # atomic; --resume continues from it exactly
         run.log(rec)                               # log.jsonl and the bar
+    run.results(dict(**run.final(evaluate), ...))  # results.json: the run finished
+
+Besides: run.task_eval(model, tok) (--tasks: exact match by eval.py in a child process), run_script (another
+script on a checkpoint), load_model / load_teacher (share_frozen) / load_tokenizer / require_dlm (checked
+loading), freeze (parameter groups), answers_only (--loss_after), flops_per_token.
 
 What is notable here:
 - Precision: bf16 autocast on CUDA (run.ctx), fp32 on CPU, TF32 matmuls, seeded RNGs; frozen models (a teacher,

@@ -2,15 +2,26 @@
 costs seconds per process on a 2-core machine, and in-process runs can be patched (e.g. to simulate a kill)."""
 import contextlib
 import io
+import random
 import runpy
 import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    """Every test starts from the same global RNG state (torch, numpy, random), so that a failure repeats, whatever
+    ran before it."""
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
 
 
 class Result:

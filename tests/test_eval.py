@@ -13,9 +13,7 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -346,7 +344,8 @@ def test_early_exit_does_not_pass():
 def test_hostile_completions_are_contained(tmp_path):
     """Run in a throwaway harness process (so that a completion that kills its parent's parent could only
     kill that one): every hostile completion fails, in bounded time, nothing appears outside the sandboxes,
-    no secret leaks and no sandboxed process survives."""
+    no secret leaks and no sandboxed process survives. The harness makes its sandboxes under this test's own
+    directory (TMPDIR), so that the escape and survivor checks see this run alone, not the machine's other runs."""
     prob = E.problems(1)["HumanEval/0"]
     good = prob["canonical_solution"]
     outside = tmp_path / "outside"
@@ -372,7 +371,9 @@ def test_hostile_completions_are_contained(tmp_path):
     (outside / "keep.txt").write_text("keep")
     recs = [dict(task_id="HumanEval/0", completion=c, name=n) for n, c in hostile.items()]
     recs.append(dict(task_id="HumanEval/0", completion=top("import os\nprint(dict(os.environ))"), name="env"))
-    env = dict(os.environ, EVAL_SECRET="s3cr3t-" + "x" * 8, OMP_NUM_THREADS="1")
+    sandboxes = tmp_path / "sandboxes"  # each eval-sandbox-* directory goes here: '../escape' would land here too
+    sandboxes.mkdir()
+    env = dict(os.environ, EVAL_SECRET="s3cr3t-" + "x" * 8, OMP_NUM_THREADS="1", TMPDIR=str(sandboxes))
     t0 = time.time()
     completions = write_jsonl(tmp_path / "h.jsonl", recs)
     p = subprocess.run([sys.executable, "eval.py", "humaneval", "--completions", completions,
@@ -389,11 +390,11 @@ def test_hostile_completions_are_contained(tmp_path):
     assert by_name["env"]["passed"]  # reading its own (minimal) environment is allowed, and harmless:
     assert "s3cr3t" not in (tmp_path / "h.json").read_text() + p.stdout + p.stderr
     assert sorted(x.name for x in outside.iterdir()) == ["keep.txt"]
-    assert not (Path(tempfile.gettempdir()) / "escape-eval-test.txt").exists()
+    assert not (sandboxes / "escape-eval-test.txt").exists() and not list(sandboxes.iterdir())  # all removed too
     assert "timed out" in by_name["infinite loop"]["status"]
     assert "PermissionError" in by_name["kill parent"]["output"]
-    survivors = subprocess.run(["pgrep", "-f", "eval-sandbox-"], capture_output=True, text=True).stdout.split()
-    assert not survivors
+    survivors = subprocess.run(["pgrep", "-f", f"{sandboxes}/eval-sandbox-"], capture_output=True, text=True)
+    assert not survivors.stdout.split()
 
 
 # ---- tasks ---------------------------------------------------------------------------------------

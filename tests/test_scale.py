@@ -9,8 +9,9 @@ generate and humaneval. Each must exit 0 and write what it says; a saved checkpo
 our logits, and keep Qwen's tokenizer_config.json, chat template and end-of-turn id.
 
 Each command's wall time and peak RSS (os.wait4) are printed as a table at the end (and written to $SCALE_TABLE
-when set): docs/scale.md's measured table. One 0.6B process runs at a time (at most ~13 GB of memory); each
-output directory is removed once nothing needs it (at most ~9 GB on disk), and the rest at the end.
+when set): docs/scale.md's measured table. One 0.6B process runs at a time (12.8 GiB of memory at most: the tests
+are skipped on a machine with less than 14 GiB); each output directory is removed once nothing needs it (at most
+~9 GB on disk), and the rest at the end.
 """
 import json
 import os
@@ -27,7 +28,11 @@ import torch
 
 import qwen_shape
 
-pytestmark = pytest.mark.scale
+PEAK_GIB = 12.8  # the largest peak RSS of one command here (os.wait4, the table at the end): skipped below ~14 GiB
+TOTAL_GIB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+pytestmark = [pytest.mark.scale, pytest.mark.timeout(1800),  # a module's fixtures run several 0.6B commands
+              pytest.mark.skipif(TOTAL_GIB < PEAK_GIB + 1, reason=f"the Qwen3-0.6B-shape tests need about {PEAK_GIB} "
+                                 f"GiB of memory; this machine has {TOTAL_GIB:.1f} GiB")]
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = []  # (command, seconds, peak RSS in GiB)
 TRAIN = ["--max_iters", "1", "--batch_size", "1", "--eval_batches", "1", "--weights_only", "--device", "cpu"]
@@ -63,10 +68,11 @@ def run(label, script, *args, timeout=1200):
 
 
 @pytest.fixture(scope="module")
-def w():
+def w(tmp_path_factory):
     """The working directory: the Qwen3-0.6B-shaped checkpoint Q (single file) and QS (sharded), and a place for
-    every output. Removed at the end, and the measured table printed."""
-    root = Path(tempfile.mkdtemp(prefix="ar2dlm-scale-"))
+    every output. Removed at the end, and the measured table printed; in pytest's own temporary directory, so that
+    what a killed run leaves behind goes with pytest's old runs (it keeps the last three)."""
+    root = tmp_path_factory.mktemp("scale")
     t0 = time.perf_counter()
     qwen_shape.build(root / "q", sharded=root / "qs")
     MEASURED.append(("build the Qwen3-0.6B-shaped checkpoint (in the test process)", time.perf_counter() - t0, None))
