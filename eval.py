@@ -268,6 +268,17 @@ def task_table(sampler, runs):
     return "\n".join(lines)
 
 
+def task_serve(args):
+    """tasks --ckpt -: a checkpoint directory per line of stdin, each answered by one line of stdout, "result " and
+    task_curve's result as JSON (what a training run's --tasks reads: torch imported once, not per evaluation)."""
+    for line in sys.stdin:
+        args.ckpt = line.strip()
+        with contextlib.redirect_stdout(sys.stderr):
+            res = task_curve(args)
+        print("result " + json.dumps(res), flush=True)
+    return {}
+
+
 def task_curve(args):
     """tasks.py's held-out prompts (the first --num_prompts of each family) scored by exact match (tasks.exact_match),
     per family and overall, with each row's tokens per forward; a DLM once per threshold (the accuracy-versus-
@@ -556,7 +567,8 @@ def parser():
     he.set_defaults(temperature=0.8)
     tk = sub.add_parser("tasks", formatter_class=HelpFormatter,
                         help="exact match on tasks.py's held-out prompts: accuracy versus parallelism")
-    tk.add_argument("--ckpt", required=True, help="an AR or DLM checkpoint trained on the task data")
+    tk.add_argument("--ckpt", required=True, help="an AR or DLM checkpoint trained on the task data (-: one "
+                    "per line of stdin, each answered on stdout: a training run's --tasks)")
     tk.add_argument("--data", default="data/tasks", help="tasks.py's --out_dir (heldout.jsonl), prepared by data.py")
     tk.add_argument("--thresholds", type=thresholds, default=[0.5, 0.7, 0.9, 0.95],
                     help="DLMs: parallel decoding thresholds in (0, 1], comma-separated (one run each); AR: unused")
@@ -591,6 +603,8 @@ def main():
     try:
         run = {"likelihood": likelihood, "generate": generate, "humaneval": humaneval, "tasks": task_curve,
                "winrate": win_rate}[args.cmd]
+        if args.cmd == "tasks" and args.ckpt == "-":
+            return task_serve(args)
         res = run(args)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"eval: {e}")

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,9 @@ def parse_loop_args(p):
                 f"micro-batches of a step over all of them): use {-(-args.grad_accum // world_size) * world_size}")
     if args.fsdp and not args.weights_only:
         p.error("--fsdp writes no train_state.pt (the optimizer state is sharded): add --weights_only")
+    if args.fsdp and args.resume:
+        p.error("--resume continues from train_state.pt, which an --fsdp run does not write (its optimizer state is "
+                "sharded): start a new run, or train without --fsdp to be able to resume")
     if getattr(args, "tasks_n", 1) <= 0:
         p.error("--tasks_n must be > 0")
     if getattr(args, "tasks", None) and not Path(args.tasks).is_file():
@@ -366,10 +370,12 @@ class Run:
 
     def task_eval(self, model, tokenizer, *, threshold=0.9):
         """--tasks: exact match of this step's weights on the first --tasks_n held-out prompts of each family, and
-        tokens per forward, at `threshold` (AR: greedy), by `eval.py tasks` in a child process on a copy of the
-        weights in out_dir/task_eval (as a checkpoint would store them; removed after) -> the flat record
-        task_acc, task_acc_<family>, task_tpf (the mean over rows), task_pref (right with a full stop); {} without
-        --tasks and on ranks but 0."""
+        tokens per forward, at `threshold` (AR: greedy), by `eval.py tasks` on a copy of the weights in
+        out_dir/task_eval (as a checkpoint would store them; removed after) -> the flat record task_acc,
+        task_acc_<family>, task_tpf (the mean over rows), task_pref (right with a full stop); {} without --tasks
+        and on ranks but 0. The child process (`tasks --ckpt -`: a checkpoint per line of its stdin) is started
+        once and serves every evaluation of the run, so torch is imported once; its stderr goes to
+        out_dir/task_eval.log, whose last lines a failure shows."""
         if not getattr(self.args, "tasks", None):
             return {}
         full = full_state_dict(model) if self.fsdp else None  # every rank takes part; rank 0 receives the tensors
@@ -379,12 +385,34 @@ class Run:
             model.save_pretrained(d, dtype=save_dtype(model.config, self.args.save_dtype), state_dict=full)
             model.config.torch_dtype = stored
             tokenizer.save_pretrained(d)
-            run_script("eval.py", "tasks", "--ckpt", d, "--data", self.args.tasks, "--num_prompts", self.args.tasks_n,
-                       "--thresholds", threshold, "--device", self.device, "--out", d / "tasks.json", quiet=True)
-            rec = task_record(json.loads((d / "tasks.json").read_text())["results"]["runs"][0])
+            if getattr(self, "tasks_child", (None, None))[1] != threshold:
+                self.tasks_child = (self.task_server(threshold), threshold)
+            child = self.tasks_child[0]
+            try:
+                child.stdin.write(f"{d}\n")
+                child.stdin.flush()
+                line = child.stdout.readline()
+            except BrokenPipeError:  # it has ended: its log says why
+                line = ""
+            if not line.startswith("result "):
+                tail = " | ".join((self.out_dir / "task_eval.log").read_text().strip().splitlines()[-2:])
+                raise SystemExit(f"{self.who}: --tasks: eval.py tasks failed: {tail}")
+            rec = task_record(json.loads(line.removeprefix("result "))["runs"][0])
             shutil.rmtree(d)
         self.barrier()
         return rec
+
+    def task_server(self, threshold):
+        """The child `eval.py tasks --ckpt -` for task_eval, ended (its stdin closed) when the run is."""
+        log = open(self.out_dir / "task_eval.log", "w")
+        child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("eval.py")), "tasks", "--ckpt", "-",
+                                  "--data", str(self.args.tasks), "--num_prompts", str(self.args.tasks_n),
+                                  "--thresholds", str(threshold), "--device", str(self.device)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                 env=dict(os.environ, WORLD_SIZE="1"))
+        weakref.finalize(self, child.stdin.close)
+        atexit.register(child.stdin.close)
+        return child
 
     # ---- several processes -------------------------------------------------------------------------
 
@@ -590,11 +618,17 @@ def load_checkpoint(out_dir, device):
     out_dir = Path(out_dir)
     if not (out_dir / "train_state.pt").is_file():
         raise SystemExit(f"--resume: no train_state.pt in {out_dir}; nothing to resume")
-    state = torch.load(out_dir / "train_state.pt", map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(out_dir / "train_state.pt", map_location="cpu", weights_only=False)
+        step = state["step"]
+    except Exception as e:  # a truncated or foreign file: torch.load raises whatever its unpickler meets
+        why = " ".join(str(e).split())[:80]
+        raise SystemExit(f"--resume: {out_dir / 'train_state.pt'} cannot be read ({type(e).__name__}: {why}); "
+                         f"delete {out_dir} and start again, or restore the file") from None
     with safe_open(out_dir / "model.safetensors", "pt") as f:
         saved_step = int((f.metadata() or {}).get("step", -1))
-    if saved_step != state["step"]:
-        raise SystemExit(f"--resume: weights are from step {saved_step} but train_state.pt from step {state['step']} "
+    if saved_step != step:
+        raise SystemExit(f"--resume: weights are from step {saved_step} but train_state.pt from step {step} "
                          f"(the run was killed while saving); delete {out_dir} and start again")
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] is not None and torch.cuda.is_available():

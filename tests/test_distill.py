@@ -532,15 +532,19 @@ def test_learns_and_logs(world, tmp_path):
     assert distill.evaluate(student, teacher, items, 8, **kw)["val_kl"] != pytest.approx(want["val_kl"], rel=1e-3)
 
 
-def test_resume_after_kill(world, tmp_path):
+@pytest.mark.parametrize("flags", [[], ["--policy", "off"], ["--policy", "data", "--grad_accum", "2"]])
+def test_resume_after_kill(world, tmp_path, flags):
+    """Killed after its step-3 checkpoint and resumed, a run logs what the uninterrupted one logs: the published
+    method, both ablations' states (their own draws of the run's generator), and micro-batches of --grad_accum."""
     full, cut = tmp_path / "full", tmp_path / "cut"
-    args = ["--max_iters", "6", "--eval_interval", "3"]
+    args = ["--max_iters", "6", "--eval_interval", "3", *flags]
     assert run_script("distill.py", *common(world, full), *args).returncode == 0
     with killed_after_checkpoint(3):
         assert run_script("distill.py", *common(world, cut), *args).returncode == 3
     r = run_script("distill.py", *common(world, cut), *args, "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
     key = lambda recs: [(x["step"], x["loss"], x["kl"], x["rollout_len"], x["masked"]) for x in recs]
+    assert len({x["loss"] for x in log(full)}) == 6  # the steps differ: a resume that repeated one would show
     got, want = log(cut), log(full)
     assert key(got) == key(want[:3]) + key(want[4:])  # step 3's own record was lost with the kill
     assert got[-1]["val_kl"] == want[-1]["val_kl"]

@@ -133,6 +133,8 @@ def test_refusals(world, tmp_path, monkeypatch):
     assert "use 4" in r.stderr
     r = run_script("pretrain.py", *common, "--grad_accum", 2, "--fsdp")
     assert r.returncode == 2 and "add --weights_only" in r.stderr
+    r = run_script("pretrain.py", *common, "--grad_accum", 2, "--fsdp", "--weights_only", "--resume")
+    assert r.returncode == 2 and "which an --fsdp run does not write" in r.stderr
     monkeypatch.delenv("WORLD_SIZE")
     r = run_script("pretrain.py", *common, "--fsdp", "--weights_only")
     assert r.returncode == 1 and "run under torchrun" in r.stderr

@@ -3,9 +3,11 @@ tokenizer fingerprints (data vs model, teacher vs student, a checkpoint's own to
 of checkpoint a teacher must be, bad --device / --seq_len, Ctrl-C, --resume with changed settings, no step-0
 checkpoint, --save_dtype, failed data.py runs, and the one atomic writer."""
 import hashlib
+import io
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -374,6 +376,41 @@ def test_resume_refuses_changed_settings(world, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert log_steps(out) == [0, 1, 3, 4, 5]  # step 2's record was lost with the kill; nothing logged twice
     assert torch.load(out / "train_state.pt", weights_only=False)["extra"]["lr"] == 1e-2  # the new value, recorded
+
+
+def test_training_refuses_a_colliding_mask_id_and_a_tokenizer_larger_than_the_model(world, tmp_path):
+    """A DLM whose mask id is one of the tokenizer's ordinary ids (it would be trained, and sampled, as a token), and
+    a model with fewer embedding rows than its tokenizer has ids: each refused in one line before training starts."""
+    bad = tmp_path / "bad_dlm"
+    shutil.copytree(world / "dlm", bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps(dict(config, mask_token_id=65)))  # "A" in the byte tokenizer
+    r = run_script("align.py", "--init", bad, "--data", world / "data", "--out_dir", tmp_path / "a", "--max_iters", 1,
+                   "--batch_size", 2, "--seq_len", 32, "--samples", 0)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "mask_token_id 65 is an ordinary token" in r.stderr and not (tmp_path / "a").exists()
+    with pytest.raises(SystemExit, match="uses 259 ids but the model has only 200 embedding rows"):
+        training.load_tokenizer(world / "data", Qwen3Config(vocab_size=200))
+
+
+def test_resume_refuses_a_corrupt_or_mismatched_train_state(world, tmp_path):
+    """--resume from a train_state.pt that cannot be read, or that names another step than the weights: one line
+    each, naming the file, and nothing written."""
+    out = tmp_path / "run"
+    common = ["--data", world / "data", "--out_dir", out, "--eval_interval", "2", "--max_iters", "6", *SMALL]
+    with killed_after_checkpoint(2):
+        assert run_script("pretrain.py", *common).returncode == 3
+    state = (out / "train_state.pt").read_bytes()
+    (out / "train_state.pt").write_bytes(state[:len(state) // 2])  # truncated, as a full disk leaves it
+    r = run_script("pretrain.py", *common, "--resume")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "train_state.pt cannot be read" in r.stderr
+    assert log_steps(out) == [0, 1]
+    saved = torch.load(io.BytesIO(state), weights_only=False)
+    torch.save(dict(saved, step=4), out / "train_state.pt")  # a step the weights are not from
+    r = run_script("pretrain.py", *common, "--resume")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "weights are from step 2 but train_state.pt from step 4" in r.stderr and log_steps(out) == [0, 1]
 
 
 def test_ctrl_c_is_one_line_and_resume_continues_exactly(world, tmp_path):

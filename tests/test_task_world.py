@@ -12,7 +12,7 @@ import data
 import diffusion
 import tasks
 import training
-from conftest import run_script
+from conftest import killed_after_checkpoint, run_script
 from model import Qwen3, preset
 from tokenizer import Tokenizer
 
@@ -87,3 +87,21 @@ def test_align_and_distill_log_the_task_world(world, tmp_path):
     bad = run_script("align.py", "--init", world / "dlm", "--data", d, "--out_dir", tmp_path / "bad", "--tasks",
                      tmp_path / "none.jsonl")
     assert bad.returncode == 2 and "no such file" in bad.stderr
+
+
+def test_align_with_tasks_resumes_exactly(world, tmp_path):
+    """Killed after its step-2 checkpoint and resumed, align.py --tasks logs what the uninterrupted run logs, the
+    exact match that eval.py computed on each evaluation step's weights included."""
+    d, full, cut = world / "data", tmp_path / "full", tmp_path / "cut"
+    args = ["--init", world / "dlm", "--data", d, "--loss_after", "=", "--seq_len", 24, "--eval_batches", 1,
+            "--samples", 0, "--batch_size", 4, "--max_iters", 4, "--eval_interval", 3, "--ckpt_interval", 2,
+            "--tasks", d / "heldout.jsonl", "--tasks_n", 2]
+    assert run_script("align.py", *args, "--out_dir", full).returncode == 0
+    with killed_after_checkpoint(2):
+        assert run_script("align.py", *args, "--out_dir", cut).returncode == 3
+    r = run_script("align.py", *args, "--out_dir", cut, "--resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    keep = lambda recs: [{k: v for k, v in x.items() if k in {"step", "loss", "diff_loss", "align_loss"} | TASK_KEYS}
+                         for x in recs]
+    got, want = keep(log(cut)), keep(log(full))
+    assert got == want[:2] + want[3:] and TASK_KEYS <= set(got[-1])  # step 2's own record went with the kill
