@@ -11,8 +11,7 @@ Per optimizer step, for a batch of prompts (left-padded to P, a multiple of the 
     target_i  = p_AR(. | prompt, x0_<i)            one causal teacher forward over [prompt, x0]: logits at i-1
     d_i       = KL(target_i || p_θ(. | prompt, x0_<block(i), xt_block(i)))          (--divergence, --teacher_top_k)
     loss      = mean over sequences of the mean of d_i over its masked, valid i     (--kl_reduction)
-valid: generated positions before the first end token (--train_eos: and it). L(step): a quarter-cosine ramp from
---rollout_min to --rollout_max over --curriculum_steps optimizer steps, one rollout batch each.
+valid: before the first end token (--train_eos: and it); L(step): a quarter-cosine ramp (curriculum).
 """
 import contextlib
 import math

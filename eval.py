@@ -276,7 +276,6 @@ def task_serve(args):
         with contextlib.redirect_stdout(sys.stderr):
             res = task_curve(args)
         print("result " + json.dumps(res), flush=True)
-    return {}
 
 
 def task_curve(args):
@@ -601,10 +600,10 @@ def main():
         p.error("humaneval: give exactly one of --ckpt and --completions")
     t0 = time.time()
     try:
-        run = {"likelihood": likelihood, "generate": generate, "humaneval": humaneval, "tasks": task_curve,
-               "winrate": win_rate}[args.cmd]
         if args.cmd == "tasks" and args.ckpt == "-":
             return task_serve(args)
+        run = {"likelihood": likelihood, "generate": generate, "humaneval": humaneval, "tasks": task_curve,
+               "winrate": win_rate}[args.cmd]
         res = run(args)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"eval: {e}")

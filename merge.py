@@ -266,7 +266,8 @@ def cmd_merge(args):
     save_at(best, out_dir)
     wins = {}  # γ -> (win rate against the DLM, mean rule score), by eval.py winrate in a child process
     if args.samples:
-        dirs = {best: out_dir} if args.win_rate_at == "chosen" else {g: out_dir / f"gamma-{g:g}" for g in gammas}
+        grid = gammas if args.win_rate_at == "all" else [best]  # the chosen γ's model is out_dir's, saved above
+        dirs = {g: out_dir if g == best else out_dir / f"gamma-{g:g}" for g in grid}
         for g in [g for g, d in dirs.items() if d != out_dir]:  # removed after
             save_at(g, dirs[g])
         training.run_script("eval.py", "winrate", "--ckpt", *dirs.values(), "--ref", args.dlm, "--pairs", args.heldout,

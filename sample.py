@@ -114,6 +114,8 @@ def until_end(ids, eos_id):
 def sample(logits, temperature=0.0, top_k=None, top_p=None, generator=None, ban=None):
     """logits (..., V) -> tokens (...) drawn after temperature, top-k, top-p (argmax when greedy), and their
     confidence: the raw softmax probability (after `ban` (V,), -inf at ids never emitted; before the rest)."""
+    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(f"temperature must be >= 0, top_k >= 1 and top_p in (0, 1]: {temperature}, {top_k}, {top_p}")
     logits = logits.float() if ban is None else logits.float() + ban
     if temperature == 0:
         tok = logits.argmax(-1)
@@ -393,10 +395,6 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
                          "drop it")
     if threshold is not None and not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0: greedy), got {temperature}")
-    if (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
-        raise ValueError(f"top_k must be >= 1 and top_p in (0, 1], got top_k={top_k}, top_p={top_p}")
     common = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
                   vocab_limit=vocab_limit, compile=compile)
     if kind == "causal":

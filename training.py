@@ -206,6 +206,7 @@ class Run:
         self.gen = torch.Generator(self.device if generator == "device" else "cpu").manual_seed(args.seed)
         self.at, self.checkpoint, self.state, self.first = None, None, None, 0  # the next step; the last checkpoint
         self.last_eval, self.last_eval_step = {}, None
+        self.tasks_child = (None, None)  # task_eval's eval.py process, and the threshold it decodes at
         sys.excepthook = lambda kind, value, tb: interrupted(kind, value, tb, self.where())
         frozen = getattr(args, "frozen_dtype", "auto")
         self.frozen_dtype = ((torch.bfloat16 if self.device.type == "cuda" else torch.float32) if frozen == "auto"
@@ -385,7 +386,7 @@ class Run:
             model.save_pretrained(d, dtype=save_dtype(model.config, self.args.save_dtype), state_dict=full)
             model.config.torch_dtype = stored
             tokenizer.save_pretrained(d)
-            if getattr(self, "tasks_child", (None, None))[1] != threshold:
+            if self.tasks_child[1] != threshold:
                 self.tasks_child = (self.task_server(threshold), threshold)
             child = self.tasks_child[0]
             try:
@@ -404,12 +405,12 @@ class Run:
 
     def task_server(self, threshold):
         """The child `eval.py tasks --ckpt -` for task_eval, ended (its stdin closed) when the run is."""
-        log = open(self.out_dir / "task_eval.log", "w")
-        child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("eval.py")), "tasks", "--ckpt", "-",
-                                  "--data", str(self.args.tasks), "--num_prompts", str(self.args.tasks_n),
-                                  "--thresholds", str(threshold), "--device", str(self.device)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                                 env=dict(os.environ, WORLD_SIZE="1"))
+        with open(self.out_dir / "task_eval.log", "w") as log:  # the child writes to its own copy of the file
+            child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("eval.py")), "tasks", "--ckpt", "-",
+                                      "--data", str(self.args.tasks), "--num_prompts", str(self.args.tasks_n),
+                                      "--thresholds", str(threshold), "--device", str(self.device)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                     env=dict(os.environ, WORLD_SIZE="1"))
         weakref.finalize(self, child.stdin.close)
         atexit.register(child.stdin.close)
         return child

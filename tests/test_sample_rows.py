@@ -169,6 +169,18 @@ def test_generate_refuses(model, kw, msg):
         S.generate(m, [[3, 4]], 8, **kw)
 
 
+def test_each_sampler_called_directly_refuses_bad_sampling_settings():
+    """The samplers themselves, not only generate, refuse a negative temperature, top_k < 1 and top_p outside (0, 1]."""
+    samplers = {"causal": lambda m, **kw: S.ar_generate(m, [[3, 4]], 8, **kw),
+                "bidirectional": lambda m, **kw: S.diffusion_generate(m, [[3, 4]], 8, 8, 8, **kw),
+                "block": lambda m, **kw: S.block_generate(m, [[3, 4]], 8, **kw)}
+    for attn, run in samplers.items():
+        m = make(attn, shift=None if attn == "causal" else True, block_size=4)
+        for kw in (dict(temperature=-1.0), dict(temperature=1.0, top_k=0), dict(temperature=1.0, top_p=1.5)):
+            with pytest.raises(ValueError, match=re.escape("temperature must be >= 0, top_k >= 1 and top_p in (0, 1]")):
+                run(m, **kw)
+
+
 def test_prompt_longer_than_positions_is_refused():
     m = make("block", shift=True, block_size=4)  # max_position_embeddings 512
     S.generate(m, [[3] * 504], 8)  # exactly fits
