@@ -20,7 +20,6 @@ import time
 import torch
 
 import cli
-import data
 import training
 from diffusion import EVAL_SEED, block_logits
 from model import attend, left_padded
@@ -161,8 +160,7 @@ def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, pad_
     dev, n = student.lm_head.weight.device, len(items)
     policies = ["on", "data"] if all(tail for _, tail in items) else ["on"]  # "data": the real continuations
     gens = {k: torch.Generator(dev).manual_seed(seed) for k in policies}
-    kl, tpf, was_training = dict.fromkeys(policies, 0.0), 0.0, student.training
-    student.eval()
+    kl, tpf = dict.fromkeys(policies, 0.0), 0.0
     for k in range(0, n, batch_size):
         batch = items[k:k + batch_size]
         for policy in policies:
@@ -173,7 +171,6 @@ def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, pad_
                 loss_kl = distill_loss(student, teacher, x, lens, P, masked, eos_id=eos_id, vocab_size=vocab_size)
             kl[policy] += loss_kl[1]["kl"].item() * len(batch)
             tpf += st.get("tokens_per_forward", 0.0) * len(batch)
-    student.train(was_training)
     res = dict(val_kl=kl["on"] / n, val_tokens_per_forward=tpf / n)
     return res if "data" not in kl else dict(res, val_kl_data=kl["data"] / n)
 
@@ -192,13 +189,8 @@ if __name__ == "__main__":
     training.require_dlm(c, args.init, "distill", "block")
     teacher = training.load_teacher(args.teacher, student, device, "distill", dtype=run.frozen_dtype)
     tok = training.load_tokenizer(args.init if not args.resume else run.out_dir, c)
-    if not args.prompts:  # the prompts are cut from the data: it must share the student's tokenizer
-        run.load_splits(args.data, like=student)
-    try:
-        pool = data.prompt_pool(tok, args.rollout_max, prompts=args.prompts, data_dir=args.data, seq_len=args.seq_len,
-                                n=args.num_prompts)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"distill: {e}")
+    pool = run.prompt_pool(tok, args.rollout_max, prompts=args.prompts, data_dir=args.data, n=args.num_prompts,
+                           like=student)
     # --compile: dynamic shapes, as the curriculum changes the length every step (one graph per kind of call)
     student = run.train(student, compile_too=[teacher], dynamic=True)
     eval_items = pool[:args.eval_batches * args.batch_size]

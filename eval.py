@@ -158,7 +158,7 @@ def draw(model, prompts, args, tok, generator):
                               shift=None if args.shift is None else args.shift == "true",
                               block_length=args.block_length, steps=args.steps, remasking=args.remasking,
                               threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
-                              cache=args.cache, compile=args.compile)
+                              cache=args.cache, finish_block=args.finish_block, compile=args.compile)
     except ValueError as e:
         raise SystemExit(f"eval: sampler: {e}")
     if torch.cuda.is_available():
@@ -265,6 +265,13 @@ def task_table(sampler, runs):
                          f"{r['tokens_per_forward']:.2f} ± "
                          f"{r['tokens_per_forward_std']:.2f} | {r['tokens_per_forward_min']:.2f} | "
                          f"{r['tokens_per_forward_max']:.2f} |")
+    lines += ["", "By the answer's length (digits):", "", "| threshold | family | digits | n | exact match | "
+              "tokens/forward |", "|---:|---|---:|---:|---:|---:|"]
+    for run in runs:
+        t = "—" if run["threshold"] is None else f"{run['threshold']:g}"
+        for k, r in run["lengths"].items():
+            lines.append(f"| {t} | {k.replace('/', ' | ')} | {r['n']} | {r['accuracy']:.3f} | "
+                         f"{r['tokens_per_forward']:.2f} |")
     return "\n".join(lines)
 
 
@@ -293,7 +300,8 @@ def task_curve(args):
     for t in [None] if model.config.attn == "causal" else args.thresholds:
         g = torch.Generator(device).manual_seed(args.seed)
         res = tasks.exact_match(model, tok, items, batch_size=args.batch_size, threshold=t,
-                                block_length=args.block_length, generator=g, cache=args.cache, compile=args.compile)
+                                block_length=args.block_length, generator=g, cache=args.cache,
+                                finish_block=args.finish_block, compile=args.compile)
         runs.append(dict(threshold=t, **{k: v for k, v in res.items() if k != "rows"}))
     if args.cache != "none":
         sampler += f", {args.cache} cache"
@@ -507,6 +515,8 @@ def cache_args(p):
     p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"],
                    help="masked diffusion: Fast-dLLM's approximate KV cache, refreshed once per block (none: exact)")
     p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile")
+    p.add_argument("--finish_block", action="store_true", help="DLMs: a row is done once the block holding its "
+                   "end token is, not at that token (its forwards counted until then)")
 
 
 def sampler_args(p, max_new_tokens):

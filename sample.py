@@ -26,20 +26,22 @@ What is notable here:
   needs no host sync). The confidence it returns, which the threshold and low-confidence remasking
   compare, is the chosen token's probability under the raw softmax (after the ban, before temperature,
   top-k and top-p), as in LLaDA's and Fast-dLLM's samplers.
+- A row is done when its answer is: once its first end token is committed and no slot before it is masked
+  (close_answered), its later slots become that token and it is charged no more forwards; the sampler
+  returns when every row is done. finish_block=True keeps the older rule of samplers that finish every
+  block (done once the end token's block is): the same tokens up to the end token, more forwards.
 - Parallelism is counted per row: Generation.row_nfe is the forwards each row needed (a row whose block
-  is done, or which has produced eos in an earlier block, is not charged for the batch's extra rounds)
-  and row_tokens the tokens it generated up to its first eos, so row_tokens / row_nfe is what that
-  sequence decoded alone would get. Generation.nfe is the batch's forwards (each block lasts as long as
-  its slowest row needs).
+  is done, or which is done, is not charged for the batch's extra rounds) and row_tokens the tokens it
+  generated up to its first eos, so row_tokens / row_nfe is what that sequence decoded alone would get.
+  Generation.nfe is the batch's forwards (each block lasts as long as its slowest row needs).
 - `generate` picks the sampler from config.attn for sample.py's CLI and eval.py alike.
 - compile=True (sample.py --compile): every model call goes through one function, `forward`, which builds
   the step's mask and runs the model; compiled (compiling.stepper), it is one graph per kind of step,
   replayed: the loops keep each step's shapes fixed (AR: one token against the whole static cache; block: the
   block alone, or with the previous block in round 0), so neither the prompt's nor the generation's length
   recompiles. AR and block: the prompt's forward stays eager (one call, of a varying length).
-- No host sync inside the loops but the stopping checks: "block done" in the threshold modes (once per
-  forward: that is what parallel decoding saves), "every row has produced eos" (once per block; AR: once
-  every STOP_EVERY tokens).
+- No host sync inside the loops but the stopping checks: "block done" (once per forward: that is what
+  parallel decoding saves), "every row is done" (once per block; AR: once every STOP_EVERY tokens).
 
 Common arguments: `prompt`, a (B, T) LongTensor or a list of token lists (ragged: left-padded with pad_id,
 default the first end id, else 0); temperature (0: greedy), top_k, top_p; eos_id (an id, or a list/tuple of
@@ -67,7 +69,7 @@ class Generation:
     prompt_lens: torch.Tensor  # (B,) real prompt tokens per row: row b's prompt is tokens[b, P - len_b : P]
     start: int  # P, the slot of the first generated token
     nfe: int  # model forwards the batch used (a block ends when its slowest row is done)
-    row_nfe: torch.Tensor  # (B,) forwards row b needed, up to and including the block of its first eos
+    row_nfe: torch.Tensor  # (B,) forwards row b needed, until it was done (see close_answered)
     row_tokens: torch.Tensor  # (B,) tokens row b generated up to and including its first eos (N if none)
     rounds: torch.Tensor | None = None  # (B, N) record=True: the round (0: its block's first) of each commit, or -1
 
@@ -171,8 +173,7 @@ def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id):
     ban = torch.zeros(model.config.vocab_size, device=dev)
     if mask_token_id is not None:
         ban[mask_token_id] = NEG_INF
-    if vocab_limit is not None:
-        ban[vocab_limit:] = NEG_INF
+    ban[model.config.vocab_size if vocab_limit is None else vocab_limit:] = NEG_INF  # (an empty slice: no limit)
     if generator is None:
         generator = torch.Generator(dev)
         generator.seed()  # fresh randomness, never the global RNG; pass a seeded generator to reproduce
@@ -195,14 +196,21 @@ def dlm_fields(model, mask_token_id, shift):
 def finish(x, lens, P, nfe, row_nfe, eos, rounds=None):
     """The Generation: each row's slots after its first end token (of eos (E,)) become it, in place; its tokens
     up to and including it are counted (all N without one)."""
-    gen, N = x[:, P:], x.shape[1] - P
-    row_tokens = torch.full_like(row_nfe, N)
+    N, row_tokens = x.shape[1] - P, torch.full_like(row_nfe, x.shape[1] - P)
     if eos is not None:
-        hit = torch.isin(gen, eos)  # (B, N)
-        first = hit.int().argmax(1)  # (B,) the first end token's index (0 when none: then unused)
-        x[:, P:] = torch.where(hit.cumsum(1) > 0, gen.gather(1, first[:, None]), gen)
-        row_tokens = torch.where(hit.any(1), first + 1, N)
+        x[:, P:] = close_answered(x[:, P:], -1, eos)  # nothing is masked (-1) by now
+        hit = torch.isin(x[:, P:], eos)  # (B, N)
+        row_tokens = torch.where(hit.any(1), hit.int().argmax(1) + 1, N)
     return Generation(x, lens, P, nfe, row_nfe, row_tokens, rounds)
+
+
+def close_answered(y, mask_id, eos):
+    """y (B, T), the slots from the current block's on -> y with each row whose first slot that is masked or an end
+    token (of eos (E,)) is an end token closed: its answer is complete, its later slots become that token."""
+    end = torch.isin(y, eos)  # (B, T)
+    first = (end | (y == mask_id)).int().argmax(1, keepdim=True)  # (B, 1): the first slot not yet a real token
+    after = torch.arange(y.shape[1], device=y.device) > first  # (B, T)
+    return torch.where(end.gather(1, first) & after, y.gather(1, first), y)
 
 
 def forward(model, x, q, pos, real, rule, cache=None, block_size=None):
@@ -253,7 +261,8 @@ CACHES = ("none", "prefix", "dual")
 @torch.no_grad()
 def diffusion_generate(model, prompt, gen_length, block_length, steps, temperature=0.0, top_k=None, top_p=None,
                        remasking="low_confidence", threshold=None, eos_id=None, pad_id=None, generator=None,
-                       mask_token_id=None, shift=None, vocab_limit=None, *, cache="none", compile=False):
+                       mask_token_id=None, shift=None, vocab_limit=None, *, cache="none", finish_block=False,
+                       compile=False):
     """LLaDA: the response starts fully masked and is denoised block by block (block_length), `steps` spread
     evenly over the blocks; each step commits the most confident predictions of the current block
     ("low_confidence") or random ones ("random"). With `threshold` (Fast-dLLM), each step instead commits
@@ -264,7 +273,9 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     cache: "none" (every step a full forward: exact, LLaDA), "prefix" or "dual" (Fast-dLLM's approximate cache,
     as many forwards: each block's first step writes every slot's keys/values, its later steps feed the block and
     what follows it, or the block alone; approximate because a cached slot's keys would change as the block is
-    decided). compile: every forward through torch.compile (compiling.stepper)."""
+    decided). A row is done, and charged no more forwards, once its first end token is committed with nothing
+    before it masked (finish_block: once the block holding it is done, as samplers that finish every block do;
+    the same tokens up to the end token, more forwards). compile: every forward through torch.compile."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     if remasking not in ("low_confidence", "random"):
         raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
@@ -286,7 +297,6 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     # LLaDA's schedule: a block's block_length tokens over its steps, evenly, the remainder first. (spb,)
     spb = block_length if threshold is not None else steps // n_blocks
     n_commit = block_length // spb + (torch.arange(spb, device=x.device) < block_length % spb).long()
-    finished = torch.zeros(B, dtype=torch.bool, device=x.device)  # the row's eos is in an earlier block
     row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
     nfe = 0
     for b in range(n_blocks):
@@ -299,19 +309,19 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
             else:  # the cached slots before a (and, dual, from e on) are as the block's first step left them
                 logits = step(model, x[:, a:z], slots[a:z], pos[:, a:z], real, "bidirectional", kv)[:, :e - s]
             nfe += 1
-            # fixed steps: every step of the block counts (the row alone would take them all); threshold: only
-            # the rounds in which the row still had masked positions
-            row_nfe += ~finished if threshold is None else masked.any(1) & ~finished
+            row_nfe += masked.any(1)  # a row whose block is done (or which is done) waits uncharged
             tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
             if remasking == "random":
                 conf = torch.rand(conf.shape, generator=generator, device=x.device)
             commit = choose(conf, masked, n_commit[i], threshold)
             x[:, s:e] = torch.where(commit, tok, x[:, s:e])
-            if threshold is not None and not (masked & ~commit).any():  # block done: a host sync per forward
+            if eos is not None and not finish_block:
+                x[:, s:] = close_answered(x[:, s:], mask_id, eos)
+            if not (x[:, s:e] == mask_id).any():  # block done (for every row): a host sync per forward
                 break
         if eos is not None:
-            finished |= torch.isin(x[:, s:e], eos).any(1)
-            if finished.all():  # every row has produced eos: a host sync per block
+            x[:, s:] = close_answered(x[:, s:], mask_id, eos)
+            if not (x[:, e:] == mask_id).any():  # every row is done: a host sync per block
                 break
     return finish(x, lens, P, nfe, row_nfe, eos)
 
@@ -319,10 +329,10 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
 @torch.no_grad()
 def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, temperature=0.0, top_k=None,
                    top_p=None, use_cache=True, record=False, eos_id=None, pad_id=None, generator=None,
-                   mask_token_id=None, shift=None, vocab_limit=None, *, compile=False):
+                   mask_token_id=None, shift=None, vocab_limit=None, *, finish_block=False, compile=False):
     """Block diffusion: blocks of block_size denoised in turn, each round committing every prediction with
     confidence >= threshold plus the most confident (`choose`), finished blocks entering the KV cache once
-    (use_cache=False: the slow reference, recomputing everything). record: Generation.rounds."""
+    (use_cache=False: the slow reference). record: Generation.rounds; finish_block as in diffusion_generate."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     bs = block_size or model.config.block_size
     if not bs or gen_length % bs or threshold is None:
@@ -336,11 +346,10 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
     step = compiling.stepper(forward, model, compile)
     cache = compiling.static_cache(model.new_cache(B, L), compile) if use_cache else None
     rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
-    finished = torch.zeros(B, dtype=torch.bool, device=x.device)  # the row's eos is in an earlier block
     row_nfe, nfe, edge = torch.zeros(B, dtype=torch.long, device=x.device), 0, None  # edge: slot s-1's logits
     for b in range(gen_length // bs):
         s, e = P + b * bs, P + (b + 1) * bs  # the block's slots
-        for r in range(bs):  # every round commits at least one token of each unfinished row
+        for r in range(bs):  # every round commits at least one token of each row not done
             # the first slot fed: with the cache, round 0 feeds the previous block (b = 0: the prompt), now final,
             # with the masked block, so that it enters the cache once; later rounds the block alone
             a = 0 if not use_cache or (b == 0 and r == 0) else s - bs if r == 0 else s
@@ -349,7 +358,7 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
             logits = fn(model, x[:, a:e], slots[a:e], pos[:, a:e], keys, "block", cache, bs)  # (B, e-a, V)
             nfe += 1
             masked = x[:, s:e] == mask_id  # (B, bs)
-            row_nfe += masked.any(1) & ~finished  # a row whose block is done waits for the others uncharged
+            row_nfe += masked.any(1)  # a row whose block is done (or which is done) waits uncharged
             if shift and a == s:  # slot s-1 (the previous block's last token) is not in this forward: its
                 # logits are round 0's, unchanged since then because slot s-1 cannot see block b
                 logits = torch.cat([edge, logits[:, :-1]], 1)
@@ -361,11 +370,13 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
             x[:, s:e] = torch.where(commit, tok, x[:, s:e])
             if record:
                 rounds[:, s - P:e - P] = torch.where(commit, r, rounds[:, s - P:e - P])
-            if not (masked & ~commit).any():  # block done: a host sync per forward
+            if eos is not None and not finish_block:
+                x[:, s:] = close_answered(x[:, s:], mask_id, eos)
+            if not (x[:, s:e] == mask_id).any():  # block done: a host sync per forward
                 break
         if eos is not None:
-            finished |= torch.isin(x[:, s:e], eos).any(1)
-            if finished.all():  # every row has produced eos: a host sync per block
+            x[:, s:] = close_answered(x[:, s:], mask_id, eos)
+            if not (x[:, e:] == mask_id).any():  # every row is done: a host sync per block
                 break
     return finish(x, lens, P, nfe, row_nfe, eos, rounds)
 
@@ -375,11 +386,12 @@ SAMPLERS = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block
 
 def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, eos_id=None, generator=None,
              vocab_limit=None, shift=None, block_length=None, steps=None, remasking="low_confidence", threshold=None,
-             block_size=None, use_cache=True, cache="none", record=False, compile=False):
+             block_size=None, use_cache=True, cache="none", finish_block=False, record=False, compile=False):
     """The checkpoint's own sampler, picked by model.config.attn (sample.py's CLI and eval.py both use this):
     "causal" -> ar_generate (max_new_tokens at most); "bidirectional" -> diffusion_generate (block_length
     default min(32, N), steps default N: one token a step; threshold: Fast-dLLM; cache: "none" | "prefix" |
-    "dual"); "block" -> block_generate (threshold default 0.9, record: Generation.rounds). compile: every
+    "dual"); "block" -> block_generate (threshold default 0.9, record: Generation.rounds); finish_block (DLMs):
+    see diffusion_generate. compile: every
     sampler's steps through torch.compile. Raises ValueError for an argument that sampler would ignore (a
     threshold for an AR model, ...) and for a threshold outside (0, 1]."""
     kind, N = model.config.attn, max_new_tokens
@@ -387,9 +399,10 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
         raise ValueError(f"config.attn {kind!r} has no sampler (one of {', '.join(SAMPLERS)})")
     given = dict(threshold=threshold is not None, block_length=block_length is not None, steps=steps is not None,
                  remasking=remasking != "low_confidence", block_size=block_size is not None, shift=shift is not None,
-                 no_cache=not use_cache, cache=cache != "none", record=record)
-    uses = {"causal": {"no_cache"}, "block": {"threshold", "block_size", "shift", "no_cache", "record"},
-            "bidirectional": {"threshold", "block_length", "steps", "remasking", "shift", "cache"}}[kind]
+                 no_cache=not use_cache, cache=cache != "none", record=record, finish_block=finish_block)
+    uses = {"causal": {"no_cache"}, "block": {"threshold", "block_size", "shift", "no_cache", "record", "finish_block"},
+            "bidirectional": {"threshold", "block_length", "steps", "remasking", "shift", "cache",
+                              "finish_block"}}[kind]
     if unused := [k for k, v in given.items() if v and k not in uses]:
         raise ValueError(f"{', '.join(unused)}: not used by the {SAMPLERS[kind]} sampler (config.attn {kind!r}); "
                          "drop it")
@@ -401,9 +414,9 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
         return ar_generate(model, prompt, N, use_cache=use_cache, **common)
     if kind == "bidirectional":
         return diffusion_generate(model, prompt, N, block_length or min(32, N), steps or N, remasking=remasking,
-                                  threshold=threshold, shift=shift, cache=cache, **common)
+                                  threshold=threshold, shift=shift, cache=cache, finish_block=finish_block, **common)
     return block_generate(model, prompt, N, block_size, 0.9 if threshold is None else threshold, use_cache=use_cache,
-                          record=record, shift=shift, **common)
+                          record=record, shift=shift, finish_block=finish_block, **common)
 
 
 # ---- showing the rounds ---------------------------------------------------------------------------
@@ -489,6 +502,8 @@ def main():
     p.add_argument("--cache", default="none", choices=CACHES, help="diffusion: Fast-dLLM's approximate KV cache, "
                    "refreshed once per block: prefix (the slots before the block), dual (and after it)")
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
+    p.add_argument("--finish_block", action="store_true", help="DLMs: a row is done once the block holding its end "
+                   "token is, not at that token (its forwards counted until then)")
     p.add_argument("--show_rounds", action="store_true",
                    help="block: mark each generated token with the round that committed it (colours on a terminal)")
     p.add_argument("--ignore_eos", action="store_true", help="do not stop at the checkpoint's end ids")
@@ -533,7 +548,7 @@ def main():
                        vocab_limit=tok.vocab_size, shift=None if args.shift is None else args.shift == "true",
                        block_length=args.block_length, steps=args.steps, remasking=args.remasking,
                        threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
-                       cache=args.cache, record=args.show_rounds, compile=args.compile)
+                       cache=args.cache, finish_block=args.finish_block, record=args.show_rounds, compile=args.compile)
     except ValueError as e:
         raise SystemExit(f"sample: {e}")
     sync()

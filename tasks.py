@@ -177,19 +177,21 @@ def round_up(n, k):
 
 @torch.no_grad()
 def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temperature=0.0, threshold=None,
-                block_length=None, steps=None, block_size=None, generator=None, cache="none", compile=False):
+                block_length=None, steps=None, block_size=None, generator=None, cache="none", finish_block=False,
+                compile=False):
     """Score items ({"prompt", "answer", "family"}) with the checkpoint's own sampler (sample.generate) -> dict(n,
-    accuracy, families={family: dict(n, accuracy, **throughput)}, rows=[dict(family, prompt, completion, correct,
-    tokens, forwards)], **throughput), throughput being sample.throughput of those rows: tokens per forward per
+    accuracy, families={family: dict(n, accuracy, **throughput)}, lengths={"family/digits": dict(n, accuracy,
+    tokens_per_forward)} (by the answer's digits), rows=[dict(family, prompt, completion, correct, tokens,
+    forwards, digits)], **throughput), throughput being sample.throughput of those rows: tokens per forward per
     row (mean, std, min, max), forwards per row, tokens/s. A row's tokens and forwards are the sampler's own
     per-row counts (Generation.row_tokens, row_nfe: up to and including its eos, as if decoded alone). A row
     stops, and its completion is cut, at the first of the checkpoint's end ids (Tokenizer.end_ids).
     Each family is decoded in batches of its own, timed apart. max_new_tokens: default the longest answer + full
     stop + eos, rounded up to the block size (block) or block_length (masked diffusion; default one block of that
     length); steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9).
-    cache (masked diffusion: "none" | "prefix" | "dual", Fast-dLLM's approximate KV cache) and compile as in
-    sample.generate. Rows are scored by `check` (correct) and `preferred` (the answer with a full stop); `right`
-    is either."""
+    cache (masked diffusion: "none" | "prefix" | "dual", Fast-dLLM's approximate KV cache), finish_block (DLMs: a
+    row is done at the end of its end token's block) and compile as in sample.generate. Rows are scored by `check`
+    (correct) and `preferred` (the answer with a full stop); `right` is either."""
     c, dev, ends = model.config, model.model.embed_tokens.weight.device, tok.end_ids(model.config)
     N = max_new_tokens or max(len(tok.encode(it["answer"] + MARK)) for it in items) + 1  # room for the mark and eos
     if c.attn == "block":
@@ -208,14 +210,14 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
             gen = sample.generate(model, [tok.encode(items[i]["prompt"]) for i in batch], N, temperature=temperature,
                                   eos_id=ends, generator=generator, vocab_limit=tok.vocab_size,
                                   block_length=block_length, steps=steps, threshold=threshold, block_size=block_size,
-                                  cache=cache, compile=compile)
+                                  cache=cache, finish_block=finish_block, compile=compile)
             gens[f].append(gen)
             for b, i in enumerate(batch):
                 text = tok.decode(sample.until_end(gen.generated[b].tolist(), ends))
                 rows[i] = dict(family=f, prompt=items[i]["prompt"], completion=text,
                                correct=check(f, items[i]["prompt"], text),
                                preferred=preferred(f, items[i]["prompt"], text), tokens=int(gen.row_tokens[b]),
-                               forwards=int(gen.row_nfe[b]))
+                               forwards=int(gen.row_nfe[b]), digits=len(solve(f, items[i]["prompt"]).split()))
         if dev.type == "cuda":
             torch.cuda.synchronize()
         secs[f] = time.perf_counter() - t0
@@ -226,9 +228,16 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
                            preferred=sum(r["preferred"] for r in rs) / len(rs),
                            right=sum(r["correct"] or r["preferred"] for r in rs) / len(rs),
                            **sample.throughput(gens[f], secs[f]))
+    lengths = {}
+    for r in rows:
+        lengths.setdefault(f"{r['family']}/{r['digits']}", []).append(r)
+    lengths = {k: dict(n=len(rs), accuracy=sum(r["correct"] for r in rs) / len(rs),
+                       tokens_per_forward=sum(r["tokens"] / max(1, r["forwards"]) for r in rs) / len(rs))
+               for k, rs in sorted(lengths.items())}
     return dict(n=len(rows), accuracy=sum(r["correct"] for r in rows) / len(rows),
                 preferred=sum(r["preferred"] for r in rows) / len(rows),
-                right=sum(r["correct"] or r["preferred"] for r in rows) / len(rows), families=families, rows=rows,
+                right=sum(r["correct"] or r["preferred"] for r in rows) / len(rows), families=families,
+                lengths=lengths, rows=rows,
                 **sample.throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
 
 

@@ -218,6 +218,16 @@ class Run:
         """(train, val) token arrays of a prepared dataset, each longer than --seq_len (load_splits)."""
         return load_splits(data_dir, self.who, like=like, seq_len=self.args.seq_len)
 
+    def prompt_pool(self, tok, span, *, prompts, data_dir, n, like):
+        """data.prompt_pool (--seq_len tokens each), or a one-line exit; prompts cut from data_dir's validation
+        split need its tokenizer to be the model like's."""
+        if not prompts:
+            self.load_splits(data_dir, like=like)
+        try:
+            return data.prompt_pool(tok, span, prompts=prompts, data_dir=data_dir, seq_len=self.args.seq_len, n=n)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"{self.who}: {e}")
+
     def start(self, fresh):
         """-> the model to train: with --resume the run in out_dir (its generator, step and train state restored,
         refused when the run's settings differ from the checkpoint's unless --allow_changed_settings); otherwise

@@ -7,6 +7,7 @@ prompts file) and humaneval end to end on micro checkpoints, and both on a stand
 stopped and cut at the second); tasks through its command line: the oracle stand-in
 scores 1.0 and the wrong one 0.0 at every threshold, an AR model gets one run, a checkpoint with another tokenizer
 than the task data's is refused."""
+import collections
 import contextlib
 import json
 import math
@@ -442,11 +443,18 @@ def test_tasks_oracle_scores_one_and_wrong_zero(task_data, tmp_path, monkeypatch
                 f: (3, want) for f in tasks.FAMILIES}
             # a confident oracle: AR one token a forward; a DLM commits a whole block per forward
             assert (run["tokens_per_forward"] == 1.0) == (attn == "causal")
-        # the table: a row per run and family, and the run's overall row
-        rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line]
-        assert [[c.strip() for c in r[1:5]] for r in rows[1:]] == [
+        # the table: a row per run and family, and the run's overall row; then a row per run, family and answer
+        # length, counted from the items scored (the first 3 of each family)
+        table, by_length = ([line.split("|")[1:-1] for line in part.splitlines() if line.startswith("| ")
+                             and "---" not in line][1:] for part in out.split("By the answer's length"))
+        assert [[c.strip() for c in r[1:5]] for r in table] == [
             ["—" if t is None else f"{t:g}", f, str(n), f"{want:.3f}"]
             for t in thresholds for f, n in (*((f, 3) for f in tasks.FAMILIES), ("all", 9))]
+        scored = [it for f in tasks.FAMILIES for it in [it for it in items if it["family"] == f][:3]]
+        lengths = collections.Counter((it["family"], str(len(it["answer"].split()))) for it in scored)
+        assert [[c.strip() for c in r[:5]] for r in by_length] == [
+            ["—" if t is None else f"{t:g}", f, d, str(n), f"{want:.3f}"]
+            for t in thresholds for (f, d), n in sorted(lengths.items(), key=lambda kv: f"{kv[0][0]}/{kv[0][1]}")]
 
 
 def test_tasks_cache_and_compile_reach_the_sampler(world, task_data, tmp_path, monkeypatch):

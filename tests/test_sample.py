@@ -185,7 +185,9 @@ def test_diffusion_random_remasking_and_eos():
     gen = diffusion_generate(m, PROMPTS, 16, 4, steps=16, eos_id=EOS)
     want = torch.arange(P, P + 16) % 40 + 2
     want[5:] = EOS  # everything after the first eos is eos
-    assert (gen.generated == want).all() and gen.nfe == 8  # stopped after block 1, which holds every row's eos
+    assert (gen.generated == want).all() and gen.nfe == 6  # done once slots 4 and 5 (eos) are: 4 + 2 steps
+    whole = diffusion_generate(m, PROMPTS, 16, 4, steps=16, eos_id=EOS, finish_block=True)
+    assert torch.equal(whole.tokens, gen.tokens) and whole.nfe == 8  # stopped after block 1, which holds the eos
     for b, ids in enumerate(PROMPTS):  # prompts untouched
         assert gen.sequence(b)[:len(ids)].tolist() == ids
     assert torch.equal(gen.tokens[0, :4], torch.full((4,), EOS))  # pad_id defaults to eos_id
@@ -272,8 +274,9 @@ def test_several_end_ids(name):
             j = next(i for i, t in enumerate(want) if t in ends)  # the first end token the row meets
             want[j:] = [want[j]] * (16 - j)
             assert gen.generated[b].tolist() == want and int(gen.row_tokens[b]) == j + 1, (eos_id, b)
-            per_block = {"ar": None, "diffusion": 4, "block": 1}[name]  # steps a block takes (AR: one a token)
-            assert int(gen.row_nfe[b]) == (j + 1 if per_block is None else per_block * (j // 4 + 1)), (eos_id, b)
+            # forwards until the end token and all before it are committed: AR and diffusion (one token a step,
+            # the leftmost of equally confident first) one a token; block one a block (all confident)
+            assert int(gen.row_nfe[b]) == (j // 4 + 1 if name == "block" else j + 1), (eos_id, b)
     with pytest.raises(ValueError, match="eos_id must be an int or a non-empty list/tuple of ints"):
         run([])
 

@@ -20,8 +20,8 @@ def token_at(p):
     return torch.where(p == P_EOS, EOS, p % 40 + 2)
 
 
-def height_at(p):  # the logit of the predicted token (all others 0): p % 3 == 0 is unsure
-    return torch.where(p % 3 == 0, 3.0, 8.0)
+def height_at(p):  # the logit of the predicted token (all others 0): p % 3 == 0 is unsure; no two alike nearby
+    return torch.where(p % 3 == 0, 3.0, 8.0) + (p % 7) / 10
 
 
 def confidence_at(p):  # its raw softmax probability: e^h / (e^h + the V - 2 other ids that are not the mask)
@@ -38,35 +38,40 @@ def positional(m):
     return m
 
 
-def rounds_needed(confs, threshold):
-    """Threshold decoding of one block with fixed confidences: each round commits the most confident masked
-    position and every one at or above the threshold."""
-    left, n = sorted(confs, reverse=True), 0
-    while left:
-        n += 1
-        left = [c for c in left[1:] if c < threshold]
+def rounds_needed(confs, threshold=None, per_step=None, upto=None):
+    """Rounds to decode one block whose positions keep fixed confidences: each round commits the most confident
+    masked position (the first of equals) and every one at or above the threshold, or (per_step: LLaDA's fixed
+    steps) the per_step most confident; until every position, or (upto) every one before `upto`, is committed."""
+    left, n, upto = list(range(len(confs))), 0, len(confs) if upto is None else upto
+    while any(i < upto for i in left):
+        order = sorted(left, key=lambda i: (-confs[i], i))
+        take = order[:per_step] if per_step else order[:1] + [i for i in order[1:] if confs[i] >= threshold]
+        left, n = [i for i in left if i not in take], n + 1
     return n
 
 
-def slow_counts(ids, N, block, threshold, shift, steps_per_block=None):
+def slow_counts(ids, N, block, threshold, shift, steps_per_block=None, finish_block=False):
     """-> (row_nfe, row_tokens) of one row by the rules above: the prediction for generated token j (RoPE
-    position len + j) is read at position len + j - shift; block k holds the generated tokens k*block.."""
+    position len + j) is read at position len + j - shift; block k holds the generated tokens k*block..; the
+    row is charged through the block that holds eos, in it only until eos and every token before it are
+    committed (finish_block: to the block's end)."""
     pos = [len(ids) + j - shift for j in range(N)]
     j_eos = next((j for j, p in enumerate(pos) if p == P_EOS), None)
     tokens = N if j_eos is None else j_eos + 1
-    n_blocks = N // block if j_eos is None else j_eos // block + 1  # through the block that holds eos
-    if steps_per_block is not None:
-        return steps_per_block * n_blocks, tokens
+    last = N // block - 1 if j_eos is None else j_eos // block  # the block that holds eos
     confs = [float(confidence_at(torch.tensor(p))) for p in pos]
-    return sum(rounds_needed(confs[k * block:(k + 1) * block], threshold) for k in range(n_blocks)), tokens
+    per_step = None if steps_per_block is None else block // steps_per_block
+    return sum(rounds_needed(confs[k * block:(k + 1) * block], threshold, per_step,
+                             j_eos - k * block + 1 if k == last and j_eos is not None and not finish_block else None)
+               for k in range(last + 1)), tokens
 
 
-def check_rows(run, block, threshold, shift, steps_per_block=None):
+def check_rows(run, block, threshold, shift, steps_per_block=None, finish_block=False):
     """Each row of the ragged batch: its counts equal the slow reference's and that prompt's decoded alone."""
     gen = run(PROMPTS)
     N = gen.generated.shape[1]
     for b, ids in enumerate(PROMPTS):
-        want = slow_counts(ids, N, block, threshold, shift, steps_per_block)
+        want = slow_counts(ids, N, block, threshold, shift, steps_per_block, finish_block)
         assert (int(gen.row_nfe[b]), int(gen.row_tokens[b])) == want, b
         alone = run([ids])
         assert (int(alone.row_nfe[0]), int(alone.row_tokens[0])) == want and alone.nfe == want[0], b
@@ -76,11 +81,14 @@ def check_rows(run, block, threshold, shift, steps_per_block=None):
     return gen
 
 
+@pytest.mark.parametrize("finish_block", [False, True])
 @pytest.mark.parametrize("shift", [False, True])
-def test_block_rows_counted_alone(shift):
+def test_block_rows_counted_alone(shift, finish_block):
     m = positional(make("block", shift=shift, block_size=4))
     for thr in (0.5, 0.9):
-        gen = check_rows(lambda p: block_generate(m, p, 16, threshold=thr, eos_id=EOS, record=True), 4, thr, shift)
+        run = lambda p: block_generate(m, p, 16, threshold=thr, eos_id=EOS, record=True,  # noqa: E731
+                                       finish_block=finish_block)
+        gen = check_rows(run, 4, thr, shift, finish_block=finish_block)
         assert gen.nfe > int(gen.row_nfe.min())  # the batch waited for its slowest row: per batch undercounts
         r = gen.rounds.view(3, 4, 4)
         for b in range(3):  # recorded rounds agree: the row's rounds per block, through its eos block
@@ -88,14 +96,18 @@ def test_block_rows_counted_alone(shift):
             assert int(gen.row_nfe[b]) == int((r[b, :last + 1].max(-1).values + 1).sum())
 
 
+@pytest.mark.parametrize("finish_block", [False, True])
 @pytest.mark.parametrize("cache", ["none", "dual"])
 @pytest.mark.parametrize("shift", [False, True])
-def test_diffusion_rows_counted_alone(shift, cache):
+def test_diffusion_rows_counted_alone(shift, cache, finish_block):
     m = positional(make("bidirectional", shift=shift))  # its logits depend on the position alone: any cache is exact
-    check_rows(lambda p: diffusion_generate(m, p, 16, 4, 16, threshold=0.9, eos_id=EOS, cache=cache), 4, 0.9, shift)
-    for steps in (16, 8):  # fixed steps: every step of a block counts, through the row's eos block
-        check_rows(lambda p: diffusion_generate(m, p, 16, 4, steps, eos_id=EOS, cache=cache), 4, None, shift,
-                   steps_per_block=steps // 4)
+    check_rows(lambda p: diffusion_generate(m, p, 16, 4, 16, threshold=0.9, eos_id=EOS, cache=cache,
+                                         finish_block=finish_block), 4,
+               0.9, shift, finish_block=finish_block)
+    for steps in (16, 8):  # fixed steps: every step counts until the row is done
+        check_rows(lambda p: diffusion_generate(m, p, 16, 4, steps, eos_id=EOS, cache=cache,
+                                                     finish_block=finish_block), 4, None,
+                   shift, steps_per_block=steps // 4, finish_block=finish_block)
 
 
 def test_ar_rows_counted_alone():
@@ -123,6 +135,31 @@ def test_random_model_rows_equal_alone(thr):
             alone = run(m, [ids])
             assert int(gen.row_nfe[b]) == int(alone.row_nfe[0]) == alone.nfe, b
         assert gen.row_tokens.eq(16).all() and gen.nfe >= int(gen.row_nfe.max())
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_done_at_the_end_token_keeps_the_tokens_and_charges_no_more(shift):
+    """A row done at its end token against finish_block (the end token's block finished, as before) on random
+    models, with an end id each row meets early: the same tokens (greedy, batched; sampled, one row: the same
+    draws until it is done), the same row_tokens, never more forwards, and fewer for some row."""
+    runs = [(make("block", shift=shift, block_size=4), lambda m, p, **kw: block_generate(m, p, 16, threshold=t, **kw))
+            for t in (0.5, 0.9, 1.0)]
+    runs += [(make("bidirectional", shift=shift), lambda m, p, **kw: diffusion_generate(
+        m, p, 16, 8, 16, threshold=t, cache=c, **kw)) for t in (0.5, 1.0) for c in ("none", "prefix", "dual")]
+    runs += [(make("bidirectional", shift=shift), lambda m, p, **kw: diffusion_generate(m, p, 16, 4, 8, **kw))]
+    fewer = 0
+    for m, run in runs:
+        eos = int(run(m, PROMPTS).generated[0, 5])  # a token row 0 produces: every row may meet it
+        new, old = run(m, PROMPTS, eos_id=eos), run(m, PROMPTS, eos_id=eos, finish_block=True)
+        assert torch.equal(new.tokens, old.tokens) and torch.equal(new.row_tokens, old.row_tokens)
+        assert (new.row_nfe <= old.row_nfe).all() and new.nfe <= old.nfe
+        fewer += int((new.row_nfe < old.row_nfe).sum())
+        for seed in range(3):
+            g = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+            a = run(m, PROMPTS[:1], eos_id=eos, temperature=1.0, generator=g())
+            b = run(m, PROMPTS[:1], eos_id=eos, temperature=1.0, generator=g(), finish_block=True)
+            assert torch.equal(a.tokens, b.tokens) and int(a.row_nfe[0]) <= int(b.row_nfe[0]) == b.nfe
+    assert fewer > 0, fewer
 
 
 def test_throughput_by_hand():
