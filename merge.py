@@ -202,12 +202,12 @@ def rewards(model, W0, delta, items, gammas, *, beta, n_masks, seed, masks="shar
 
 
 def reward_stats(r, gammas):
-    """Per γ, of rewards (G, n, 2): reward accuracy, mean margin (and / γ), DPO loss, mean rewards, and the share of
-    margins with the sign they have at the smallest γ > 0."""
+    """Per γ, of rewards (G, n, 2): reward accuracy (a tie counts half), mean margin (and / γ), DPO loss, mean rewards,
+    and the share of margins with the sign they have at the smallest γ > 0."""
     m = r[..., 0] - r[..., 1]  # (G, n) margins
     first = min((k for k, g in enumerate(gammas) if g > 0), key=lambda k: gammas[k], default=None)
     mean = m.mean(1).tolist()
-    return dict(reward_accuracy=(m > 0).float().mean(1).tolist(), margin=mean,
+    return dict(reward_accuracy=((m > 0) + (m == 0) / 2).mean(1).tolist(), margin=mean,
                 margin_per_gamma=[x / g if g else None for x, g in zip(mean, gammas)],
                 dpo_loss=(-F.logsigmoid(m)).mean(1).tolist(),  # −log σ(r_γ(x, y_w) − r_γ(x, y_l))
                 reward_chosen=r[..., 0].mean(1).tolist(), reward_rejected=r[..., 1].mean(1).tolist(),

@@ -57,6 +57,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import cli
 import data
 from model import Qwen3, Qwen3Config
 from tokenizer import Tokenizer, atomic_write, fingerprint_of
@@ -114,6 +115,9 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
                        help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
                        f"{tasks}, greedy, by eval.py tasks (task_acc, task_tpf, task_pref in log.jsonl)")
         p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
+        p.add_argument("--tasks_also", type=cli.comma_list(float, what="thresholds"), default=[],
+                       help="with --tasks, DLMs: also at these thresholds in (0, 1], comma-separated (task_acc@T, "
+                       "task_tpf@T)")
     if frozen:
         p.add_argument("--frozen_dtype", default="auto", choices=FROZEN_DTYPES,
                        help=f"dtype {frozen} is held in; auto: bfloat16 on CUDA (half the memory of fp32; the "
@@ -135,8 +139,8 @@ def parse_loop_args(p):
     if args.fsdp and args.resume:
         p.error("--resume continues from train_state.pt, which an --fsdp run does not write (its optimizer state is "
                 "sharded): start a new run, or train without --fsdp to be able to resume")
-    if getattr(args, "tasks_n", 1) <= 0:
-        p.error("--tasks_n must be > 0")
+    if getattr(args, "tasks_n", 1) <= 0 or not all(0 < t <= 1 for t in getattr(args, "tasks_also", [])):
+        p.error("--tasks_n must be > 0 and every --tasks_also threshold in (0, 1]")
     if getattr(args, "tasks", None) and not Path(args.tasks).is_file():
         p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
     return args
@@ -206,7 +210,7 @@ class Run:
         self.gen = torch.Generator(self.device if generator == "device" else "cpu").manual_seed(args.seed)
         self.at, self.checkpoint, self.state, self.first = None, None, None, 0  # the next step; the last checkpoint
         self.last_eval, self.last_eval_step = {}, None
-        self.tasks_child = (None, None)  # task_eval's eval.py process, and the threshold it decodes at
+        self.tasks_child = (None, None)  # task_eval's eval.py process, and the thresholds it decodes at
         sys.excepthook = lambda kind, value, tb: interrupted(kind, value, tb, self.where())
         frozen = getattr(args, "frozen_dtype", "auto")
         self.frozen_dtype = ((torch.bfloat16 if self.device.type == "cuda" else torch.float32) if frozen == "auto"
@@ -383,7 +387,8 @@ class Run:
         """--tasks: exact match of this step's weights on the first --tasks_n held-out prompts of each family, and
         tokens per forward, at `threshold` (AR: greedy), by `eval.py tasks` on a copy of the weights in
         out_dir/task_eval (as a checkpoint would store them; removed after) -> the flat record task_acc,
-        task_acc_<family>, task_tpf (the mean over rows), task_pref (right with a full stop); {} without --tasks
+        task_acc_<family>, task_tpf (the mean over rows), task_pref (right with a full stop), and task_acc@T,
+        task_tpf@T for each --tasks_also threshold T (DLMs); {} without --tasks
         and on ranks but 0. The child process (`tasks --ckpt -`: a checkpoint per line of its stdin) is started
         once and serves every evaluation of the run, so torch is imported once; its stderr goes to
         out_dir/task_eval.log, whose last lines a failure shows."""
@@ -396,8 +401,9 @@ class Run:
             model.save_pretrained(d, dtype=save_dtype(model.config, self.args.save_dtype), state_dict=full)
             model.config.torch_dtype = stored
             tokenizer.save_pretrained(d)
-            if self.tasks_child[1] != threshold:
-                self.tasks_child = (self.task_server(threshold), threshold)
+            thresholds = ",".join(f"{t:g}" for t in [threshold, *self.args.tasks_also])
+            if self.tasks_child[1] != thresholds:
+                self.tasks_child = (self.task_server(thresholds), thresholds)
             child = self.tasks_child[0]
             try:
                 child.stdin.write(f"{d}\n")
@@ -408,17 +414,21 @@ class Run:
             if not line.startswith("result "):
                 tail = " | ".join((self.out_dir / "task_eval.log").read_text().strip().splitlines()[-2:])
                 raise SystemExit(f"{self.who}: --tasks: eval.py tasks failed: {tail}")
-            rec = task_record(json.loads(line.removeprefix("result "))["runs"][0])
+            runs = json.loads(line.removeprefix("result "))["runs"]
+            rec = task_record(runs[0])
+            for r in runs[1:]:  # --tasks_also
+                rec.update({f"task_acc@{r['threshold']:g}": r["accuracy"],
+                            f"task_tpf@{r['threshold']:g}": r["tokens_per_forward"]})
             shutil.rmtree(d)
         self.barrier()
         return rec
 
-    def task_server(self, threshold):
+    def task_server(self, thresholds):
         """The child `eval.py tasks --ckpt -` for task_eval, ended (its stdin closed) when the run is."""
         with open(self.out_dir / "task_eval.log", "w") as log:  # the child writes to its own copy of the file
             child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("eval.py")), "tasks", "--ckpt", "-",
                                       "--data", str(self.args.tasks), "--num_prompts", str(self.args.tasks_n),
-                                      "--thresholds", str(threshold), "--device", str(self.device)],
+                                      "--thresholds", thresholds, "--device", str(self.device)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
                                      env=dict(os.environ, WORLD_SIZE="1"))
         weakref.finalize(self, child.stdin.close)

@@ -11,6 +11,7 @@ tests/test_report.py renders each one from small JSON files made in the test.
 import contextlib
 import csv
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -18,6 +19,30 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules (eval.py, distill.py, ...)
+
+
+def t_two_sided(t, df):
+    """P(|T| >= t) for Student's t with df degrees of freedom: 1 - 2 ∫_0^t f, Simpson's rule on the density
+    f(x) = Γ((df+1)/2) / (√(df π) Γ(df/2)) · (1 + x²/df)^(-(df+1)/2)."""
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    f = lambda x: c * (1 + x * x / df) ** (-(df + 1) / 2)  # noqa: E731
+    n, h = 2000, abs(t) / 2000
+    area = h / 3 * (f(0) + f(abs(t)) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n)))
+    return max(0.0, 1 - 2 * area)
+
+
+def paired(a, b):
+    """b against a, seed by seed (the same seeds in the same order) -> "mean ± sd of b - a, t, p (two-sided, paired
+    t-test), ahead in k/n" (ahead: b > a)."""
+    d = [y - x for x, y in zip(a, b, strict=True)]
+    n, m = len(d), statistics.mean(d)
+    sd = statistics.stdev(d) if n > 1 else 0.0
+    if sd == 0:
+        t, p = (0.0, 1.0) if m == 0 else (math.copysign(math.inf, m), 0.0)
+    else:
+        t = m / (sd / math.sqrt(n))
+        p = t_two_sided(t, n - 1)
+    return f"{m:+.3f} ± {sd:.3f}, t = {t:.2f}, p = {p:.3f}, ahead in {sum(x > 0 for x in d)}/{n}"
 
 
 def tasks_world(*args):
@@ -275,9 +300,10 @@ def repro_merge(*args):
 
 
 def repro_tasks(*args):
-    """repro_tasks.sh: the tables. args: SEEDS, GAMMAS."""
+    """repro_tasks.sh: the tables. args: SEEDS, GAMMAS, and optionally EXTRA_SEEDS (the rollout-setting runs)."""
     argv = ["repro_tasks", *map(str, args)]
     R, seeds, gammas = Path("out/tasks/repro"), argv[1].split(), argv[2].split()
+    extra = argv[3].split() if len(argv) > 3 else []
     runs = lambda name: json.loads(Path(name).read_text())["results"]["runs"]
     fmt = lambda xs: f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}"
     print(f"Exact match (all families, 200 held-out prompts each) / tokens per forward, mean ± sd over seeds "
@@ -293,6 +319,40 @@ def repro_tasks(*args):
                  for k in range(len(ts))]
         add = fmt([r[ts.index(0.9)]["families"]["add"]["accuracy"] for r in rs])
         print(f"| {what} | " + " | ".join(cells) + f" | {add} |")
+    print(f"\nPaired by seed ({', '.join(seeds)}): the difference in exact match, mean ± sd over seeds, the paired "
+          "t-test's t and two-sided p, and in how many seeds the method is ahead\n")
+    print("| comparison | threshold | exact match: method − baseline |\n|---|---|---|")
+    for m, base, what in [("align", "align0", "REPR-ALIGN λ = 10 − λ = 0"),
+                          ("distill", "distill-off", "OPDLM on-policy − off-policy")]:
+        a, b = ([runs(R / f"eval-{x}-s{s}.json") for s in seeds] for x in (base, m))
+        for k, t in enumerate(ts):
+            print(f"| {what} | {t:g} | {paired([r[k]['accuracy'] for r in a], [r[k]['accuracy'] for r in b])} |")
+    for t in (0.9, 1.0):
+        if t not in ts:
+            continue
+        k = ts.index(t)
+        ms = ["align0", "align", "distill-off", "distill"]
+        lengths = runs(R / f"eval-align-s{seeds[0]}.json")[k].get("lengths", {})
+        print(f"\nBy the answer's length (digits), threshold {t:g}: tokens per forward, mean over seeds (rows per seed "
+              "in n)\n")
+        print("| family | digits | n | " + " | ".join(ms) + " |\n|---|---|---|" + "---|" * len(ms))
+        for key, r0 in lengths.items():
+            cells = [statistics.mean(runs(R / f"eval-{m}-s{s}.json")[k]["lengths"][key]["tokens_per_forward"]
+                                     for s in seeds) for m in ms]
+            print(f"| {key.replace('/', ' | ')} | {r0['n']} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    if extra:
+        print(f"\nOPDLM's rollout settings, seeds {', '.join(extra)}: exact match / tokens per forward (mean ± sd)\n")
+        print("| rollouts (training) | " + " | ".join(f"judged at {t:g}" for t in ts) + " |")
+        print("|---|" + "---|" * len(ts))
+        for m, what in [("distill", "on-policy, temperature 1, threshold 0.9 (run.sh's)"),
+                        ("distill-T0", "on-policy, temperature 0, threshold 0.9"),
+                        ("distill-off", "off-policy, temperature 1, threshold 0.9"),
+                        ("distill-t05", "on-policy, temperature 1, threshold 0.5"),
+                        ("distill-off-t05", "off-policy, temperature 1, threshold 0.5")]:
+            rs = [runs(R / f"eval-{m}-s{s}.json") for s in extra]
+            print(f"| {what} | " + " | ".join(f"{fmt([r[k]['accuracy'] for r in rs])} / "
+                                              f"{fmt([r[k]['tokens_per_forward'] for r in rs])}"
+                                              for k in range(len(ts))) + " |")
     print("\nDPO on the AR teacher (greedy, 200 held-out prompts per family): exact match / with a full stop\n")
     print("| model | sort | rev | add | held-out reward accuracy |\n|---|---|---|---|---|")
     for m, what in [("ar", "the teacher"), ("ar-dpo-plain", "plain DPO (--sft_weight 0)"),
@@ -316,8 +376,54 @@ def repro_tasks(*args):
               f"{r['preferred']:.2f} | {r['tokens_per_forward']:.2f} |")
 
 
+def repro_align_tasks(*args):
+    """repro_align_tasks.sh: the tables. args: OUT, SEEDS, L2_SEEDS."""
+    argv = ["repro_align_tasks", *map(str, args)]
+    R, seeds, l2_seeds = Path(argv[1]), argv[2].split(), argv[3].split()
+
+    def evals(name, s):  # {step: record} of the run's evaluations with exact match
+        recs = [json.loads(line) for line in (R / f"{name}-s{s}" / "log.jsonl").read_text().splitlines()]
+        return {r["step"]: r for r in recs if "task_acc" in r}
+    last = max(evals("lam0", seeds[0]))
+    cols = [("task_acc@1", 40), ("task_acc@1", 60), ("task_acc", 40), ("task_acc", 60), ("task_acc", last),
+            ("task_tpf", last)]
+    head = {"task_acc@1": "exact match @1.0", "task_acc": "exact match @0.9", "task_tpf": "tok/fwd @0.9"}
+    fmt = lambda xs: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+    parts = [("lam0", "λ = 0", None), ("lam10", "λ = 10, every hidden state", "lam0"),
+             ("lam10-below-final", "λ = 10, all but the final norm's output", "lam0"),
+             ("lam10-final", "λ = 10, the final norm's output only", "lam0"),
+             ("lam0-lr3e-4", "λ = 0, lr 3e-4", None), ("lam10-lr3e-4", "λ = 10, lr 3e-4", "lam0-lr3e-4")]
+    print(f"Which part of the alignment does the work: mean ± sd over seeds {', '.join(seeds)} (80 steps, 50 held-out "
+          "prompts per family; step s = after s+1 updates)\n")
+    print("| run | " + " | ".join(f"{head[k]}, step {st}" for k, st in cols) + " |\n|---|" + "---|" * len(cols))
+    for name, what, _ in parts:
+        ev = [evals(name, s) for s in seeds]
+        print(f"| {what} | " + " | ".join(fmt([e[st][k] for e in ev]) for k, st in cols) + " |")
+    print("\nPaired by seed against λ = 0 at the same lr: exact match difference (mean ± sd, paired t-test, "
+          "seeds ahead)\n")
+    print("| run | threshold | step | run − λ = 0 |\n|---|---|---|---|")
+    for name, what, base in parts:
+        if base is None:
+            continue
+        a, b = [evals(base, s) for s in seeds], [evals(name, s) for s in seeds]
+        for k, st in cols[:4]:
+            print(f"| {what} | {'1.0' if k.endswith('@1') else '0.9'} | {st} | "
+                  f"{paired([e[st][k] for e in a], [e[st][k] for e in b])} |")
+    metric = [("lam0", "λ = 0"), ("cos1", "cosine, λ = 1"), ("lam10", "cosine, λ = 10")]
+    metric += [(f"l2-{l}", f"L2, λ = {l}") for l in ("0.3", "1", "3", "10")]
+    print(f"\nCosine against L2: mean over seeds {', '.join(l2_seeds)} at step {last} (cosine: the mean over hidden "
+          "states of val_cos, the alignment both losses aim at)\n")
+    print("| run | final cosine to the teacher | exact match @0.9, step 40 | step 60 | step "
+          f"{last} | exact match @1.0, step {last} | −ELBO |\n|---|---|---|---|---|---|---|")
+    for name, what in metric:
+        ev = [evals(name, s) for s in l2_seeds]
+        cos = [statistics.mean(e[last]["val_cos"]) for e in ev]
+        print(f"| {what} | {fmt(cos)} | " + " | ".join(fmt([e[st]["task_acc"] for e in ev]) for st in (40, 60, last))
+              + f" | {fmt([e[last]['task_acc@1'] for e in ev])} | {fmt([e[last]['val_nelbo'] for e in ev])} |")
+
+
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
-                                  repro_merge, repro_tasks)}
+                                  repro_merge, repro_tasks, repro_align_tasks)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

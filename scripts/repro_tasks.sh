@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The exact-answer world's comparisons over several training seeds, after `bash run.sh` (it reuses out/tasks/{ar,dlm,
 # block,ar-dpo,align}): REPR-ALIGN against λ = 0 and OPDLM against its off-policy ablation, each trained with seeds
-# 1..N (run.sh's settings), scored on 200 held-out prompts per family at four thresholds; and AR-MAP's merge at each γ
+# 1..N (run.sh's settings), scored on 200 held-out prompts per family at five thresholds, with paired tests; OPDLM's
+# rollout settings (temperature 0; threshold 0.5, on- and off-policy) with EXTRA_SEEDS; and AR-MAP's merge at each γ
 # of a grid, scored at threshold 0.9 (the share of answers with the full stop against the accuracy kept).
-# Writes out/tasks/repro/results.md and curves.png (with matplotlib). About 15 minutes on 2 cores with N = 3.
+# Writes out/tasks/repro/results.md and curves.png (with matplotlib). About 40 minutes on 2 cores with N = 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
-SEEDS=${SEEDS:-"1 2 3"}
+SEEDS=${SEEDS:-"1 2 3 4 5"}
+EXTRA_SEEDS=${EXTRA_SEEDS:-"1 2"}  # the rollout-setting runs (a subset of SEEDS: they share its on- and off-policy runs)
+THRESHOLDS=0.5,0.7,0.9,0.95,1
 D=data/tasks O=out/tasks R=out/tasks/repro
 for need in $O/align/results.json $O/ar-dpo/results.json $O/block/config.json; do
   [ -e $need ] || { echo "scripts/repro_tasks.sh: $need is missing; run 'bash run.sh' first" >&2; exit 1; }
@@ -28,9 +31,16 @@ for s in $SEEDS; do
   run $R/align0-s$s "$PYTHON" align.py "${ALIGN[@]}" --seed $s --lambda_align 0
   run $R/distill-s$s "$PYTHON" distill.py "${DISTILL[@]}" --seed $s
   run $R/distill-off-s$s "$PYTHON" distill.py "${DISTILL[@]}" --seed $s --policy off
-  for m in align align0 distill distill-off; do
+  ms="align align0 distill distill-off"
+  if [[ " $EXTRA_SEEDS " == *" $s "* ]]; then
+    run $R/distill-T0-s$s "$PYTHON" distill.py "${DISTILL[@]}" --seed $s --temperature 0
+    run $R/distill-t05-s$s "$PYTHON" distill.py "${DISTILL[@]}" --seed $s --threshold 0.5
+    run $R/distill-off-t05-s$s "$PYTHON" distill.py "${DISTILL[@]}" --seed $s --threshold 0.5 --policy off
+    ms="$ms distill-T0 distill-t05 distill-off-t05"
+  fi
+  for m in $ms; do
     [ -e $R/eval-$m-s$s.json ] || "$PYTHON" eval.py tasks --ckpt $R/$m-s$s --data $D --num_prompts 200 \
-      --thresholds 0.5,0.7,0.9,0.95 --out $R/eval-$m-s$s.json > /dev/null
+      --thresholds $THRESHOLDS --out $R/eval-$m-s$s.json > /dev/null
   done
 done
 # plain DPO (no NLL term), as published, beside run.sh's --sft_weight 1 (out/tasks/ar-dpo)
@@ -51,7 +61,7 @@ for g in $GAMMAS; do
     --thresholds 0.9 --out $R/eval-merged-g$g.json > /dev/null
 done
 
-"$PYTHON" scripts/report.py repro_tasks "$SEEDS" "$GAMMAS" | tee $R/results.md
+"$PYTHON" scripts/report.py repro_tasks "$SEEDS" "$GAMMAS" "$EXTRA_SEEDS" | tee $R/results.md
 if "$PYTHON" -c "import matplotlib" 2>/dev/null; then
   s=${SEEDS%% *}
   "$PYTHON" plot.py $R/align-s$s $R/align0-s$s $R/distill-s$s $R/distill-off-s$s --keys task_acc task_tpf \

@@ -186,7 +186,9 @@ def test_rewards_and_margins_match_a_slow_loop(masks):
                 assert r[k, j].tolist() == pytest.approx(want, abs=1e-4)
                 margins.append(want[0] - want[1])
             assert stats["margin"][k] == pytest.approx(sum(margins) / len(margins), abs=1e-4)
-            assert stats["reward_accuracy"][k] == pytest.approx(sum(m > 1e-9 for m in margins) / len(margins))
+            ties = sum(abs(m) <= 1e-9 for m in margins)  # count half
+            assert stats["reward_accuracy"][k] == pytest.approx((sum(m > 1e-9 for m in margins) + ties / 2)
+                                                                / len(margins))
             if gamma:
                 assert stats["margin_per_gamma"][k] == pytest.approx(sum(margins) / len(margins) / gamma, abs=1e-3)
             assert stats["reward_chosen"][k] == pytest.approx(r[k, :, 0].mean().item())
@@ -194,7 +196,7 @@ def test_rewards_and_margins_match_a_slow_loop(masks):
             assert stats["dpo_loss"][k] == pytest.approx(dpo, abs=1e-4)
     assert stats["margin_per_gamma"][0] is None
     if masks == "shared":  # common random numbers: at γ = 0 the merged model is the reference, every reward 0
-        assert torch.equal(r[0], torch.zeros_like(r[0])) and stats["reward_accuracy"][0] == 0
+        assert torch.equal(r[0], torch.zeros_like(r[0])) and stats["reward_accuracy"][0] == 0.5  # all ties
     else:  # independent draws: r_0 is the Monte Carlo noise of the reward, not 0
         assert (r[0] != 0).all()
 
@@ -229,7 +231,7 @@ def test_reward_stats_by_hand():
                       [[0.3, 0.1], [0.0, 0.2]],  # γ = 1: margins 0.2, −0.2
                       [[0.5, 0.1], [0.1, 0.0]]])  # γ = 2: margins 0.4, 0.1
     st = merge.reward_stats(r, [0, 1, 2])
-    assert st["reward_accuracy"] == [0.0, 0.5, 1.0] and st["margin"] == pytest.approx([0.0, 0.0, 0.25], abs=1e-6)
+    assert st["reward_accuracy"] == [0.5, 0.5, 1.0] and st["margin"] == pytest.approx([0.0, 0.0, 0.25], abs=1e-6)
     assert st["margin_per_gamma"][0] is None and st["margin_per_gamma"][1:] == pytest.approx([0.0, 0.125], abs=1e-6)
     assert st["reward_chosen"] == pytest.approx([0.0, 0.15, 0.3]) and st["same_sign"] == [0.0, 1.0, 0.5]
     sp = lambda m: math.log(1 + math.exp(-m))  # −log σ(m)
@@ -312,7 +314,7 @@ def test_cli_end_to_end(world, tmp_path, monkeypatch):
         res = json.loads((out / "merge.json").read_text())
         tr, held = res["train"], res["heldout"]
         assert res["gammas"] == [0, 1, 4] and tr["n_pairs"] == 8 and held["n_pairs"] == n_heldout
-        assert tr["reward_accuracy"][0] == held["reward_accuracy"][0] == 0 and len(held["margin"]) == 3
+        assert tr["reward_accuracy"][0] == held["reward_accuracy"][0] == 0.5 and len(held["margin"]) == 3
         assert res["chosen_by"] == {k: merge.pick_gamma(res["gammas"], tr, select=k) for k in ("accuracy", "dpo")}
         assert res["best_gamma"] == res["chosen_by"][res["select"]]
         assert 0 <= res["win_rate"] <= 1 and "win rate" in r.stdout and "| γ |" in r.stdout

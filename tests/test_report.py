@@ -1,7 +1,10 @@
 """scripts/report.py: each table of run.sh and the reproduction scripts, rendered from small JSON files made here
 (the shapes eval.py, merge.py, align.py and distill.py write), with the numbers where they belong."""
 import json
+import math
 from pathlib import Path
+
+import pytest
 
 from scripts import report
 
@@ -14,7 +17,33 @@ def write(path, obj):
 
 def task_run(threshold, right, tpf):
     fam = {f: dict(right=right + k / 100, accuracy=right, preferred=0.0) for k, f in enumerate(("sort", "rev", "add"))}
-    return dict(threshold=threshold, right=right, accuracy=right, preferred=0.25, tokens_per_forward=tpf, families=fam)
+    lengths = {"add/2": dict(n=3, accuracy=right, tokens_per_forward=tpf), "sort/4": dict(n=5, accuracy=right,
+                                                                                       tokens_per_forward=tpf + 1)}
+    return dict(threshold=threshold, right=right, accuracy=right, preferred=0.25, tokens_per_forward=tpf, families=fam,
+                lengths=lengths)
+
+
+def test_t_two_sided_against_tables():
+    """Student's t two-sided p at the tables' critical values, and the Cauchy case (df 1) in closed form."""
+    for t, df, p in ((2.7764, 4, 0.05), (2.1318, 4, 0.10), (4.6041, 4, 0.01), (4.3027, 2, 0.05), (2.0860, 20, 0.05)):
+        assert report.t_two_sided(t, df) == pytest.approx(p, abs=2e-4)
+    for t in (0.5, 3.0):
+        assert report.t_two_sided(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-6)
+    assert report.t_two_sided(0.0, 4) == pytest.approx(1.0)
+
+
+def test_paired_by_hand():
+    a, b = [0.5, 0.6, 0.4, 0.55, 0.5], [0.6, 0.62, 0.5, 0.5, 0.6]  # differences 0.1, 0.02, 0.1, -0.05, 0.1
+    d = [y - x for x, y in zip(a, b)]
+    m = sum(d) / 5
+    sd = math.sqrt(sum((x - m) ** 2 for x in d) / 4)
+    t = m / (sd / math.sqrt(5))
+    assert report.paired(a, b) == (f"{m:+.3f} ± {sd:.3f}, t = {t:.2f}, p = {report.t_two_sided(t, 4):.3f}, "
+                                   "ahead in 4/5")
+    assert report.paired([0.5, 0.5], [0.5, 0.5]).endswith("t = 0.00, p = 1.000, ahead in 0/2")
+    assert report.paired([0.5, 0.4], [0.6, 0.5]).endswith("t = inf, p = 0.000, ahead in 2/2")  # equal differences
+    with pytest.raises(ValueError):
+        report.paired([0.5], [0.5, 0.6])  # not paired
 
 
 MERGE = dict(best_gamma=0.5, gammas=[0, 0.5], train=dict(n_pairs=8, reward_accuracy=[0.5, 0.875]),
@@ -91,8 +120,9 @@ def test_repro_merge(tmp_path, capsys):
 def test_repro_tasks(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     R = Path("out/tasks/repro")
-    for m in ("align0", "align", "distill-off", "distill"):
+    for m in ("align0", "align", "distill-off", "distill", "distill-T0", "distill-t05", "distill-off-t05"):
         for s, acc in (("1", 0.5), ("2", 0.7)):
+            acc += 0.1 * (m == "align") * int(s)  # REPR-ALIGN ahead by 0.1 and 0.2
             runs = [task_run(0.5, acc, 2.0), task_run(0.9, acc, 1.0)]
             write(R / f"eval-{m}-s{s}.json", dict(results=dict(runs=runs)))
     for m in ("ar", "ar-dpo", "ar-dpo-plain"):
@@ -101,12 +131,38 @@ def test_repro_tasks(tmp_path, monkeypatch, capsys):
     write(R / "ar-dpo-plain/results.json", dict(heldout_reward_acc=0.99))
     write(R / "eval-merged-g0.5.json", dict(results=dict(runs=[task_run(0.9, 0.55, 1.2)])))
     write(R / "merged-g0.5/merge.json", dict(heldout=dict(reward_accuracy=[0.6])))
-    report.repro_tasks("1 2", "0.5")
+    report.repro_tasks("1 2", "0.5", "1 2")
     out = capsys.readouterr().out
-    assert "| REPR-ALIGN, λ = 10 | 0.60 ± 0.14 / 2.00 ± 0.00 | 0.60 ± 0.14 / 1.00 ± 0.00 | 0.60 ± 0.14 |" in out
+    assert "| REPR-ALIGN, λ = 10 | 0.75 ± 0.21 / 2.00 ± 0.00 | 0.75 ± 0.21 / 1.00 ± 0.00 | 0.75 ± 0.21 |" in out
+    t = 0.15 / (0.1 / math.sqrt(2) / math.sqrt(2))  # differences 0.1, 0.2: mean 0.15, sd 0.0707: t = 3
+    assert (f"| REPR-ALIGN λ = 10 − λ = 0 | 0.9 | +0.150 ± 0.071, t = {t:.2f}, p = {report.t_two_sided(t, 1):.3f}, "
+            "ahead in 2/2 |") in out
+    assert "| OPDLM on-policy − off-policy | 0.5 | +0.000 ± 0.000, t = 0.00, p = 1.000, ahead in 0/2 |" in out
+    assert "| sort | 4 | 5 | 2.00 | 2.00 | 2.00 | 2.00 |" in out  # tokens per forward at 0.9 by answer length
+    assert "| on-policy, temperature 0, threshold 0.9 | 0.60 ± 0.14 / 2.00 ± 0.00 | 0.60 ± 0.14 / 1.00 ± 0.00 |" in out
     assert "| plain DPO (--sft_weight 0) | 0.80 / 0.00 | 0.80 / 0.00 | 0.80 / 0.00 | 0.990 |" in out
     assert "| the teacher | 0.80 / 0.00 | 0.80 / 0.00 | 0.80 / 0.00 | — |" in out
     assert "| 0.5 | 0.600 | 0.55 | 0.55 | 0.25 | 1.20 |" in out
+
+
+def test_repro_align_tasks(tmp_path, capsys):
+    """Every run's log.jsonl: evaluations at steps 0, 20, 40, 60, 79; the tables read them at 40, 60 and the last."""
+    names = ["lam0", "lam10", "lam10-below-final", "lam10-final", "lam0-lr3e-4", "lam10-lr3e-4", "cos1", "l2-0.3",
+             "l2-1", "l2-3", "l2-10"]
+    for k, name in enumerate(names):
+        for s in (1, 2):
+            recs = [dict(step=st, task_acc=0.5 + 0.01 * k + 0.001 * st + 0.01 * s, **{"task_acc@1": 0.4 + 0.01 * s},
+                         task_tpf=1.5, val_cos=[0.5, 0.7], val_nelbo=2.0) for st in (0, 20, 40, 60, 79)]
+            write(tmp_path / f"{name}-s{s}/log.jsonl", "\n".join(json.dumps(r) for r in recs) + "\n")
+    report.repro_align_tasks(tmp_path, "1 2", "1 2")
+    out = capsys.readouterr().out
+    # λ = 0: @1.0 is 0.41, 0.42; @0.9 at 40: 0.55, 0.56; at 79: 0.589, 0.599
+    assert "| λ = 0 | 0.415 ± 0.007 | 0.415 ± 0.007 | 0.555 ± 0.007 | 0.575 ± 0.007 | 0.594 ± 0.007 | 1.500 ± 0.000 |" \
+        in out
+    assert "| λ = 10, every hidden state | 0.9 | 40 | +0.010 ± 0.000, t = inf, p = 0.000, ahead in 2/2 |" in out
+    # against lr 3e-4's own λ = 0
+    assert "| λ = 10, lr 3e-4 | 1.0 | 60 | +0.000 ± 0.000, t = 0.00, p = 1.000, ahead in 0/2 |" in out
+    assert "| L2, λ = 10 | 0.600 ± 0.000 | 0.655 ± 0.007 |" in out  # k = 10
 
 
 def test_repro_distill(tmp_path, capsys):

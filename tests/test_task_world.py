@@ -65,16 +65,20 @@ def test_align_and_distill_log_the_task_world(world, tmp_path):
     d, heldout = world / "data", world / "data/heldout.jsonl"
     small = ["--batch_size", 4, "--max_iters", 3, "--eval_interval", 2, "--tasks", heldout, "--tasks_n", 2]
     r = run_script("align.py", "--init", world / "dlm", "--data", d, "--out_dir", tmp_path / "align", "--loss_after",
-                   "=", "--seq_len", 24, "--eval_batches", 1, "--samples", 0, *small)
+                   "=", "--seq_len", 24, "--eval_batches", 1, "--samples", 0, "--tasks_also", "1,0.5", *small)
     assert r.returncode == 0, r.stderr[-2000:]
     evals = [rec for rec in log(tmp_path / "align") if "val_nelbo" in rec]
     assert [rec["step"] for rec in evals] == [0, 2] and all(TASK_KEYS <= set(rec) for rec in evals)
     assert all(0 <= rec["task_acc"] <= 1 and rec["task_tpf"] > 0 for rec in evals)
     assert not (tmp_path / "align/task_eval").exists()  # the child's copy of the weights is gone
     final = Qwen3.from_pretrained(tmp_path / "align").eval()  # the last step's weights: the last record's
-    res = tasks.exact_match(final, Tokenizer.from_pretrained(tmp_path / "align"), tasks.load_items(heldout, 2),
-                            threshold=0.9)
+    tok, items = Tokenizer.from_pretrained(tmp_path / "align"), tasks.load_items(heldout, 2)
+    res = tasks.exact_match(final, tok, items, threshold=0.9)
     assert {k: evals[-1][k] for k in TASK_KEYS} == pytest.approx(training.task_record(res))
+    for t in (1.0, 0.5):  # --tasks_also: the same prompts at each further threshold
+        res = tasks.exact_match(final, tok, items, threshold=t)
+        assert (evals[-1][f"task_acc@{t:g}"], evals[-1][f"task_tpf@{t:g}"]) == pytest.approx(
+            (res["accuracy"], res["tokens_per_forward"]))
     r = run_script("distill.py", "--init", world / "block", "--teacher", world / "ar", "--prompts",
                    d / "prompts.jsonl", "--out_dir", tmp_path / "distill", "--seq_len", 16, "--rollout_min", 8,
                    "--rollout_max", 8, "--train_eos", "--eval_batches", 1, *small)
@@ -87,6 +91,9 @@ def test_align_and_distill_log_the_task_world(world, tmp_path):
     bad = run_script("align.py", "--init", world / "dlm", "--data", d, "--out_dir", tmp_path / "bad", "--tasks",
                      tmp_path / "none.jsonl")
     assert bad.returncode == 2 and "no such file" in bad.stderr
+    bad = run_script("align.py", "--init", world / "dlm", "--data", d, "--out_dir", tmp_path / "bad", "--tasks",
+                     heldout, "--tasks_also", "0.9,1.5")
+    assert bad.returncode == 2 and "every --tasks_also threshold in (0, 1]" in bad.stderr
 
 
 def test_align_with_tasks_resumes_exactly(world, tmp_path):

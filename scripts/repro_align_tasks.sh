@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# REPR-ALIGN in the exact-answer world, after `bash run.sh` (it reuses out/tasks/dlm and its teacher): which part of the
+# alignment does the work, and cosine against L2. Each run is run.sh's align.py settings for 80 steps (the cosine
+# schedule over 80), exact match on 50 held-out prompts per family at thresholds 0.9 and 1.0 every 20 steps.
+#   parts, seeds SEEDS: λ = 0; λ = 10 on every hidden state; λ = 10 without the final norm's output (hidden states
+#     0 .. n-2); λ = 10 on the final norm's output alone; λ = 0 and λ = 10 at lr 3e-4 (run.sh: 1e-3)
+#   metric, seeds L2_SEEDS: L2 at λ in {0.3, 1, 3, 10} against cosine at λ in {1, 10} (and λ = 0)
+# Writes out/tasks/repro-align/results.md. About 20 minutes on 2 cores with the defaults.
+set -euo pipefail
+cd "$(dirname "$0")/.."  # the project root
+PYTHON=${PYTHON:-python3}
+SEEDS=${SEEDS:-"1 2 3 4 5"}
+L2_SEEDS=${L2_SEEDS:-"1 2"}
+D=data/tasks O=out/tasks R=out/tasks/repro-align
+[ -e $O/align/results.json ] || { echo "scripts/repro_align_tasks.sh: run 'bash run.sh' first" >&2; exit 1; }
+n=$("$PYTHON" -c "import json; print(json.load(open('$O/dlm/config.json'))['num_hidden_layers'] + 1)")  # hidden states
+below=$(seq -s, 0 $((n - 2)))  # every hidden state but the last, the final norm's output
+ALIGN=(--init $O/dlm --data $D --loss_after " =" --seq_len 16 --batch_size 64 --max_iters 80 --eval_interval 20
+       --ckpt_interval 1000 --eval_batches 4 --samples 0 --weights_only --tasks $D/heldout.jsonl --tasks_n 50
+       --tasks_also 1)
+run() {  # run NAME SEED FLAGS...: skipped when its results.json exists
+  local out=$R/$1-s$2 seed=$2; shift 2
+  [ -e "$out/results.json" ] && { echo "== reusing $out"; return; }
+  echo "== $out"
+  "$PYTHON" align.py "${ALIGN[@]}" --seed $seed "$@" --out_dir "$out" > "$out.log" 2>&1 \
+    || { echo "failed: align.py $* (see $out.log)" >&2; exit 1; }
+}
+mkdir -p $R
+for s in $SEEDS; do
+  run lam0 $s --lambda_align 0
+  run lam10 $s --lambda_align 10
+  run lam10-below-final $s --lambda_align 10 --align_layers "$below"
+  run lam10-final $s --lambda_align 10 --align_layers -1
+  run lam0-lr3e-4 $s --lambda_align 0 --lr 3e-4
+  run lam10-lr3e-4 $s --lambda_align 10 --lr 3e-4
+done
+for s in $L2_SEEDS; do
+  run cos1 $s --lambda_align 1
+  for l in 0.3 1 3 10; do run l2-$l $s --lambda_align $l --align_metric l2; done
+done
+"$PYTHON" scripts/report.py repro_align_tasks $R "$SEEDS" "$L2_SEEDS" | tee $R/results.md
