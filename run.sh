@@ -7,7 +7,7 @@
 #       tasks.py (sort / rev / add prompts, preference pairs) -> tiny AR teacher (answer-only loss) -> conversions
 #       (bidirectional and block DLMs) -> REPR-ALIGN and its λ = 0 baseline, exact match logged every 20 steps ->
 #       OPDLM and its off-policy ablation -> DPO on the AR model (prefer a full stop after the answer) + AR-MAP
-#       merge into the REPR-ALIGN DLM -> exact match and tokens per forward of every model at four thresholds
+#       merge into the REPR-ALIGN DLM -> exact match and tokens per forward of every model at five thresholds
 #   bash run.sh stdlib   the standard-library world, out/results.md:
 #       corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversions ->
 #       REPR-ALIGN (and λ = 0) -> OPDLM -> DPO + AR-MAP merge -> likelihood and generation quality of every model
@@ -72,7 +72,7 @@ stage merge     $O/merged/merge.json    "$PYTHON" merge.py merge --ar $O/ar --ar
 MODELS="ar ar-dpo dlm align0 align block distill-off distill merged"
 for m in $MODELS; do
   stage "eval $m" $O/eval/$m.json "$PYTHON" eval.py tasks --ckpt $O/$m --data $D --num_prompts 100 \
-    --thresholds 0.5,0.7,0.9,0.95 --out $O/eval/$m.json
+    --thresholds 0.5,0.7,0.9,0.95,1 --out $O/eval/$m.json
 done
 "$PYTHON" scripts/report.py tasks_world $MODELS | tee $O/results.md
 if "$PYTHON" -c "import matplotlib" 2>/dev/null; then

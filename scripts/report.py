@@ -81,6 +81,14 @@ def tasks_world(*args):
     for m, rs in runs.items():
         if m not in ("ar", "ar-dpo"):
             print(f"| {m} | " + " | ".join(f"{r['right']:.2f} / {r['tokens_per_forward']:.2f}" for r in rs) + " |")
+    dlms = [m for m in runs if m not in ("ar", "ar-dpo")]
+    at = {m: next(x for x in runs[m] if x["threshold"] == 0.9) for m in dlms}
+    if all("lengths" in r for r in at.values()):
+        print("\nTokens per forward at threshold 0.9 by the answer's length (digits; n prompts)\n")
+        print("| family | digits | n | " + " | ".join(dlms) + " |\n|---|---|---|" + "---|" * len(dlms))
+        for key, r0 in at["align"]["lengths"].items():
+            print(f"| {key.replace('/', ' | ')} | {r0['n']} | "
+                  + " | ".join(f"{at[m]['lengths'][key]['tokens_per_forward']:.2f}" for m in dlms) + " |")
     k = merge["gammas"].index(merge["best_gamma"])
     print(f"\nAR-MAP: γ = {merge['best_gamma']:g} chosen on {merge['train']['n_pairs']} training pairs (reward "
           f"accuracy "

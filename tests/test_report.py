@@ -115,6 +115,7 @@ def test_repro_merge(tmp_path, capsys):
     assert "| 0.5 | shared | 0.750 | 0.6000 | 0.750 | 0.1000 | 0.2000 | 1.000 | 0.0500 | -0.0500 | 0.600 |" in out
     assert "| γ by --select dpo | 0.5 | 0.5 | 0.5 | 0.5 |" in out
     assert "| q_proj | 2 | 1.5 | 0.01 | 150 | 100 |" in out
+    assert "| sort | 4 | 5 | 2.50 |" in out  # tokens per forward at 0.9 by the answer's length
 
 
 def test_repro_tasks(tmp_path, monkeypatch, capsys):
