@@ -61,6 +61,7 @@ def test_tasks_world(tmp_path, monkeypatch, capsys):
     assert "| REPR-ALIGN, λ = 10 (`align.py`, 200 steps) | 0.60 | 0.61 | 0.62 | 1.50 | 0.40 / 2.50 | 0.25 |" in out
     assert "| align | 0.40 / 2.50 | 0.60 / 1.50 |" in out and "| ar |" not in out.split("Accuracy against")[1]
     assert "γ = 0.5 chosen on 8 training pairs (reward accuracy 0.875); held-out reward accuracy 0.750" in out
+    assert "| sort | 4 | 5 | 2.50 |" in out  # tokens per forward at 0.9 by the answer's length
 
 
 def test_stdlib_world(tmp_path, monkeypatch, capsys):
@@ -115,7 +116,6 @@ def test_repro_merge(tmp_path, capsys):
     assert "| 0.5 | shared | 0.750 | 0.6000 | 0.750 | 0.1000 | 0.2000 | 1.000 | 0.0500 | -0.0500 | 0.600 |" in out
     assert "| γ by --select dpo | 0.5 | 0.5 | 0.5 | 0.5 |" in out
     assert "| q_proj | 2 | 1.5 | 0.01 | 150 | 100 |" in out
-    assert "| sort | 4 | 5 | 2.50 |" in out  # tokens per forward at 0.9 by the answer's length
 
 
 def test_repro_tasks(tmp_path, monkeypatch, capsys):
