@@ -300,6 +300,11 @@ def repro_merge(*args):
         print(f"| γ by --select {rule} | " + " | ".join(f"{r['chosen_by'][rule]:g}" for r in runs.values()) + " |")
     print("| win rate vs the DLM at the --select accuracy γ | " + " | ".join(f3(r["win_rate"]) for r in runs.values())
           + " |")
+    spectrum_table(spec)
+
+
+def spectrum_table(spec):
+    """merge.py spectrum's summary (spectrum.json) as a markdown table, printed."""
     print("\nSpectral shadowing: ‖τ_diff‖₂ / ‖τ_pref‖₂ per layer type (τ_diff = W_AR − W_DLM)\n")
     print("| layer type | count | median ‖τ_diff‖₂ | median ‖τ_pref‖₂ | median ratio | min ratio "
           "|\n" + "|---" * 6 + "|")
@@ -382,6 +387,21 @@ def repro_tasks(*args):
         m = json.loads((R / f"merged-g{g}/merge.json").read_text())
         print(f"| {g} | {m['heldout']['reward_accuracy'][0]:.3f} | {r['accuracy']:.2f} | {r['right']:.2f} | "
               f"{r['preferred']:.2f} | {r['tokens_per_forward']:.2f} |")
+    grids = {k: R / f"merged-{k}/merge.json" for k in ("shared", "independent")}
+    if all(p.exists() for p in grids.values()):
+        grids = {k: json.loads(p.read_text()) for k, p in grids.items()}
+        print("\nThe γ search over the whole grid, with shared masks (every γ and the reference on the same draws: a "
+              "tie at γ = 0, counted half) and independent ones: reward accuracy on the training pairs / held-out pairs"
+              "\n")
+        print("| γ | shared | independent |\n|---|---|---|")
+        for k, g in enumerate(grids["shared"]["gammas"]):
+            cells = [f"{m['train']['reward_accuracy'][k]:.3f} / {m['heldout']['reward_accuracy'][k]:.3f}"
+                     for m in grids.values()]
+            print(f"| {g:g} | " + " | ".join(cells) + " |")
+        print("| γ chosen (accuracy; dpo) | " + " | ".join(
+            f"{m['chosen_by']['accuracy']:g}; {m['chosen_by']['dpo']:g}" for m in grids.values()) + " |")
+    if (R / "spectrum.json").exists():
+        spectrum_table(json.loads((R / "spectrum.json").read_text()))
 
 
 def repro_align_tasks(*args):

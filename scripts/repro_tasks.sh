@@ -52,7 +52,7 @@ for m in ar ar-dpo; do
 done
 [ -e $R/eval-ar-dpo-plain.json ] || "$PYTHON" eval.py tasks --ckpt $R/ar-dpo-plain --data $D --num_prompts 200 \
   --out $R/eval-ar-dpo-plain.json > /dev/null
-GAMMAS="0 0.25 0.5 0.75 1 1.5"
+GAMMAS="0 0.25 0.5 0.75 1 1.5 2 4"
 for g in $GAMMAS; do
   [ -e $R/merged-g$g/merge.json ] || "$PYTHON" merge.py merge --ar $O/ar --ar_aligned $O/ar-dpo --dlm $O/align \
     --pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --out_dir $R/merged-g$g --gammas $g --n_masks 1 \
@@ -60,6 +60,16 @@ for g in $GAMMAS; do
   [ -e $R/eval-merged-g$g.json ] || "$PYTHON" eval.py tasks --ckpt $R/merged-g$g --data $D --num_prompts 200 \
     --thresholds 0.9 --out $R/eval-merged-g$g.json > /dev/null
 done
+# the γ search with independent masks (each model its own draws: no tie at γ = 0) over the same grid, and the
+# spectrum of τ_diff against τ_pref (shadowing)
+[ -e $R/merged-independent/merge.json ] || "$PYTHON" merge.py merge --ar $O/ar --ar_aligned $O/ar-dpo --dlm $O/align \
+  --pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --out_dir $R/merged-independent \
+  --gammas "${GAMMAS// /,}" --masks independent --n_masks 2 --samples 0 > /dev/null 2>&1
+[ -e $R/merged-shared/merge.json ] || "$PYTHON" merge.py merge --ar $O/ar --ar_aligned $O/ar-dpo --dlm $O/align \
+  --pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --out_dir $R/merged-shared \
+  --gammas "${GAMMAS// /,}" --n_masks 2 --samples 0 > /dev/null 2>&1
+[ -e $R/spectrum.json ] || "$PYTHON" merge.py spectrum --ar $O/ar --ar_aligned $O/ar-dpo --dlm $O/align \
+  --out $R/spectrum.json > /dev/null
 
 "$PYTHON" scripts/report.py repro_tasks "$SEEDS" "$GAMMAS" "$EXTRA_SEEDS" | tee $R/results.md
 if "$PYTHON" -c "import matplotlib" 2>/dev/null; then

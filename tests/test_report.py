@@ -132,6 +132,11 @@ def test_repro_tasks(tmp_path, monkeypatch, capsys):
     write(R / "ar-dpo-plain/results.json", dict(heldout_reward_acc=0.99))
     write(R / "eval-merged-g0.5.json", dict(results=dict(runs=[task_run(0.9, 0.55, 1.2)])))
     write(R / "merged-g0.5/merge.json", dict(heldout=dict(reward_accuracy=[0.6])))
+    write(R / "merged-shared/merge.json", dict(MERGE, chosen_by=dict(accuracy=0.5, dpo=0.5)))
+    write(R / "merged-independent/merge.json", dict(MERGE, chosen_by=dict(accuracy=0, dpo=0.5),
+                                                   train=dict(reward_accuracy=[0.6, 0.55])))
+    write(R / "spectrum.json", dict(summary={"q_proj": dict(count=2, diff=1.5, pref=0.01, ratio=150.0,
+                                                            min_ratio=100.0)}))
     report.repro_tasks("1 2", "0.5", "1 2")
     out = capsys.readouterr().out
     assert "| REPR-ALIGN, λ = 10 | 0.75 ± 0.21 / 2.00 ± 0.00 | 0.75 ± 0.21 / 1.00 ± 0.00 | 0.75 ± 0.21 |" in out
@@ -140,7 +145,10 @@ def test_repro_tasks(tmp_path, monkeypatch, capsys):
             "ahead in 2/2 |") in out
     assert "| OPDLM on-policy − off-policy | 0.5 | +0.000 ± 0.000, t = 0.00, p = 1.000, ahead in 0/2 |" in out
     assert "| sort | 4 | 5 | 2.00 | 2.00 | 2.00 | 2.00 |" in out  # tokens per forward at 0.9 by answer length
-    assert "| on-policy, temperature 0, threshold 0.9 | 0.60 ± 0.14 / 2.00 ± 0.00 | 0.60 ± 0.14 / 1.00 ± 0.00 |" in out
+    assert "| on-policy, temperature 0, threshold 0.9 | 0.60 ± 0.14 / 2.00 ± 0.00 | 0.60 ± 0.14 / 1.00 ± 0.00 |" \
+        in out
+    assert "| 0.5 | 0.875 / 0.750 | 0.550 / 0.750 |" in out and "| γ chosen (accuracy; dpo) | 0.5; 0.5 | 0; 0.5 |" in out
+    assert "| q_proj | 2 | 1.5 | 0.01 | 150 | 100 |" in out
     assert "| plain DPO (--sft_weight 0) | 0.80 / 0.00 | 0.80 / 0.00 | 0.80 / 0.00 | 0.990 |" in out
     assert "| the teacher | 0.80 / 0.00 | 0.80 / 0.00 | 0.80 / 0.00 | — |" in out
     assert "| 0.5 | 0.600 | 0.55 | 0.55 | 0.25 | 1.20 |" in out
