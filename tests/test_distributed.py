@@ -79,6 +79,22 @@ def test_pretrain_two_ranks_equal_one(world, tmp_path):
     same_weights(one, two)
 
 
+def test_resume_under_torchrun_equals_the_uninterrupted_run(world, tmp_path):
+    """Two ranks stopped after step 1 (its checkpoint, train_state.pt included) and --resume'd to step 3 log the
+    losses and write the weights of the same two-rank run done in one go. A flat learning rate (--min_lr = --lr,
+    no warmup) makes the 2-step run's schedule that of the 4-step one, so only the stop differs."""
+    args = ["pretrain.py", "--data", world / "data", "--preset", "micro", "--eval_interval", 1, "--samples", 0,
+            *SMALL, "--warmup", 0, "--lr", 1e-3, "--min_lr", 1e-3]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    for extra in (["--max_iters", 4, "--out_dir", full], ["--max_iters", 2, "--out_dir", cut],
+                  ["--max_iters", 4, "--out_dir", cut, "--resume"]):
+        r = torchrun(*args, *extra)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert [rec["step"] for rec in log(cut) if "loss" in rec] == [0, 1, 2, 3]
+    same_losses(full, cut, ("loss", "grad_norm", "val_loss"))
+    same_weights(full, cut)
+
+
 @pytest.fixture(scope="module")
 def align_runs(world, tmp_path_factory):
     """align with λ = 1 and the embedding frozen: alone, on two ranks (DDP), and on two ranks with --fsdp."""
