@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The embedded default, end to end on a CPU (about 5 minutes on 2 cores; the stdlib world about 8). Installs the
-# run-time requirements (scripts/python_env.sh: into .venv, or PYTHON=, or the active environment), then runs one of
-# two worlds and ends with its table, printed and written to a results.md:
+# The embedded default, end to end on a CPU (about 7 minutes on 2 cores, the install included; the stdlib world
+# about 7). Installs the run-time requirements (scripts/python_env.sh: into .venv, or PYTHON=, or the active
+# environment), then runs one of two worlds and ends with its table, printed and written to a results.md:
 #
 #   bash run.sh          (or: bash run.sh tasks)  the exact-answer world, out/tasks/results.md:
 #       tasks.py (sort / rev / add prompts, preference pairs) -> tiny AR teacher (answer-only loss) -> conversions
