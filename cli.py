@@ -38,6 +38,17 @@ def comma_list(kind=str, *, choices=None, what="values", distinct=False):
     return parse
 
 
+def thresholds(text):
+    """An argparse type for confidence thresholds: "0.5,0.9" -> [0.5, 0.9], each in (0, 1]."""
+    try:
+        ts = [float(t) for t in text.split(",")]
+    except ValueError:
+        ts = []
+    if not ts or not all(0 < t <= 1 for t in ts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers in (0, 1]")
+    return ts
+
+
 def table(header, rows):
     """A markdown table: the header's cells, then each row's (str of each cell)."""
     lines = [header, ["---"] * len(header), *rows]

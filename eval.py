@@ -51,7 +51,6 @@ What is notable here:
   this harness (a program can read its own source). Workers are threads, each supervising one subprocess.
   `--completions` needs no model.
 """
-import argparse
 import contextlib
 import json
 import math
@@ -242,17 +241,6 @@ def generate(args):
 
 
 # ---- tasks: exact match on the task world ----------------------------------------------------------
-
-def thresholds(text):
-    """--thresholds: "0.5,0.9" -> [0.5, 0.9], each in (0, 1]."""
-    try:
-        ts = [float(t) for t in text.split(",")]
-    except ValueError:
-        ts = []
-    if not ts or not all(0 < t <= 1 for t in ts):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers in (0, 1]")
-    return ts
-
 
 def task_table(sampler, runs):
     """The markdown table of task_curve's runs: a row per threshold and family, then the threshold's overall row."""
@@ -540,7 +528,7 @@ def sampler_args(p, max_new_tokens):
 
 
 def parser():
-    from cli import HelpFormatter, parser
+    from cli import HelpFormatter, parser, thresholds
     p = parser(__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     lk = sub.add_parser("likelihood", formatter_class=HelpFormatter,

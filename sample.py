@@ -173,7 +173,8 @@ def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id):
     ban = torch.zeros(model.config.vocab_size, device=dev)
     if mask_token_id is not None:
         ban[mask_token_id] = NEG_INF
-    ban[model.config.vocab_size if vocab_limit is None else vocab_limit:] = NEG_INF  # (an empty slice: no limit)
+    if vocab_limit is not None:
+        ban[vocab_limit:] = NEG_INF
     if generator is None:
         generator = torch.Generator(dev)
         generator.seed()  # fresh randomness, never the global RNG; pass a seeded generator to reproduce
@@ -196,7 +197,8 @@ def dlm_fields(model, mask_token_id, shift):
 def finish(x, lens, P, nfe, row_nfe, eos, rounds=None):
     """The Generation: each row's slots after its first end token (of eos (E,)) become it, in place; its tokens
     up to and including it are counted (all N without one)."""
-    N, row_tokens = x.shape[1] - P, torch.full_like(row_nfe, x.shape[1] - P)
+    N = x.shape[1] - P
+    row_tokens = torch.full_like(row_nfe, N)
     if eos is not None:
         x[:, P:] = close_answered(x[:, P:], -1, eos)  # nothing is masked (-1) by now
         hit = torch.isin(x[:, P:], eos)  # (B, N)
@@ -391,9 +393,8 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
     "causal" -> ar_generate (max_new_tokens at most); "bidirectional" -> diffusion_generate (block_length
     default min(32, N), steps default N: one token a step; threshold: Fast-dLLM; cache: "none" | "prefix" |
     "dual"); "block" -> block_generate (threshold default 0.9, record: Generation.rounds); finish_block (DLMs):
-    see diffusion_generate. compile: every
-    sampler's steps through torch.compile. Raises ValueError for an argument that sampler would ignore (a
-    threshold for an AR model, ...) and for a threshold outside (0, 1]."""
+    see diffusion_generate. compile: every sampler's steps through torch.compile. Raises ValueError for an argument
+    that sampler would ignore (a threshold for an AR model, ...) and for a threshold outside (0, 1]."""
     kind, N = model.config.attn, max_new_tokens
     if kind not in SAMPLERS:
         raise ValueError(f"config.attn {kind!r} has no sampler (one of {', '.join(SAMPLERS)})")

@@ -115,7 +115,7 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
                        help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
                        f"{tasks}, greedy, by eval.py tasks (task_acc, task_tpf, task_pref in log.jsonl)")
         p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
-        p.add_argument("--tasks_also", type=cli.comma_list(float, what="thresholds"), default=[],
+        p.add_argument("--tasks_also", type=cli.thresholds, default=[],
                        help="with --tasks, DLMs: also at these thresholds in (0, 1], comma-separated (task_acc@T, "
                        "task_tpf@T)")
     if frozen:
@@ -139,8 +139,8 @@ def parse_loop_args(p):
     if args.fsdp and args.resume:
         p.error("--resume continues from train_state.pt, which an --fsdp run does not write (its optimizer state is "
                 "sharded): start a new run, or train without --fsdp to be able to resume")
-    if getattr(args, "tasks_n", 1) <= 0 or not all(0 < t <= 1 for t in getattr(args, "tasks_also", [])):
-        p.error("--tasks_n must be > 0 and every --tasks_also threshold in (0, 1]")
+    if getattr(args, "tasks_n", 1) <= 0:
+        p.error("--tasks_n must be > 0")
     if getattr(args, "tasks", None) and not Path(args.tasks).is_file():
         p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
     return args

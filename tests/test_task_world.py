@@ -93,7 +93,7 @@ def test_align_and_distill_log_the_task_world(world, tmp_path):
     assert bad.returncode == 2 and "no such file" in bad.stderr
     bad = run_script("align.py", "--init", world / "dlm", "--data", d, "--out_dir", tmp_path / "bad", "--tasks",
                      heldout, "--tasks_also", "0.9,1.5")
-    assert bad.returncode == 2 and "every --tasks_also threshold in (0, 1]" in bad.stderr
+    assert bad.returncode == 2 and "'0.9,1.5' is not a comma-separated list of numbers in (0, 1]" in bad.stderr
 
 
 def test_align_with_tasks_resumes_exactly(world, tmp_path):
