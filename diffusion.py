@@ -220,6 +220,15 @@ def sequence_elbo(model, x0, masked, t, attn=None):
     return -torch.zeros(x0.shape[0], device=x0.device).index_add(0, rows, ce / tm)  # -Σ_{i∈M_b} CE_{b,i} / t_b
 
 
+def pair_elbo(model, ids, prompt_lens, resp, real, t, u):
+    """(2B,) one draw of the ELBO of log p(y|x) per row of data.pair_batch (B chosen rows, then B rejected), the
+    draw of pair j (t (B,), u (B, >=T) ~ U(0, 1); response slot i masked if u_i < t) shared by its two responses."""
+    c, (B, T), dev = model.config, ids.shape, ids.device
+    attn = c.attn if real.all() else attend(c.attn, torch.arange(T, device=dev), real, c.block_size)  # pads hidden
+    ok = resp & maskable(B, T, c.shift, prompt_lens, dev)  # the response only; never position 0 under shift
+    t, u = t.repeat(2).to(dev), u[:, :T].repeat(2, 1).to(dev)  # y_w (rows :B) and y_l (rows B:) alike
+    return sequence_elbo(model, ids, (u < t[:, None]) & ok, t, attn)  # P(masked) = t; −Σ_{i∈M} CE_i / t
+
 @torch.no_grad()
 def fixed_mask_eval(model, batches, ctx=None, ratios=EVAL_RATIOS, seed=EVAL_SEED, elbo_eps=ELBO_EPS):
     """Masked-token accuracy and mean CE at each mask ratio, and a one-draw negative ELBO (nelbo), on batches

@@ -10,6 +10,8 @@ Per step, for a batch of pairs (x, y_w, y_l) (merge.py pairs, or tasks.py's pair
     r(x, y)     = β (log π(y|x) − log π_ref(y|x))          π_ref: the AR model before DPO, frozen
     L           = −log σ(r(x, y_w) − r(x, y_l))  [+ α · NLL(y_w) per token: --sft_weight]
 --lora_rank: π_ref is the policy with its adapters off (one copy); checkpoints hold the merged, plain weights.
+--dlm: the DLM-only baseline AR-MAP is measured against: DPO on a DLM itself (--ar a convert.py checkpoint), log π(y|x)
+the ELBO of one draw (t, M) per pair and step, the same draw for π and π_ref and for y_w and y_l (VRPO's sharing).
 """
 import contextlib
 import math
@@ -24,6 +26,7 @@ import data
 import diffusion
 import training
 
+N_DRAWS = 4  # ELBO draws (t, M) per pair where fixed ones score pairs: --dlm's held-out pairs, merge.py --n_masks
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 p = cli.parser(__doc__)
@@ -35,6 +38,7 @@ p.add_argument("--beta", type=float, default=0.1, help="DPO's β: the strength o
 p.add_argument("--sft_weight", type=float, default=0.0, help="α: + α · the chosen responses' NLL per token (not "
                "published; keeps a small model's generations intact)")
 p.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning; r > 0: LoRA, π_ref its base")
+p.add_argument("--dlm", action="store_true", help="--ar is a DLM: DPO on the ELBO (the DLM-only baseline)")
 p.add_argument("--lora_alpha", type=float, default=16.0, help="LoRA scale α (the update is (α/r)·BA)")
 training.add_loop_args(p, frozen="the reference model π_ref (full fine-tuning)", max_iters=30, batch_size=8,
                        seq_len=512, lr=2e-4, min_lr=2e-5, warmup=3, eval_interval=10, eval_batches=16)  # unused
@@ -100,15 +104,26 @@ def merged_state(model):
                     if parametrize.is_parametrized(m, "weight")}
 
 
+def draw_masks(n_pairs, n_masks, T, seed, eps=1e-3):
+    """t (n_masks, n_pairs) ~ U(eps, 1-eps), u (n_masks, n_pairs, T) ~ U(0, 1): draw k masks i of pair j if u < t.
+    seed: an int, or a torch.Generator to draw from."""
+    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    t = eps + (1 - 2 * eps) * torch.rand(n_masks, n_pairs, generator=g)
+    return t, torch.rand(n_masks, n_pairs, T, generator=g)
+
+
 @torch.no_grad()
-def all_logps(model, items, batch_size, ctx, device):
-    """(n, 2): log π(y_w|x), log π(y_l|x) of every pair."""
-    out = []
+def all_logps(model, items, draws=None, batch_size=16, ctx=contextlib.nullcontext()):
+    """(n, 2): log π(y_w|x), log π(y_l|x) of every pair, exact (AR) or, given draws (t, u) of draw_masks, a DLM's ELBO
+    estimate: the mean over the draws, each shared by a pair's y_w and y_l (merge.py's rewards, dpo.py --dlm's)."""
+    dev, out = model.model.embed_tokens.weight.device, []
     for s in range(0, len(items), batch_size):
-        ids, _, resp, _ = data.pair_batch(items[s:s + batch_size], device)
+        batch = data.pair_batch(items[s:s + batch_size], dev)
+        n = batch[0].shape[0] // 2  # pairs in this batch
         with ctx:
-            lp = response_logps(model, ids, resp).cpu()
-        out.append(torch.stack(lp.chunk(2), 1))
+            lp = response_logps(model, batch[0], batch[2]) if draws is None else sum(  # E_{t,M}: the mean over draws
+                diffusion.pair_elbo(model, *batch, t[s:s + n], u[s:s + n]) for t, u in zip(*draws)) / len(draws[0])
+        out.append(torch.stack(lp.cpu().chunk(2), 1))
     return torch.cat(out)
 
 
@@ -120,9 +135,11 @@ if __name__ == "__main__":
         p.error("--fsdp shards full fine-tuning only; LoRA's adapters are small: drop --fsdp (DDP) or --lora_rank")
     run = training.Run(args, "dpo")  # its generator draws the batches
     device, ctx = run.device, run.ctx
-    load_ar = lambda dtype=torch.float32: training.load_model(args.ar, device, "dpo: --ar", attn="causal",
-                                                              dtype=dtype)
+    load_ar = lambda dtype=torch.float32: training.load_model(args.ar, device, "dpo: --ar", dtype=dtype,
+                                                              attn=None if args.dlm else "causal")
     policy = run.start(load_ar)
+    if args.dlm:
+        training.require_dlm(policy.config, f"--ar {args.ar}", "dpo --dlm")
     if args.lora_rank:  # a checkpoint holds the merged W + (α/r)BA: a resumed LoRA continues on --ar with A, B saved
         policy = add_lora(load_ar() if run.state else policy, args.lora_rank, args.lora_alpha)
         if run.state:
@@ -132,28 +149,33 @@ if __name__ == "__main__":
     tok = training.load_tokenizer(args.ar, ref.config)
     train, heldout = (data.tokenized_pairs(f, tok, args.seq_len, "dpo") for f in (args.pairs, args.heldout))
     policy = run.train(policy, dynamic=True)  # --compile: dynamic, as pairs differ in length from batch to batch
+    draws = draw_masks(len(heldout), N_DRAWS, max(sum(map(len, q)) for q in heldout), args.seed) if args.dlm else None
+    held_logps = lambda m: all_logps(m, heldout, draws, args.batch_size, ctx)  # --dlm: the same draws every time
     with adapters_off(ref):
-        ref_held = all_logps(ref, heldout, args.batch_size, ctx, device)  # the reference never changes: once
+        ref_held = held_logps(ref)  # the reference never changes: once
     n_train = sum(q.numel() for q in policy.parameters() if q.requires_grad)
     print(f"DPO: {len(train)} train / {len(heldout)} held-out pairs, β = {args.beta}, reference "
           f"{str(ref.lm_head.weight.dtype).removeprefix('torch.')}; {n_train / 1e6:.3f}M trainable "
           f"({f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full'})")
 
     def held_out():  # the DPO loss, reward accuracy and margin; the share of pairs whose y_w is the more likely
-        lp = all_logps(policy.eval(), heldout, args.batch_size, ctx, device)
+        lp = held_logps(policy.eval())
         loss, r_w, r_l = dpo_loss(lp[:, 0], lp[:, 1], ref_held[:, 0], ref_held[:, 1], args.beta)
         policy.train()
         return dict(heldout_loss=loss.item(), heldout_reward_acc=(r_w > r_l).float().mean().item(), heldout_margin=(
             r_w - r_l).mean().item(), heldout_pref_acc=(lp[:, 0] > lp[:, 1]).float().mean().item())
 
-    draw = lambda: torch.randint(len(train), (args.batch_size,), generator=run.gen).tolist()  # a micro-batch's pairs
+    def draw():  # a micro-batch's pairs and, --dlm, one draw (t, u) per pair (u over seq_len, which pairs fit in)
+        pick = torch.randint(len(train), (args.batch_size,), generator=run.gen).tolist()  # on every rank: in step
+        return pick, [x[0] for x in draw_masks(len(pick), 1, args.seq_len, run.gen)] if args.dlm else None
     for step in run.steps():
-        for pick in run.micro_batches(draw):
-            ids, _, resp, _ = data.pair_batch([train[j] for j in pick], device)
+        for pick, tu in run.micro_batches(draw):
+            ids, _, resp, _ = batch = data.pair_batch([train[j] for j in pick], device)
+            logps = lambda m: response_logps(m, ids, resp) if tu is None else diffusion.pair_elbo(m, *batch, *tu)
             with torch.no_grad(), ctx, adapters_off(ref):
-                ref_w, ref_l = response_logps(ref, ids, resp).chunk(2)  # log π_ref(y|x), no gradient
+                ref_w, ref_l = logps(ref).chunk(2)  # log π_ref(y|x), no gradient; --dlm: the ELBO of the draw
             with ctx:
-                pi_w, pi_l = response_logps(policy, ids, resp).chunk(2)  # log π(y|x)
+                pi_w, pi_l = logps(policy).chunk(2)  # log π(y|x); --dlm: the same draw (t, M) as π_ref's
             loss, r_w, r_l = dpo_loss(pi_w, pi_l, ref_w, ref_l, args.beta)
             if args.sft_weight:  # + α · (−log π(y_w|x) / |y_w|): the chosen responses' NLL per token
                 loss = loss + args.sft_weight * (-pi_w / resp.chunk(2)[0].sum(1).clamp(min=1)).mean()

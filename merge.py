@@ -26,10 +26,10 @@ from tqdm import tqdm
 
 import cli
 import data
-import diffusion
+import dpo
 import training
 from checkpoint import read_tensor
-from model import Qwen3, attend
+from model import Qwen3
 from tokenizer import atomic_write
 
 TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head",
@@ -62,7 +62,7 @@ s.add_argument("--gammas", type=cli.comma_list(float, what="numbers, e.g. 0,1,2,
 s.add_argument("--select", default="accuracy", choices=SELECTORS, help="how the training pairs choose γ (pick_gamma)")
 s.add_argument("--masks", default="shared", choices=["shared", "independent"], help="the ELBO draws: the reference's")
 s.add_argument("--beta", type=float, default=0.1, help="β of the implicit reward β(ELBO_γ − ELBO_DLM)")
-s.add_argument("--n_masks", type=int, default=4, help="ELBO draws (t, mask) per pair")
+s.add_argument("--n_masks", type=int, default=dpo.N_DRAWS, help="ELBO draws (t, mask) per pair")
 s.add_argument("--samples", type=int, default=32, help="win rate (eval.py winrate): completions per model (0: none)")
 s.add_argument("--win_rate_at", default="chosen", choices=["chosen", "all"], help="at the chosen γ, or at every γ")
 s.add_argument("--seed", type=int, default=1337, help="the training-pair sample, masks, DARE, samples")
@@ -159,43 +159,17 @@ def revert(model, W0):
         q.copy_(W0[name])  # W = W_DLM, bit for bit
 
 
-def draw_masks(n_pairs, n_masks, T, seed, eps=1e-3):
-    """t (n_masks, n_pairs) ~ U(eps, 1-eps), u (n_masks, n_pairs, T) ~ U(0, 1): draw k masks i of pair j if u < t."""
-    g = torch.Generator().manual_seed(seed)
-    t = eps + (1 - 2 * eps) * torch.rand(n_masks, n_pairs, generator=g)
-    return t, torch.rand(n_masks, n_pairs, T, generator=g)
-
-
-@torch.no_grad()
-def pair_elbos(model, items, t, u, ctx=contextlib.nullcontext()):
-    """(n_pairs, 2): ELBO estimates of log p(y_w|x) and log p(y_l|x), the mean over the draws of (t, u)."""
-    c, dev, out = model.config, model.model.embed_tokens.weight.device, torch.zeros(len(items), 2)
-    for s in range(0, len(items), BATCH):
-        ids, plen, resp, real = data.pair_batch(items[s:s + BATCH], dev)
-        B, T = ids.shape
-        attn = c.attn if real.all() else attend(c.attn, torch.arange(T, device=dev), real, c.block_size)  # pads hidden
-        ok = resp & diffusion.maskable(B, T, c.shift, plen, dev)  # the response only; never position 0 under shift
-        for k in range(t.shape[0]):
-            tk = t[k, s:s + B // 2].repeat(2).to(dev)  # the same draw for y_w (rows :B/2) and y_l (rows B/2:)
-            uk = u[k, s:s + B // 2, :T].repeat(2, 1).to(dev)
-            masked = (uk < tk[:, None]) & ok  # P(masked) = t
-            with ctx:
-                e = diffusion.sequence_elbo(model, ids, masked, tk, attn)  # −Σ_{i∈M} CE_i / t
-            out[s:s + B // 2] += torch.stack(e.cpu().chunk(2), 1) / t.shape[0]  # E_{t,M}: the mean over draws
-    return out
-
-
 def rewards(model, W0, delta, items, gammas, *, beta, n_masks, seed, masks="shared", ctx=contextlib.nullcontext()):
     """-> (G, n, 2): r_γ(x, y) = β (ELBO_γ(y|x) − ELBO_DLM(y|x)) of each pair's chosen and rejected response at each
     γ; the model left at W0. masks "shared": the reference's draws (r_0 = 0); "independent": their own (seed + 1)."""
     T = max(len(x) + max(len(yw), len(yl)) for x, yw, yl in items)
-    ref_masks = draw_masks(len(items), n_masks, T, seed)
-    own_masks = ref_masks if masks == "shared" else draw_masks(len(items), n_masks, T, seed + 1)
-    ref = pair_elbos(model, items, *ref_masks, ctx)  # ELBO_DLM, computed once
+    ref_masks = dpo.draw_masks(len(items), n_masks, T, seed)
+    own_masks = ref_masks if masks == "shared" else dpo.draw_masks(len(items), n_masks, T, seed + 1)
+    ref = dpo.all_logps(model, items, ref_masks, BATCH, ctx)  # ELBO_DLM, computed once
     out = []
     for gamma in tqdm(gammas, desc=f"γ grid, {len(items)} pairs", leave=False):
         apply(model, W0, delta, gamma)
-        e = ref if gamma == 0 and masks == "shared" else pair_elbos(model, items, *own_masks, ctx)
+        e = ref if gamma == 0 and masks == "shared" else dpo.all_logps(model, items, own_masks, BATCH, ctx)
         revert(model, W0)
         out.append(beta * (e - ref))  # r_γ(x, y) = β (ELBO_γ(y|x) − ELBO_DLM(y|x))
     return torch.stack(out)
@@ -281,17 +255,13 @@ def cmd_merge(args):
               f"{args.samples} held-out prompts, temperature 1.0, threshold 0.9:")
         print(cli.table(["γ", "win rate", "mean score"],
                         [[mark(g), f"{wr:.3f}", f"{sc:+.3f}"] for g, (wr, sc) in wins.items()]))
-    res = dict(method=args.method, density=args.density if args.method == "ties" else None,
-               drop=args.drop if args.method == "dare" else None, beta=args.beta, n_masks=args.n_masks,
-               masks=args.masks, select=args.select, seed=args.seed, gammas=gammas, best_gamma=best,
+    res = dict(vars(args), best_gamma=best, win_rate=wins[best][0] if wins else None,  # every flag, then the results
                chosen_by=None if sel is None else {k: pick_gamma(gammas, sel, select=k) for k in SELECTORS},
                train=dict(pairs=args.pairs, n_pairs=len(train), **(sel or {})),
                heldout=dict(pairs=args.heldout, n_pairs=len(heldout), **held),
-               win_rate=wins[best][0] if wins else None, samples=args.samples,
                win_rates=[wins[g][0] if g in wins else None for g in gammas],
                rule_scores=[wins[g][1] if g in wins else None for g in gammas],
-               rule_score_dlm=w["rule_score_ref"] if wins else None,
-               ar=args.ar, ar_aligned=args.ar_aligned, dlm=args.dlm)
+               rule_score_dlm=w["rule_score_ref"] if wins else None)
     atomic_write(out_dir / "merge.json", lambda f: Path(f).write_text(json.dumps(res, indent=2) + "\n"))
 
 

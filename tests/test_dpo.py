@@ -156,3 +156,31 @@ def test_dpo_sft_weight_adds_the_chosen_nll_per_token(world, tmp_path):
         logp = model(ids, attn="causal")[0].log_softmax(-1)
     nll = -sum(logp[len(x) + i - 1, y[i]].item() for i in range(len(y)))  # row j-1 predicts token j
     assert loss == pytest.approx(math.log(2) + 0.5 * nll / len(y), rel=1e-4)
+
+
+def test_dpo_dlm_is_dpo_on_the_elbo_of_one_draw_shared_by_policy_and_reference(world, tmp_path, monkeypatch):
+    """--dlm (the DLM-only baseline): the policy's and the reference's ELBOs of a step use one draw (t, M), shared by
+    y_w and y_l of a pair, so at step 0 (policy = reference) every reward is exactly 0 and the DPO term log 2; with
+    --sft_weight α the logged loss is log 2 + α · mean_j(−ELBO(y_w | x) of draw j) / |y_w|, the ELBO by the slow
+    position-by-position reference of test_merge. An AR checkpoint is refused in one line."""
+    from test_merge import slow_elbo
+    pair = dict(prompt="x = ", chosen="'a'<|endoftext|>", rejected="\"a\"<|endoftext|>")
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps(pair) + "\n")
+    calls, pair_elbo = [], dpo.diffusion.pair_elbo
+    monkeypatch.setattr(dpo.diffusion, "pair_elbo", lambda m, *a: calls.append(
+        (torch.is_grad_enabled(), a[-2].clone(), a[-1].clone())) or pair_elbo(m, *a))
+    args = ["--pairs", path, "--heldout", path, "--batch_size", 2, "--max_iters", 1, "--sft_weight", 0.5]
+    r = run_dpo("--dlm", "--ar", world / "dlm", "--out_dir", tmp_path / "out", *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads((tmp_path / "out/log.jsonl").read_text().splitlines()[0])
+    assert rec["margin"] == 0 and rec["reward_chosen"] == 0 and rec["reward_rejected"] == 0
+    (ref_grad, t_ref, u_ref), (pol_grad, t, u) = [c for c in calls if c[1].shape == (2,)][:2]  # the step's two
+    assert not ref_grad and pol_grad and torch.equal(t, t_ref) and torch.equal(u, u_ref)
+    tok, model = Tokenizer.byte_level(), Qwen3.from_pretrained(world / "dlm").eval()
+    x, y = tok.encode(pair["prompt"]), tok.encode(pair["chosen"], allowed_special={"<|endoftext|>"})
+    with torch.no_grad():
+        elbo_w = [slow_elbo(model, x, y, t[j:j + 1], u[j:j + 1]) for j in range(2)]
+    assert rec["loss"] == pytest.approx(math.log(2) + 0.5 * sum(-e / len(y) for e in elbo_w) / 2, rel=1e-4)
+    r = run_dpo("--dlm", "--ar", world / "ar", "--out_dir", tmp_path / "ar", *args)
+    assert r.returncode != 0 and "not a DLM" in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
