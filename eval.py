@@ -46,12 +46,17 @@ What is notable here:
   (fork, exec, spawn, subprocess, system), signals (os.kill: the parent cannot be killed), ctypes (which would
   bypass the hook), sockets, and reading other processes' /proc entries (e.g. the parent's environ).
   This matters because the harness may run as root, where file permissions and RLIMIT_NPROC do not apply.
+  Below the hook, the kernel: Landlock (ABI >= 6, else the harness refuses to run) lets the program read and run
+  only the Python installation and system libraries and write only its directory, and refuses TCP bind/connect
+  and signals to processes outside (pidfd_send_signal and ctypes included); a network namespace of its own
+  leaves UDP nothing to reach.
   A program passes only if it exits 0 AND prints a random marker that follows `check(entry_point)`: an early
   sys.exit(0) / os._exit(0) fails. The marker guards against accidents, not against code written to defeat
   this harness (a program can read its own source). Workers are threads, each supervising one subprocess.
   `--completions` needs no model.
 """
 import contextlib
+import ctypes
 import json
 import math
 import os
@@ -385,12 +390,55 @@ def count_processes(uid):
     return n
 
 
-def limiter(cpu_s, mem_mb, fsize_mb, nproc):
+LANDLOCK_ABI = 6  # Linux 6.12: files, TCP bind/connect and signal scoping
+LIBC = ctypes.CDLL(None, use_errno=True)
+READS = (sys.prefix, sys.base_prefix, "/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")  # Python, libs
+FILES = {"/etc/ld.so.cache": 4, "/dev/null": 6, "/dev/urandom": 4}  # LANDLOCK_ACCESS_FS_READ_FILE 4, | WRITE_FILE 2
+
+
+class PathBeneath(ctypes.Structure):  # struct landlock_path_beneath_attr
+    _pack_, _fields_ = 1, [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_abi():
+    return LIBC.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+
+
+def landlock(sandbox):
+    """A Landlock ruleset (fd) enforced by the kernel, so that no way past the audit hook (ctypes, pidfds,
+    threads) leaves it: read and run only READS and FILES, read and write only `sandbox`; no TCP bind or connect;
+    no signals to, and no abstract unix sockets of, processes outside. Refuses (SystemExit) where unavailable."""
+    if (abi := landlock_abi()) < LANDLOCK_ABI:
+        raise SystemExit(f"eval: refusing to run untrusted code: the sandbox needs Landlock ABI >= {LANDLOCK_ABI} "
+                         f"(Linux 6.12+), this kernel has {abi if abi > 0 else 'none'}")
+    every = (1 << 16) - 1  # every filesystem right of ABI 6 (execute ... ioctl_dev)
+    attr = (ctypes.c_uint64 * 3)(every, 3, 3)  # handled: all fs rights; bind+connect TCP; scope unix + signal
+    ruleset = LIBC.syscall(444, attr, ctypes.sizeof(attr), 0)
+    rules = [(p, 1 | 4 | 8) for p in READS] + list(FILES.items()) + [(sandbox, every)]  # execute|read_file|read_dir
+    for path, access in rules:
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                if LIBC.syscall(445, ruleset, 1, ctypes.byref(PathBeneath(access, fd)), 0):  # 1: a path's tree
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule {path}")
+            finally:
+                os.close(fd)
+    return ruleset
+
+
+def limiter(cpu_s, mem_mb, fsize_mb, nproc, ruleset):
     def set_limits():  # runs in the child between fork and exec
         for lim, v in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, mem_mb << 20),
                        (resource.RLIMIT_FSIZE, fsize_mb << 20), (resource.RLIMIT_CORE, 0),
                        (resource.RLIMIT_NPROC, nproc)):
             resource.setrlimit(lim, (v, v))
+        # a network namespace of its own (as root; else in a user namespace too), with no interface but a loopback
+        # that is down: UDP, which Landlock leaves open, reaches nothing outside
+        if LIBC.unshare(0x40000000) and LIBC.unshare(0x10000000 | 0x40000000):  # CLONE_NEWNET, | CLONE_NEWUSER
+            raise OSError(ctypes.get_errno(), "sandbox: no network namespace")
+        # PR_SET_NO_NEW_PRIVS (no setuid gains), then landlock_restrict_self: for this process and all it starts
+        if LIBC.prctl(38, 1, 0, 0, 0) or LIBC.syscall(446, ruleset, 0):
+            raise OSError(ctypes.get_errno(), "sandbox: landlock_restrict_self failed")  # Popen fails: never unconfined
     return set_limits
 
 
@@ -402,11 +450,15 @@ def execute(program, timeout=5.0, mem_mb=1024, fsize_mb=16, nproc=None, cap=4096
     with tempfile.TemporaryDirectory(prefix="eval-sandbox-") as d:
         src, out = Path(d, "program.py"), Path(d, "output.txt")
         src.write_text(PREAMBLE + program + f"\n\nprint({marker!r}, flush=True)\n")
+        ruleset = landlock(d)
         with open(out, "wb") as f:
-            proc = subprocess.Popen([sys.executable, "-I", "-B", str(src)], cwd=d, stdin=subprocess.DEVNULL,
-                                    stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
-                                    preexec_fn=limiter(int(timeout) + 1, mem_mb, fsize_mb, nproc))
+            try:
+                proc = subprocess.Popen([sys.executable, "-I", "-B", str(src)], cwd=d, stdin=subprocess.DEVNULL,
+                                        stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+                                        preexec_fn=limiter(int(timeout) + 1, mem_mb, fsize_mb, nproc, ruleset))
+            finally:
+                os.close(ruleset)
             try:
                 rc, status = proc.wait(timeout), None
             except subprocess.TimeoutExpired:

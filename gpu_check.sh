@@ -7,4 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
+# bash gpu_check.sh --fidelity [--device cpu --tiny]: the fidelity run instead (fidelity.sh, docs/scale.md)
+if [ "${1:-}" = --fidelity ]; then shift; exec bash fidelity.sh "$@"; fi
 exec timeout 480 "$PYTHON" bench.py --what gpu_check "$@"
