@@ -229,6 +229,7 @@ def pair_elbo(model, ids, prompt_lens, resp, real, t, u):
     t, u = t.repeat(2).to(dev), u[:, :T].repeat(2, 1).to(dev)  # y_w (rows :B) and y_l (rows B:) alike
     return sequence_elbo(model, ids, (u < t[:, None]) & ok, t, attn)  # P(masked) = t; −Σ_{i∈M} CE_i / t
 
+
 @torch.no_grad()
 def fixed_mask_eval(model, batches, ctx=None, ratios=EVAL_RATIOS, seed=EVAL_SEED, elbo_eps=ELBO_EPS):
     """Masked-token accuracy and mean CE at each mask ratio, and a one-draw negative ELBO (nelbo), on batches

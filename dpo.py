@@ -26,7 +26,7 @@ import data
 import diffusion
 import training
 
-N_DRAWS = 4  # ELBO draws (t, M) per pair where fixed ones score pairs: --dlm's held-out pairs, merge.py --n_masks
+N_DRAWS = 4  # fixed ELBO draws (t, M) per pair that score pairs: --dlm's held-out pairs; merge.py --n_masks's default
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 p = cli.parser(__doc__)
@@ -149,7 +149,7 @@ if __name__ == "__main__":
     tok = training.load_tokenizer(args.ar, ref.config)
     train, heldout = (data.tokenized_pairs(f, tok, args.seq_len, "dpo") for f in (args.pairs, args.heldout))
     policy = run.train(policy, dynamic=True)  # --compile: dynamic, as pairs differ in length from batch to batch
-    draws = draw_masks(len(heldout), N_DRAWS, max(sum(map(len, q)) for q in heldout), args.seed) if args.dlm else None
+    draws = draw_masks(len(heldout), N_DRAWS, args.seq_len, args.seed) if args.dlm else None  # as draw()'s: T = seq_len
     held_logps = lambda m: all_logps(m, heldout, draws, args.batch_size, ctx)  # --dlm: the same draws every time
     with adapters_off(ref):
         ref_held = held_logps(ref)  # the reference never changes: once
