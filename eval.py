@@ -8,6 +8,7 @@ checkpoints alike. Each subcommand prints a short table and writes --out FILE (J
     python eval.py humaneval  --completions samples.jsonl            # score given completions, no model
     python eval.py tasks      --ckpt out/dlm-tasks --data data/tasks --thresholds 0.5,0.7,0.9,0.95
     python eval.py winrate    --ckpt out/dlm-merged --ref out/align --pairs data/pairs/heldout.jsonl
+    python eval.py harness    --model_args pretrained=out/align --tasks T ...     # lm-eval (harness.py)
 
 What is notable here:
 - likelihood: an AR checkpoint gets perplexity and bits/token; a DLM the negative ELBO in bits/token (Monte
@@ -632,6 +633,8 @@ def parser():
     wr.add_argument("--ref", required=True, help="the reference DLM (e.g. the one merged into)")
     wr.add_argument("--pairs", default="data/pairs/heldout.jsonl", help="pairs whose prompts are continued")
     wr.add_argument("--samples", type=int, default=32, help="completions per model (the prompts cycled)")
+    sub.add_parser("harness", help="lm-evaluation-harness with this project's model class, ar2dlm (harness.py): "
+                   "every lm-eval flag passes through")
     for s in (lk, gn, he, tk, wr):
         s.add_argument("--out", default=None, help="write the results here (JSON)")
         s.add_argument("--seed", type=int, default=1337, help="seeds the sampler and the masks (runs repeat)")
@@ -640,6 +643,13 @@ def parser():
 
 
 def main():
+    if sys.argv[1:2] == ["harness"]:  # lm-eval's own command line, its flags untouched
+        try:
+            import harness
+        except ImportError as e:
+            raise SystemExit(f"eval: harness needs lm-eval ({e}): pip install -r requirements-dev.txt -c "
+                             "constraints.txt")
+        return harness.main(sys.argv[2:])
     p = parser()
     args = p.parse_args()
     for k in ("batch_size", "seq_len", "n_batches", "n_draws", "num_prompts", "prompt_len", "max_new_tokens",

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules (eval.py, distill.py, ...)
+import cli  # noqa: E402
 
 
 def t_two_sided(t, df):
@@ -303,6 +304,48 @@ def repro_merge(*args):
     spectrum_table(spec)
 
 
+def repro_dlm_dpo(*args):
+    """repro_dlm_dpo.sh: AR-MAP against DPO on the DLM itself, per world and seed. args: OUT SEED..."""
+    out, seeds = Path(str(args[0])), [str(s) for s in args[1:]]
+    load = lambda f: json.loads((out / f).read_text())
+    secs = {}
+    for line in (out / "seconds.tsv").read_text().splitlines():
+        name, s = line.split("\t")
+        secs[name] = secs.get(name, 0) + int(s)
+    cost = lambda w, s, *stages: sum(secs.get(f"{w} {s} {x}", 0) for x in stages)
+    print("Two routes from the same pairs, steps and DPO settings (AR-MAP: dpo.py on the AR teacher, then merge.py "
+          "merge into the REPR-ALIGN DLM, γ chosen on training pairs; DLM-only: dpo.py --dlm on that DLM). Held-out "
+          "reward accuracy: β × the ELBO change against the DLM (AR-MAP: merge.py's draws; DLM-only: dpo.py's "
+          "4 fixed draws). Seconds: wall clock of the route's stages, process start included.\n")
+    print("Exact-answer world (100 held-out prompts per family, greedy, threshold 0.9)\n")
+    rows = []
+    for s in seeds:
+        m, d = load(f"tasks/{s}/merged/merge.json"), load(f"tasks/{s}/dlm-dpo/results.json")
+        em, ed = (load(f"tasks/{s}/eval/{x}.json")["results"]["runs"][0] for x in ("merged", "dlm-dpo"))
+        k = m["gammas"].index(m["best_gamma"])
+        for route, acc, e, sec in ((f"AR-MAP (γ = {m['best_gamma']:g})", m["heldout"]["reward_accuracy"][k], em,
+                                    cost("tasks", s, "ar-dpo", "merge")),
+                                   ("DLM-only", d["heldout_reward_acc"], ed, cost("tasks", s, "dlm-dpo"))):
+            rows.append([s, route, f"{acc:.3f}", f"{e['right']:.2f}", f"{e['preferred']:.2f}",
+                         f"{e['tokens_per_forward']:.2f}", str(sec)])
+    print(cli.table(["seed", "route", "held-out reward accuracy", "exact match", "with the full stop",
+                     "tokens per forward", "seconds"], rows))
+    print("\nStandard library (win rate: 'prefer single quotes' against the REPR-ALIGN DLM; −ELBO on the "
+          "validation batches)\n")
+    rows = []
+    for s in seeds:
+        m, d, w = (load(f"stdlib/{s}/{f}") for f in ("merged/merge.json", "dlm-dpo/results.json", "winrate.json"))
+        k = m["gammas"].index(m["best_gamma"])
+        for j, (route, acc, name, sec) in enumerate((
+                (f"AR-MAP (γ = {m['best_gamma']:g})", m["heldout"]["reward_accuracy"][k], "merged",
+                 cost("stdlib", s, "ar-dpo", "merge")),
+                ("DLM-only", d["heldout_reward_acc"], "dlm-dpo", cost("stdlib", s, "dlm-dpo")))):
+            lk = load(f"stdlib/{s}/{name}.likelihood.json")["results"]
+            rows.append([s, route, f"{acc:.3f}", f"{w['results']['win_rates'][j]:.3f}",
+                         f"{lk['nelbo_bits_per_token']:.3f} ± {lk['stderr']:.3f}", str(sec)])
+    print(cli.table(["seed", "route", "held-out reward accuracy", "win rate", "−ELBO bits/token", "seconds"], rows))
+
+
 def spectrum_table(spec):
     """merge.py spectrum's summary (spectrum.json) as a markdown table, printed."""
     print("\nSpectral shadowing: ‖τ_diff‖₂ / ‖τ_pref‖₂ per layer type (τ_diff = W_AR − W_DLM)\n")
@@ -451,7 +494,7 @@ def repro_align_tasks(*args):
 
 
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
-                                  repro_merge, repro_tasks, repro_align_tasks)}
+                                  repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

@@ -1,0 +1,194 @@
+"""
+lm-evaluation-harness for every checkpoint of this project: the model class `ar2dlm`, registered with lm-eval,
+and lm-eval's own command line run with it (eval.py harness passes every flag through). lm-eval is optional:
+`pip install -r requirements-dev.txt -c constraints.txt` installs the pinned version.
+
+    python eval.py harness --model_args pretrained=out/ar-tiny --tasks arc_easy --limit 100
+    python eval.py harness --model_args pretrained=out/align,mc_draws=32 --tasks my_task --include_path my_tasks/
+    python eval.py harness --model_args pretrained=out/distill,threshold=0.9 --tasks gsm8k --batch_size 8
+
+Model arguments (--model_args k=v,...): pretrained (the checkpoint directory), mc_draws (DLMs: Monte Carlo
+draws per log-likelihood, 16), seed (1337), device (auto), dtype (float32 | bfloat16; default bfloat16 on CUDA),
+max_length (context and generation together; default config.max_position_embeddings), and the sampler's settings,
+as sample.py names them: threshold, block_length, steps, remasking, block_size, cache. Unless given,
+eval.py harness sets lm-eval's --device auto (cuda if available) and --batch_size 8.
+
+What is notable here:
+- loglikelihood(context, continuation): an AR checkpoint's exact Σ_i log p(c_i | context, c_<i) in one causal
+  forward, and is_greedy (every c_i the argmax). A DLM's is the ELBO of log p(continuation | context): the mean
+  over mc_draws draws of -Σ_{i∈M} CE_i / t, t ~ U(eps, 1-eps) and M masking each continuation token with
+  probability t (diffusion.sequence_elbo; LLaDA's conditional likelihood). A block DLM is read as BD3-LM: block b
+  given the clean blocks before it. A DLM's is_greedy: every continuation token the argmax with the whole
+  continuation masked (one forward, the all-at-once reading).
+- The draws of a request come from a generator seeded by `seed` and the request's token ids, so a request gets
+  the same estimate in any batch, order or process.
+- Requests are batched by their length, one length a batch: nothing is padded, so every row scores exactly as
+  it would alone (a padded block DLM would need a pad-aware BD3-LM mask).
+- loglikelihood_rolling(text): the same, of the whole text after the end-of-text token (lm-eval's prefix). The
+  text must fit max_length: a longer one is refused, not windowed.
+- generate_until(context, {until, max_gen_toks, ...}): the checkpoint's own sampler (sample.generate) with the
+  settings above, greedy unless the request sets a temperature; every end id stops a row, and the text is cut
+  at the first `until` string. A DLM's generation length is max_gen_toks (its canvas).
+- An empty context is the end-of-text token alone, as lm-eval's own models do.
+"""
+import json
+import sys
+import zlib
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+import diffusion
+import eval as project_eval
+import sample
+
+
+def seeded(seed, ids):
+    """A generator seeded by seed and the token ids: the same draws for the same request, wherever it runs."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(torch.tensor(ids).numpy().tobytes()))
+
+
+def by_length(items, batch_size):
+    """[(ids, n_context)] -> lists of indices whose ids have one length (longest first, at most batch_size each):
+    batches that need no padding."""
+    groups = {}
+    for j, (ids, _) in enumerate(items):
+        groups.setdefault(len(ids), []).append(j)
+    for T in sorted(groups, reverse=True):
+        for s in range(0, len(groups[T]), batch_size):
+            yield groups[T][s:s + batch_size]
+
+
+@register_model("ar2dlm")
+class AR2DLM(LM):
+    def __init__(self, pretrained, mc_draws=16, seed=1337, device="auto", dtype=None, batch_size=8,
+                 max_length=None, threshold=None, block_length=None, steps=None, remasking="low_confidence",
+                 block_size=None, cache="none", eps=1e-3, max_batch_size=None, **unused):
+        super().__init__()
+        if unused:
+            raise ValueError(f"ar2dlm: unknown model arguments {sorted(unused)}; see python eval.py harness --help")
+        dtype = {None: None, "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+        self.model, self.tok, self._device, self.ctx = project_eval.load(pretrained, str(device), int(seed), dtype)
+        c = self.model.config
+        self.kind, self.mc_draws, self.seed, self.eps = c.attn, int(mc_draws), int(seed), float(eps)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" -> 8
+        self.max_length = int(max_length or c.max_position_embeddings)
+        self.prefix = self.tok.eos_id  # an empty context, and the rolling likelihood's first token
+        num = lambda v, f: None if v is None else f(v)
+        self.sampler = dict(threshold=num(threshold, float), block_length=num(block_length, int),
+                            steps=num(steps, int), remasking=remasking, block_size=num(block_size, int), cache=cache)
+        self.sampler = {k: v for k, v in self.sampler.items() if v not in (None, "none", "low_confidence")}
+
+    # ---- scoring ----------------------------------------------------------------------------------------------
+
+    def encode_pair(self, context, continuation):
+        """-> (ids, n_context): a context's trailing spaces move to the continuation, and the continuation's ids
+        are those of the whole text after the context's (lm-eval's rule for causal models)."""
+        n = len(context) - len(context.rstrip())
+        context, continuation = context[:len(context) - n], context[len(context) - n:] + continuation
+        whole = self.tok.encode(context + continuation)
+        ctx = self.tok.encode(context) if context else []
+        if not ctx or whole[:len(ctx)] != ctx:
+            ctx, whole = [self.prefix] + ctx, [self.prefix] + whole
+        if len(whole) > self.max_length:  # keep the continuation; cut the context from the left
+            cut = len(whole) - self.max_length
+            if cut >= len(ctx):
+                raise ValueError(f"ar2dlm: a continuation of {len(whole) - len(ctx)} tokens does not fit max_length "
+                                 f"{self.max_length}")
+            whole, ctx = whole[cut:], ctx[cut:]
+        return whole, len(ctx)
+
+    @torch.no_grad()
+    def score(self, items):
+        """[(ids, n_context)] -> [(log p(continuation | context) or its ELBO, is_greedy)], in order."""
+        out, dev = [None] * len(items), self._device
+        for js in tqdm(list(by_length(items, self.batch_size)), desc="ar2dlm loglikelihood", leave=False):
+            ids = torch.tensor([items[j][0] for j in js], device=dev)  # (B, T), one length
+            B, T = ids.shape
+            cont = torch.arange(T, device=dev) >= torch.tensor([items[j][1] for j in js], device=dev)[:, None]
+            with self.ctx:
+                lp, greedy = self.ar_logps(ids, cont) if self.kind == "causal" else self.elbo(ids, cont, js, items)
+            for b, j in enumerate(js):
+                out[j] = (float(lp[b]), bool(greedy[b]))
+        return out
+
+    def ar_logps(self, ids, cont):
+        """(B,) Σ_{i∈cont} log p(ids_i | ids_<i), exact, and whether each row's continuation is the argmax."""
+        ce, pred = self.model(ids, "causal", rows=diffusion.denoiser_rows(cont, True), targets=ids[cont], argmax=True)
+        rows = cont.nonzero()[:, 0]
+        wrong = torch.zeros(len(ids), device=ids.device).index_add(0, rows, (pred != ids[cont]).float())
+        return torch.zeros(len(ids), device=ids.device).index_add(0, rows, -ce), wrong == 0
+
+    def elbo(self, ids, cont, js, items):
+        """(B,) the mean over mc_draws draws of -Σ_{i∈M} CE_i / t (each row's draws seeded by its ids), and whether
+        the continuation is the argmax with all of it masked."""
+        B, T = ids.shape
+        draws = [seeded(self.seed, items[j][0]) for j in js]
+        t = torch.stack([self.eps + (1 - 2 * self.eps) * torch.rand(self.mc_draws, generator=g) for g in draws], 1)
+        u = torch.stack([torch.rand(self.mc_draws, T, generator=g) for g in draws], 1)  # (draws, B, T)
+        t, u = t.to(ids.device), u.to(ids.device)
+        ok = cont & diffusion.maskable(B, T, self.model.config.shift, device=ids.device)
+        total = sum(diffusion.sequence_elbo(self.model, ids, (u[k] < t[k][:, None]) & ok, t[k])
+                    for k in range(self.mc_draws))  # E_{t,M}[-Σ_{i∈M} CE_i / t]
+        xt = torch.where(ok, self.model.config.mask_token_id, ids)
+        _, pred = diffusion.denoiser_ce(self.model, ids, xt, ok, argmax=True)
+        rows = ok.nonzero()[:, 0]
+        wrong = torch.zeros(B, device=ids.device).index_add(0, rows, (pred != ids[ok]).float())
+        return total / self.mc_draws, wrong == 0
+
+    def loglikelihood(self, requests, disable_tqdm=False):
+        return self.score([self.encode_pair(*r.args) for r in requests])
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        items = []
+        for r in requests:
+            ids = [self.prefix] + self.tok.encode(r.args[0])
+            if len(ids) > self.max_length:
+                raise ValueError(f"ar2dlm: a document of {len(ids)} tokens exceeds max_length {self.max_length} "
+                                 "(rolling windows are not implemented)")
+            items.append((ids, 1))
+        return [lp for lp, _ in self.score(items)]
+
+    # ---- generation -------------------------------------------------------------------------------------------
+
+    def generate_until(self, requests, disable_tqdm=False):
+        """One sampler call per batch of requests with the same generation settings; greedy unless they set a
+        temperature (do_sample false: greedy)."""
+        ends, out, groups = self.tok.end_ids(self.model.config), [None] * len(requests), {}
+        for j, r in enumerate(requests):
+            groups.setdefault(json.dumps(r.args[1], sort_keys=True, default=str), []).append(j)
+        for js in tqdm(list(groups.values()), desc="ar2dlm generate", leave=False, disable=disable_tqdm):
+            kw = dict(requests[js[0]].args[1])
+            until = kw.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            n, sampled = int(kw.pop("max_gen_toks", 256)), kw.pop("do_sample", True)
+            opts = dict(temperature=float(kw.pop("temperature", 0.0)) if sampled else 0.0,
+                        top_k=kw.pop("top_k", None), top_p=kw.pop("top_p", None))
+            if kw:
+                raise ValueError(f"ar2dlm: generation settings not supported: {sorted(kw)}")
+            g = torch.Generator(self._device).manual_seed(self.seed)
+            for s in range(0, len(js), self.batch_size):
+                chunk = js[s:s + self.batch_size]
+                prompts = [(self.tok.encode(requests[j].args[0]) or [self.prefix])[-(self.max_length - n):]
+                           for j in chunk]
+                with self.ctx:
+                    gen = sample.generate(self.model, prompts, n, eos_id=ends, generator=g,
+                                          vocab_limit=self.tok.vocab_size, **opts, **self.sampler)
+                for b, j in enumerate(chunk):
+                    text = self.tok.decode(sample.until_end(gen.generated[b].tolist(), ends))
+                    out[j] = min((text.split(u)[0] for u in until if u), key=len, default=text)  # at the first
+        return out
+
+
+def main(argv):
+    """lm-eval's command line with ar2dlm registered: `python eval.py harness ARGS` is `lm_eval run --model
+    ar2dlm ARGS` (every lm-eval flag passes through)."""
+    from lm_eval.__main__ import cli_evaluate
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        raise SystemExit("eval.py harness: the model is ar2dlm; give the checkpoint as --model_args pretrained=DIR")
+    given = {{"-b": "--batch_size"}.get(a, a.split("=")[0]) for a in argv}
+    defaults = [f for flag, v in (("--device", "auto"), ("--batch_size", "8")) if flag not in given for f in (flag, v)]
+    sys.argv = ["lm_eval", "run", "--model", "ar2dlm", *defaults, *argv]
+    cli_evaluate()
