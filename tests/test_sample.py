@@ -3,15 +3,17 @@ ragged batches against full recomputation of each prompt alone; LLaDA one-token-
 position-by-position loop; block diffusion with the cache against without, its recorded rounds replayed;
 the shift convention on a model whose predictions are a known function of the slot; the mask token never
 emitted even when it is the model's favourite; eos; seeds; and the CLI on a saved checkpoint of each kind."""
+import io
 import json
 import shutil
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import sample as S
-from conftest import run_script
+from conftest import ROOT, run_script
 from model import Qwen3, Qwen3Config, preset
 from sample import ar_generate, block_generate, diffusion_generate
 from tokenizer import Tokenizer
@@ -419,3 +421,124 @@ def test_cli_chat(ckpts, tmp_path):
                    "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "--- sample 0\n[user] def f\n[assistant]" in r.stdout  # the rendered prompt, then the sample
+
+
+# ---- the chat session ------------------------------------------------------------------------------------------
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat_ckpt(ckpts, tmp_path, attn):
+    d = tmp_path / f"chat-{attn}"
+    shutil.copytree(ckpts / attn, d)
+    from conftest import randomise
+    randomise(Qwen3.from_pretrained(d), seed=3).save_pretrained(d)  # larger weights: varied answers, not one token
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg | {"chat_template": CHAT_TEMPLATE}))
+    return d
+
+
+def expected_reply(d, messages, n=8):
+    """The answer to a conversation, computed here: the template by hand, generate, the text up to <|im_end|>
+    (which the byte-level tokenizer's config does not declare an end id: the chat adds it) -> (ids, printed)."""
+    import sample
+    tok, model = Tokenizer.from_pretrained(d), Qwen3.from_pretrained(d).eval()
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
+    ends = tok.end_ids(model.config) + [tok.special_tokens["<|im_end|>"]]
+    gen = sample.generate(model, [tok.encode(text, allowed_special="all")], n, eos_id=ends,
+                          generator=torch.Generator().manual_seed(1337), vocab_limit=tok.vocab_size,
+                          record=model.config.attn == "block")
+    ids = sample.until_end(gen.generated[0].tolist(), ends)
+    if model.config.attn == "block":
+        return ids, sample.show_rounds(sample.token_pieces(tok, ids), gen.rounds[0, :len(ids)].tolist())
+    return ids, tok.decode(ids)
+
+
+def run_chat(monkeypatch, capsys, d, lines):
+    import sample
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--ckpt", str(d), "--chat", "--max_new_tokens", "8",
+                                      "--device", "cpu"])
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(x + "\n" for x in lines)))
+    sample.main()
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("attn", ["causal", "bidirectional", "block"])
+def test_chat_is_multi_turn(ckpts, tmp_path, monkeypatch, capsys, attn):
+    """Piped standard input: each answer is the sampler's on the whole conversation so far, rendered by the
+    template (earlier answers included); /reset forgets it; the session ends at end of input."""
+    d = chat_ckpt(ckpts, tmp_path, attn)
+    out = run_chat(monkeypatch, capsys, d, ["hi", "more", "/reset", "more"])
+    a1, shown1 = expected_reply(d, [dict(role="user", content="hi")])
+    history = [dict(role="user", content="hi"), dict(role="assistant", content=Tokenizer.from_pretrained(d).decode(a1))]
+    _, shown2 = expected_reply(d, history + [dict(role="user", content="more")])
+    _, shown3 = expected_reply(d, [dict(role="user", content="more")])
+    assert out.startswith("chat: Ctrl-C ends a turn")
+    turns = out.split("you> ")[1:]
+    assert [t.removesuffix("\n") for t in turns] == [shown1, shown2, "(conversation forgotten)", shown3, ""]
+    assert shown1 != shown2 and len(set(a1)) > 2  # the history changed the answer; an answer of several tokens
+
+
+def test_chat_ctrl_c_ends_the_turn_not_the_session(ckpts, tmp_path, monkeypatch, capsys):
+    """Ctrl-C during an answer ends that turn and drops its question; the next question is answered alone."""
+    import sample
+    d, calls, generate = chat_ckpt(ckpts, tmp_path, "block"), [], sample.generate
+
+    def interrupted_once(*a, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return generate(*a, **kw)
+    monkeypatch.setattr(sample, "generate", interrupted_once)
+    out = run_chat(monkeypatch, capsys, d, ["first", "second"])
+    assert len(calls) == 2 and "(turn ended)" in out
+    _, shown = expected_reply(d, [dict(role="user", content="second")])
+    assert out.split("you> ")[2].removesuffix("\n") == shown
+
+
+def test_chat_through_a_pseudo_terminal(ckpts, tmp_path):
+    """On a terminal: the block DLM's answer is redrawn as it is decoded (▒: still masked), then shown with its
+    rounds; Ctrl-C at the prompt gives a fresh prompt; Ctrl-D ends the session, exit code 0."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import signal
+    import subprocess
+    import termios
+    import time
+    d = chat_ckpt(ckpts, tmp_path, "block")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "sample.py"), "--ckpt", str(d), "--chat", "--max_new_tokens",
+                             "8", "--device", "cpu"], stdin=slave, stdout=slave, stderr=slave, cwd=ROOT,
+                            start_new_session=True, preexec_fn=lambda: (  # the terminal its own, Ctrl-C not ignored
+                                fcntl.ioctl(0, termios.TIOCSCTTY, 0), signal.signal(signal.SIGINT, signal.SIG_DFL),
+                                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})))
+    os.close(slave)
+    out = b""
+
+    def read_until(marker, count, timeout=60):
+        nonlocal out
+        end = time.time() + timeout
+        while out.count(marker) < count and time.time() < end and proc.poll() is None:
+            if select.select([master], [], [], 0.5)[0]:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    break
+        return out.count(marker) >= count
+    try:
+        assert read_until(b"you> ", 1), out.decode(errors="replace")
+        os.write(master, b"hi\n")
+        assert read_until(b"you> ", 2), out.decode(errors="replace")
+        os.write(master, b"\x03")  # Ctrl-C at the prompt: SIGINT from the terminal
+        assert read_until(b"you> ", 3), out.decode(errors="replace")
+        os.write(master, b"\x04")  # Ctrl-D: end of input
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert "▒" in text and "\x1b[K" in text  # the live status line, redrawn
+    assert "\x1b[3" in text.split("you> ")[1]  # the round view, coloured on a terminal
