@@ -40,7 +40,7 @@ p.add_argument("--align_metric", default="cos", choices=["cos", "l2"], help="l2:
 p.add_argument("--extra_ce", action="store_true", help="add the public code's sg(exp(-CE))·CE per masked token")
 p.add_argument("--freeze", default="", type=cli.comma_list(choices=("embed", "mlp", "attn", "lm_head"), what="groups"),
                help="comma list of groups (published: embed,lm_head)")
-training.add_loop_args(p, frozen="the AR teacher", tasks="threshold 0.9", answers=True, max_iters=200, batch_size=8,
+training.add_loop_args(p, frozen="the AR teacher", tasks="threshold 0.9", answers="chat", max_iters=200, batch_size=8,
                        seq_len=256, lr=1e-3, min_lr=1e-4, warmup=10, eval_interval=50, eval_batches=8)
 p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N steps (and at the last step)")
 p.add_argument("--samples", type=int, default=3, help="validation prompts continued at the end (by sample.py)")
@@ -146,7 +146,7 @@ if __name__ == "__main__":
     if c.tie_word_embeddings and ({"embed", "lm_head"} & set(args.freeze)):
         print("tied embeddings: freezing embed or lm_head freezes both (the output head IS the embedding matrix)")
     n_frozen = sum(q.numel() for q in student.parameters() if not q.requires_grad)
-    sep_id, starts = training.answers_only(args.loss_after, tok, train_data, val_data, args.seq_len, "align")
+    answers, starts = training.loss_targets(args, tok, train_data, val_data, args.seq_len, "align")
     val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len, args.eval_batches, device,
                                     starts=starts["val"])
     teacher_path, teacher, cosines = args.teacher or c.converted_from, None, None
@@ -179,9 +179,9 @@ if __name__ == "__main__":
     fpt = training.flops_per_token(student, args.seq_len, forward_only=teacher)
 
     def draw():  # a batch of clean windows and its corruption (answer-only: only the answers may be masked)
-        x0 = data.get_batch(train_data, args.batch_size, args.seq_len, device, run.gen, starts=starts["train"])
-        answers = None if sep_id is None else data.after_separator(x0, sep_id, tok.eos_id)
-        return x0, *diffusion.corrupt(x0, c.mask_token_id, c.shift, run.gen, args.eps, where=answers)
+        x0, where = data.answer_batch(train_data, answers["train"], args.batch_size, args.seq_len, device, run.gen,
+                                      starts=starts["train"])
+        return x0, *diffusion.corrupt(x0, c.mask_token_id, c.shift, run.gen, args.eps, where=where)
 
     for step in run.steps():
         for x0, xt, masked, t in run.micro_batches(draw):

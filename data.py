@@ -80,9 +80,14 @@ def read_text(path):
 def iter_documents(source, stats):
     """Yield (name, text, n_bytes) for a source: None (the stdlib), a folder of text files, or a .jsonl
     file. The name is the document's stable identity, which decides its split."""
-    if source is not None and os.path.isfile(source):  # JSONL, one {"text": ...} per line
-        for lineno, rec in iter_jsonl(source, ("text",)):
-            yield f"line {lineno}", rec["text"], len(rec["text"].encode("utf-8"))
+    if source is not None and os.path.isfile(source):  # JSONL: one {"text": ...} or {"messages": [...]} per line
+        for lineno, rec in iter_jsonl(source):
+            if "messages" in rec:  # a conversation: prepare renders it through the chat template
+                yield f"line {lineno}", rec["messages"], len(json.dumps(rec["messages"]).encode("utf-8"))
+            elif isinstance(rec.get("text"), str):
+                yield f"line {lineno}", rec["text"], len(rec["text"].encode("utf-8"))
+            else:
+                raise ValueError(f"{source}:{lineno}: expected a string 'text' or a list 'messages'")
         return
     root = source or sysconfig.get_paths()["stdlib"]
     skip, exts = (STDLIB_SKIP, (".py",)) if source is None else ({"__pycache__"}, None)
@@ -103,6 +108,61 @@ def iter_documents(source, stats):
 def is_val(name, val_fraction):
     """The split rule: a stable hash of the document's name, independent of order and machine."""
     return zlib.crc32(name.encode("utf-8")) % 10000 < val_fraction * 10000
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def chat_tokens(tok, messages):
+    """A conversation [{"role", "content"}, ...] -> (ids, assistant): the ids of the whole conversation as the
+    checkpoint's chat template renders it, and a 0/1 list marking the assistant turns' tokens: each assistant
+    message's content and the token after it (the template's end of turn, e.g. <|im_end|>). The contents are found
+    in order in the rendered text (each after its role's name, where the template writes one), so a template that rewrites earlier turns (Qwen3 drops their <think> blocks) is
+    read as it renders them. ValueError, with the reason: not a list of {role, content} strings, a role outside
+    ROLES, no assistant turn, an assistant content the template does not render as given (stripped of surrounding
+    whitespace at most), or cut points that change the tokens."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                 and isinstance(m.get("content"), str) for m in messages):
+        raise ValueError("messages must be a list of {role, content} strings")
+    if unknown := [m["role"] for m in messages if m["role"] not in ROLES]:
+        raise ValueError(f"role {unknown[0]!r} is not one of {', '.join(ROLES)}")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("no assistant turn")
+    text = tok.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
+    cuts, at = [], 0  # (start, end) character spans of the assistant contents
+    for m in messages:
+        head = text.find(m["role"], at)  # the turn's header names its role (ChatML, Llama 3): search after it
+        at = head + len(m["role"]) if head >= 0 else at
+        content = m["content"] if m["content"] in text[at:] else m["content"].strip()
+        i = text.find(content, at) if content else -1
+        if i < 0:
+            if m["role"] == "assistant":
+                raise ValueError("the chat template does not render an assistant content as given")
+            continue
+        at = i + len(content)
+        if m["role"] == "assistant":
+            cuts.append((i, at))
+    ids, assistant, prev = [], [], 0
+    encode = lambda t: tok.encode(t, allowed_special="all")  # noqa: E731
+    for a, b in cuts:
+        before, answer = encode(text[prev:a]), encode(text[a:b])
+        ids += before + answer
+        assistant += [0] * len(before) + [1] * len(answer)
+        prev = b
+    rest = encode(text[prev:])
+    ids, assistant = ids + rest, assistant + [0] * len(rest)
+    if ids != encode(text):
+        raise ValueError("the tokens at an assistant turn's edges differ from the whole conversation's")
+    for k in [k for k in range(1, len(ids)) if assistant[k - 1] and not assistant[k]]:
+        assistant[k] = 1  # the token that ends the turn
+    return ids, assistant
+
+
+def is_chat(source):
+    """Whether a source is a JSONL of conversations (its first record has "messages")."""
+    if source is None or not os.path.isfile(source):
+        return False
+    return "messages" in next((rec for _, rec in iter_jsonl(source)), {})
 
 
 # -----------------------------------------------------------------------------
@@ -132,10 +192,17 @@ def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=Non
         raise ValueError(f"source {source} is a file: expected a folder of text files or a .jsonl file")
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    chat = is_chat(source)
+    if chat and tokenizer in ("bpe", "byte"):
+        raise ValueError(f"{source} holds conversations: they are rendered through a checkpoint's chat template, so "
+                         "pass --tokenizer DIR (the checkpoint you will train)")
     if tokenizer == "bpe":
         tok = Tokenizer.train(bpe_texts(source, val_fraction, max_mb), vocab_size)
     else:
         tok = Tokenizer.byte_level() if tokenizer == "byte" else Tokenizer.from_pretrained(tokenizer)
+    if chat and tok.chat_template is None:
+        raise ValueError(f"{source} holds conversations, but the tokenizer {tokenizer} has no chat template "
+                         "(tokenizer_config.json's chat_template or chat_template.jinja)")
     old = fingerprint_of(out_dir)  # the tokenizer of a dataset already there, or None
     if old not in (None, tok.fingerprint) and not overwrite:
         raise ValueError(f"{out_dir} holds a dataset made with another tokenizer (sha256 {old[:12]}; this one "
@@ -145,25 +212,41 @@ def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=Non
     created = [d for d in (Path(out_dir), *Path(out_dir).parents) if not d.exists()]  # removed again on failure
     os.makedirs(out_dir, exist_ok=True)
     paths = {s: os.path.join(out_dir, f"{s}.bin") for s in ("train", "val")}
+    if chat:  # per token 1 if it belongs to an assistant turn (chat_tokens), as uint8
+        paths |= {f"{s}.roles": os.path.join(out_dir, f"{s}.roles.bin") for s in ("train", "val")}
     counts = {s: {"tokens": 0, "documents": 0} for s in ("train", "val")}
     stats = {"skipped_binary": 0, "skipped_empty": 0}
+    skipped = {}  # chat: reason -> conversations left out
     # A small corpus might hash every document to one side, so the first document (in sorted order)
     # is held back and written last: to the split that would otherwise be empty, else its own.
     held = None  # (split, ids)
 
-    def write(split, ids):
+    def write(split, ids, roles=None):
         np.asarray(ids + [tok.eos_id], dtype=dtype).tofile(files[split])
+        if chat:
+            np.asarray(roles + [0], dtype=np.uint8).tofile(files[f"{split}.roles"])
         counts[split]["tokens"] += len(ids) + 1
         counts[split]["documents"] += 1
 
+    def encoded(batch):  # -> [(name, ids, roles or None)]
+        if not chat:
+            return [(n, ids, None) for n, ids in zip(batch, tok.encode_batch(list(batch.values())))]
+        out = []
+        for name, messages in batch.items():
+            try:
+                out.append((name, *chat_tokens(tok, messages)))
+            except ValueError as e:  # counted and reported, never half-trained
+                skipped[str(e)] = skipped.get(str(e), 0) + 1
+        return out
+
     def route(batch):
         nonlocal held
-        for name, ids in zip(batch, tok.encode_batch(list(batch.values()))):
+        for name, ids, roles in encoded(batch):
             split = "val" if is_val(name, val_fraction) else "train"
             if held is None:
-                held = (split, ids)
+                held = (split, ids, roles)
             else:
-                write(split, ids)
+                write(split, ids, roles)
 
     files, done = {}, False
     try:
@@ -175,7 +258,7 @@ def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=Non
                     break
                 n_bytes += size
                 bar.update(size)
-                if not text.strip():
+                if not chat and not text.strip():
                     stats["skipped_empty"] += 1
                     continue
                 batch[name] = text
@@ -185,10 +268,11 @@ def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=Non
             route(batch)
         n_docs = counts["train"]["documents"] + counts["val"]["documents"] + (held is not None)
         if n_docs < 2:
-            raise ValueError(f"found {n_docs} text documents in {source or 'the standard library'}; "
-                             "need at least 2 (one for train, one for val)")
+            raise ValueError(f"found {n_docs} {'usable conversations' if chat else 'text documents'} in "
+                             f"{source or 'the standard library'}; need at least 2 (one for train, one for val)"
+                             + "".join(f"; skipped {k}: {v}" for k, v in skipped.items()))
         split = next((s for s in ("train", "val") if counts[s]["documents"] == 0), held[0])
-        write(split, held[1])
+        write(split, *held[1:])
         for f in files.values():
             f.close()
         # finish: the old meta.json goes first, the new one last, so meta.json <=> complete dataset
@@ -201,7 +285,7 @@ def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=Non
         meta = dict(tokenizer=tok.name, tokenizer_sha256=tok.fingerprint, vocab_size=tok.vocab_size,
                     eos_id=tok.eos_id, dtype=np.dtype(dtype).name, splits=counts, source=source or "stdlib",
                     source_mb=round(n_bytes / 1e6, 3), **stats, max_mb=max_mb, val_fraction=val_fraction,
-                    python=platform.python_version())
+                    python=platform.python_version(), chat=chat, skipped_conversations=skipped)
         atomic_write(meta_path, lambda f: Path(f).write_text(json.dumps(meta, indent=2)))
         done = True
         return meta
@@ -235,13 +319,22 @@ def load_split(data_dir, split):
     return data
 
 
+def load_roles(data_dir, split):
+    """A chat dataset's assistant marks for the split (uint8 np.memmap, 1: an assistant turn's token), or None for
+    a dataset of plain documents."""
+    with open(os.path.join(data_dir, "meta.json")) as f:
+        if not json.load(f).get("chat"):
+            return None
+    return np.memmap(os.path.join(data_dir, f"{split}.roles.bin"), dtype=np.uint8, mode="r")
+
+
 def _check_len(data, seq_len):
     if len(data) < seq_len:
         raise ValueError(f"the split has {len(data)} tokens, fewer than seq_len={seq_len}")
 
 
-def _stack(data, offsets, seq_len, device):
-    x = torch.from_numpy(np.stack([np.asarray(data[i:i + seq_len], dtype=np.int64) for i in offsets]))
+def _stack(data, ix, seq_len, device):
+    x = torch.from_numpy(np.stack([np.asarray(data[i:i + seq_len], dtype=np.int64) for i in ix]))
     if torch.device(device).type == "cuda":
         return x.pin_memory().to(device, non_blocking=True)
     return x.to(device)
@@ -254,15 +347,26 @@ def document_starts(data, eos_id, seq_len):
     return starts[starts <= len(data) - seq_len]
 
 
+def offsets(n, batch_size, seq_len, generator=None, starts=None):
+    """batch_size window offsets into n tokens: uniform over every window of seq_len, or over starts."""
+    if starts is None:
+        return torch.randint(n - seq_len + 1, (batch_size,), generator=generator).tolist()
+    return torch.from_numpy(starts)[torch.randint(len(starts), (batch_size,), generator=generator)].tolist()
+
+
 def get_batch(data, batch_size, seq_len, device="cpu", generator=None, *, starts=None):
     """(batch_size, seq_len) LongTensor of random contiguous windows; seed the generator to repeat.
     starts: the offsets a window may begin at (document_starts), drawn uniformly; default any."""
     _check_len(data, seq_len)
-    if starts is None:
-        ix = torch.randint(len(data) - seq_len + 1, (batch_size,), generator=generator)
-    else:
-        ix = torch.from_numpy(starts)[torch.randint(len(starts), (batch_size,), generator=generator)]
-    return _stack(data, ix.tolist(), seq_len, device)
+    return _stack(data, offsets(len(data), batch_size, seq_len, generator, starts), seq_len, device)
+
+
+def answer_batch(data, answers, batch_size, seq_len, device="cpu", generator=None, *, starts=None):
+    """get_batch's windows x (the same draws) and, where `answers` is given (a 0/1 array along data: the tokens to
+    train on), the same windows of it as (B, T) bool -> (x, answers or None)."""
+    _check_len(data, seq_len)
+    ix = offsets(len(data), batch_size, seq_len, generator, starts)
+    return _stack(data, ix, seq_len, device), None if answers is None else _stack(answers, ix, seq_len, device).bool()
 
 
 def eval_batches(data, batch_size, seq_len, n_batches, device="cpu", *, starts=None):
@@ -421,8 +525,14 @@ def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n):
     continuation), or about n windows of seq_len tokens and the span after them, spread over the val documents."""
     if prompts:
         return [(tok.encode(r["prompt"])[-seq_len:], []) for r in read_prompts(prompts)]
-    pool = []
-    for doc in documents(load_split(data_dir, "val"), tok.eos_id):
+    pool, val, roles = [], load_split(data_dir, "val"), load_roles(data_dir, "val")
+    if roles is not None:  # a chat dataset: each assistant turn, with its conversation so far as the prompt
+        conv = np.concatenate([[0], np.flatnonzero(np.asarray(val) == tok.eos_id) + 1])  # conversations' starts
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(roles, dtype=np.int8), [0]])))
+        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist()):  # the turn is val[a:b]
+            first = int(conv[np.searchsorted(conv, a, side="right") - 1])
+            pool.append((val[max(first, a - seq_len):a].tolist(), val[a:min(b, a + span)].tolist()))
+    for doc in documents(val, tok.eos_id) if roles is None else []:  # windows of plain documents
         for o in range(0, len(doc) - seq_len, seq_len + span):
             pool.append((doc[o:o + seq_len].tolist(), doc[o + seq_len:o + seq_len + span].tolist()))
     if not pool:

@@ -73,6 +73,12 @@ def evaluate(model, batches, ctx, **loss_kw):
     return float(np.mean(losses))
 
 
+def vocab_of(tok):
+    """A new model's vocabulary for the data's tokenizer: its ids plus one free row for a DLM's mask token, rounded
+    up to a multiple of 64 -> Qwen3Config fields."""
+    return dict(vocab_size=-(-(tok.mask_id + 1) // 64) * 64, bos_token_id=tok.eos_id, eos_token_id=tok.eos_id)
+
+
 if __name__ == "__main__":
     args = training.parse_loop_args(p)
     run = training.Run(args, "pretrain")  # its generator draws the training batches
@@ -80,9 +86,7 @@ if __name__ == "__main__":
     train_data, val_data = run.load_splits(args.data)
 
     tok = Tokenizer.from_pretrained(args.data)
-    # from scratch the preset gives the shape, the data's tokenizer the vocabulary: its ids plus one free row
-    # for a DLM's mask token, rounded up to a multiple of 64
-    vocab = dict(vocab_size=-(-(tok.mask_id + 1) // 64) * 64, bos_token_id=tok.eos_id, eos_token_id=tok.eos_id)
+    vocab = vocab_of(tok)  # from scratch the preset gives the shape, the data's tokenizer the vocabulary
     model = run.start(lambda: training.load_model(args.init, device, "pretrain: --init", attn="causal") if args.init
                       else Qwen3(preset(args.preset, **vocab)).init_weights(args.seed).to(device))
     tok = training.load_tokenizer(args.data, model.config)

@@ -75,7 +75,8 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
     """The training-loop flags every training script shares, with that script's defaults (max_iters, batch_size,
     seq_len, lr, min_lr, warmup, eval_interval, eval_batches). frozen: what the script's frozen model is (e.g. "the
     teacher"), for its --frozen_dtype flag (frozen_dtype); None: the script has none. tasks: the threshold the
-    --tasks evaluation decodes at, in words (Run.task_eval); None: no --tasks. answers: --loss_after (answers_only)."""
+    --tasks evaluation decodes at, in words (Run.task_eval); None: no --tasks. answers: --loss_after (answers_only);
+    "chat": --assistant_only too (loss_targets)."""
     d = dict(grad_accum=1, weight_decay=0.1, grad_clip=1.0, **defaults)
     helps = dict(max_iters="optimizer steps in all", batch_size="sequences per micro-batch",
                  seq_len="tokens per training sequence",
@@ -110,6 +111,10 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
                        help="answer-only loss: train on the tokens after TEXT (one token) in each document, up to its "
                        "eos, in windows that begin at a document's start (tasks.py's documents: ' ='); default every "
                        "token of random windows")
+    if answers == "chat":
+        p.add_argument("--assistant_only", action="store_true",
+                       help="chat data (data.py on a JSONL of {\"messages\"}): train on the assistant turns' tokens "
+                       "only, in windows that begin at a conversation; longer conversations are left out, and counted")
     if tasks:
         p.add_argument("--tasks", default=None, metavar="FILE",
                        help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
@@ -378,9 +383,10 @@ class Run:
             self.bar.set_postfix(**postfix)
 
     def results(self, results):
-        """results.json (rank 0), with the run's world_size; written last, it also says "this run finished"."""
+        """results.json (rank 0), with the run's world_size and timing (seconds per step: mean and median); written
+        last, it also says "this run finished"."""
         if self.is_main:
-            text = json.dumps(dict(results, world_size=self.world_size), indent=2) + "\n"
+            text = json.dumps(dict(results, **self.timing(), world_size=self.world_size), indent=2) + "\n"
             (self.out_dir / "results.json").write_text(text)
 
     def task_eval(self, model, tokenizer, *, threshold=0.9):
@@ -794,6 +800,40 @@ def answers_only(text, tok, train_data, val_data, window, who):
                          f"one that occurs in the training data; pass one such token's text")
     return sep[0], dict(train=data.document_starts(train_data, tok.eos_id, window),
                         val=data.document_starts(val_data, tok.eos_id, window))
+
+
+def loss_targets(args, tok, train_data, val_data, window, who):
+    """--loss_after TEXT or --assistant_only -> (answers, starts), per split: the tokens to train on (a 0/1 array
+    along the split, for data.answer_batch; None: every token) and the offsets at which a window of `window` tokens
+    may begin (None: any). --loss_after: answers_only's rule, applied to the whole split at once (a window begins
+    at a document, so it sees each answer's document from its start). --assistant_only: a chat dataset's assistant
+    marks (data.load_roles), windows beginning at a conversation that fits whole in one (with its eos); the others
+    are left out and counted."""
+    if not getattr(args, "assistant_only", False):
+        sep_id, starts = answers_only(args.loss_after, tok, train_data, val_data, window, who)
+        if sep_id is None:
+            return dict(train=None, val=None), starts
+        mark = lambda d: data.after_separator(torch.from_numpy(np.asarray(d, dtype=np.int64))[None], sep_id,
+                                              tok.eos_id)[0].numpy()
+        return dict(train=mark(train_data), val=mark(val_data)), starts
+    if args.loss_after is not None:
+        raise SystemExit(f"{who}: --assistant_only and --loss_after choose the trained tokens two ways: pass one")
+    answers, starts = {s: data.load_roles(args.data, s) for s in ("train", "val")}, {}
+    if answers["train"] is None:
+        raise SystemExit(f"{who}: --assistant_only needs a chat dataset ({args.data} holds plain documents): "
+                         "python data.py --source CONVERSATIONS.jsonl --tokenizer CHECKPOINT --out_dir DIR")
+    for split, d in (("train", train_data), ("val", val_data)):
+        ends = np.flatnonzero(np.asarray(d) == tok.eos_id)  # each conversation's eos
+        first = np.concatenate([[0], ends[:-1] + 1])  # and its first token
+        fits = (ends - first + 1 <= window) & (first <= len(d) - window)
+        if not fits.all():
+            print(f"{who}: --assistant_only: {int((ends - first + 1 > window).sum())} of {len(first)} {split} "
+                  f"conversations are longer than --seq_len {window} and {int((first > len(d) - window).sum())} "
+                  f"begin in the split's last {window} tokens: left out")
+        if not fits.any():
+            raise SystemExit(f"{who}: --assistant_only: no {split} conversation fits --seq_len {window}")
+        starts[split] = first[fits]
+    return answers, starts
 
 
 class Log:

@@ -4,9 +4,10 @@ embedded default's, in at most 6 minutes on one H200, by subprocesses of the scr
 Python's standard library) -> pretrain.py (a Qwen3-shaped teacher, written at FIDELITY's shape by this driver and
 passed as --init) -> convert.py (bidirectional for REPR-ALIGN, block 4 shifted for OPDLM, as run.sh) -> align.py
 at λ = 0 and λ = 10, evaluated every few steps -> distill.py on- and off-policy. Ends with one markdown table: per
-run, its quality number (validation loss, −ELBO, KL to the teacher), tokens per forward, step time and MFU (from
-each run's results.json and log.jsonl). No stage starts after the budget (its row says skipped); each has its own
-wall-clock limit. `--device cpu --tiny` runs the same chain at a micro shape in seconds (the test's).
+run, its quality number (validation loss, −ELBO, KL to the teacher), tokens per forward (REPR-ALIGN: eval.py
+generate at threshold 0.9; OPDLM: its rollouts'), step time and MFU (from each run's results.json and log.jsonl). No
+stage starts after the budget (its row says skipped); each has its own wall-clock limit. `--device cpu --tiny` runs
+the same chain at a micro shape in seconds (the test's).
 
 The GPU estimate (H200, bf16 autocast by training.py on CUDA): the teacher has ~50M parameters (hidden 640, 10
 layers, MLP 1920, 10 heads of 64, 5 KV heads, vocabulary 1088 tied). Pretraining: batch 64 x 512 tokens = 32,768
@@ -27,6 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import cli  # noqa: E402
 
 # shape: the teacher's (model.preset("tiny", **shape)); pretrain/align/distill: their flags; limits: each stage's
 # wall-clock seconds; budget: no stage starts later (seconds since the start)
@@ -40,7 +43,8 @@ FIDELITY = {
                        "--eval_batches", "4", "--ckpt_interval", "100", "--samples", "0"],
                 distill=["--batch_size", "16", "--max_iters", "60", "--eval_interval", "20", "--curriculum_steps",
                          "40", "--eval_batches", "2"],
-                limits=dict(data=90, pretrain=180, convert=60, align=60, distill=60), budget=300),
+                generate=["--num_prompts", "16", "--max_new_tokens", "64"],
+                limits=dict(data=90, pretrain=180, convert=60, align=60, generate=30, distill=60), budget=300),
     "tiny": dict(data=["--tokenizer", "byte", "--max_mb", "0.2"],
                  shape=dict(vocab_size=320, bos_token_id=256, eos_token_id=256, hidden_size=32, intermediate_size=64,
                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16),
@@ -50,19 +54,20 @@ FIDELITY = {
                         "--eval_batches", "1", "--ckpt_interval", "3", "--samples", "0"],
                  distill=["--batch_size", "2", "--max_iters", "3", "--eval_interval", "2", "--rollout_min", "8",
                           "--rollout_max", "8", "--curriculum_steps", "0", "--eval_batches", "1", "--num_prompts", "8"],
-                 limits=dict(data=120, pretrain=120, convert=60, align=120, distill=120), budget=None),
+                 generate=["--num_prompts", "2", "--max_new_tokens", "16", "--prompt_len", "8"],
+                 limits=dict(data=120, pretrain=120, convert=60, align=120, generate=120, distill=120), budget=None),
 }
 
 COLUMNS = ("run", "params", "steps", "quality", "value", "tokens/forward", "step s", "MFU", "status")
 
 
-def write_teacher(path, shape, vocab_size, eos_id, seed):
-    """A random Qwen3 checkpoint of `shape` (pretrain.py --init starts from it): the vocabulary as pretrain.py's
-    own (the data's ids plus a free row for the mask, rounded up to 64)."""
+def write_teacher(path, shape, tok, seed):
+    """A random Qwen3 checkpoint of `shape` (pretrain.py --init starts from it), its vocabulary pretrain.py's own
+    for the data's tokenizer (pretrain.vocab_of) unless `shape` sets one."""
     sys.path.insert(0, str(ROOT))
     from model import Qwen3, preset
-    config = preset("tiny", **{"vocab_size": -(-(vocab_size + 1) // 64) * 64, "bos_token_id": eos_id,
-                               "eos_token_id": eos_id, **shape})
+    from pretrain import vocab_of
+    config = preset("tiny", **{**vocab_of(tok), **shape})
     model = Qwen3(config).init_weights(seed)
     model.save_pretrained(path)
     return model.num_params()
@@ -74,11 +79,7 @@ def read_run(out_dir):
     recs = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines() if line.strip()]
     recs = [r for r in recs if "step" in r and "lr" in r]  # the optimizer steps' records
     mfus = [r["mfu"] for r in recs[1:] or recs if r.get("mfu") is not None]  # the first step compiles / warms up
-    step_s = res.get("step_seconds_median") or res.get("step_seconds")
-    if step_s is None:
-        secs = res.get("seconds") or res.get("train_seconds_this_run")
-        step_s = secs / max(res.get("steps", 1), 1) if secs is not None else None
-    return res, step_s, statistics.median(mfus) if mfus else None
+    return res, res["step_seconds_median"], statistics.median(mfus) if mfus else None
 
 
 def main():
@@ -121,7 +122,7 @@ def main():
         sys.path.insert(0, str(ROOT))
         from tokenizer import Tokenizer
         tok = Tokenizer.from_pretrained(data_dir)
-        n = write_teacher(out / "ar-init", cfg["shape"], tok.mask_id, tok.eos_id, args.seed)
+        n = write_teacher(out / "ar-init", cfg["shape"], tok, args.seed)
         flag = lambda f: int(cfg["pretrain"][cfg["pretrain"].index(f) + 1])  # noqa: E731
         seen = flag("--batch_size") * flag("--seq_len") * flag("--max_iters")
         print(f"teacher: {n / 1e6:.2f}M parameters; {seen:,} training tokens = {seen / n:.2f} tokens per parameter; "
@@ -142,6 +143,10 @@ def main():
         s = st_bi if st_bi != "ok" else stage(f"align{lam}", "align", [
             "align.py", "--init", str(out / "dlm"), "--data", str(data_dir), "--out_dir", str(d), "--lambda_align",
             lam, *cfg["align"], *dev])
+        if s == "ok":  # its tokens per forward: eval.py generate at threshold 0.9 (Fast-dLLM), as run.sh stdlib
+            s = stage(f"generate{lam}", "generate", ["eval.py", "generate", "--ckpt", str(d), "--ref", str(teacher),
+                                                     "--data", str(data_dir), "--threshold", "0.9", "--out",
+                                                     str(d / "generate.json"), *cfg["generate"], *dev])
         runs.append((name, d, s, "val_nelbo", "−ELBO"))
     for policy in ("on", "off"):
         name, d = f"OPDLM {policy}-policy", out / f"distill-{policy}"
@@ -150,14 +155,17 @@ def main():
             "--out_dir", str(d), "--policy", policy, *cfg["distill"], *dev])
         runs.append((name, d, s, "val_kl", "KL to teacher (own rollouts)"))
 
-    print("\n| " + " | ".join(COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|")
+    rows = []
     for name, d, s, key, label in runs:
         cells = [name] + ["-"] * (len(COLUMNS) - 2) + [s]
         if s == "ok":
             try:
                 res, step_s, mfu = read_run(d)
-                val, tpf = res.get(key), res.get("val_tokens_per_forward", 1.0 if key == "val_loss" else None)
-                cells = [name, f"{res['params'] / 1e6:.2f}M" if "params" in res else "-", str(res.get("steps", "-")),
+                val = res.get(key)
+                gen = d / "generate.json"  # align: eval.py generate's; OPDLM: its own rollouts'; AR: 1
+                tpf = (json.loads(gen.read_text())["results"]["tokens_per_forward"] if gen.exists() else
+                       res.get("val_tokens_per_forward", 1.0 if key == "val_loss" else None))
+                cells = [name, f"{n / 1e6:.2f}M", str(res.get("steps", "-")),  # every run has the teacher's shape
                          label, "-" if val is None else f"{val:.4f}", "-" if tpf is None else f"{tpf:.2f}",
                          "-" if step_s is None else f"{step_s:.3f}", "-" if mfu is None else f"{mfu:.1%}", "ok"]
                 if val is None or not math.isfinite(val):
@@ -165,7 +173,8 @@ def main():
             except (OSError, ValueError, KeyError) as e:
                 cells[-1] = f"FAILED (reading {d}: {e})"
                 failed.append(name)
-        print("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    print("\n" + cli.table(COLUMNS, rows))
     print(f"\nfidelity: {time.perf_counter() - t0:.0f} s; device {args.device}; logs in {out}", flush=True)
     sys.exit(1 if failed else 0)
 

@@ -305,7 +305,9 @@ def repro_merge(*args):
 
 
 def repro_dlm_dpo(*args):
-    """repro_dlm_dpo.sh: AR-MAP against DPO on the DLM itself, per world and seed. args: OUT SEED..."""
+    """repro_dlm_dpo.sh: AR-MAP against DPO on the DLM itself, per world and seed, then DLM-only against AR-MAP
+    paired by seed. args: OUT SEED... (the DLM before either route: run.sh's out/tasks/eval/align.json and
+    out/eval/align.likelihood.json, when present)."""
     out, seeds = Path(str(args[0])), [str(s) for s in args[1:]]
     load = lambda f: json.loads((out / f).read_text())
     secs = {}
@@ -318,32 +320,53 @@ def repro_dlm_dpo(*args):
           "reward accuracy: β × the ELBO change against the DLM (AR-MAP: merge.py's draws; DLM-only: dpo.py's "
           "4 fixed draws). Seconds: wall clock of the route's stages, process start included.\n")
     print("Exact-answer world (100 held-out prompts per family, greedy, threshold 0.9)\n")
-    rows = []
+    rows, per = [], {"AR-MAP": [], "DLM-only": []}
+    before = Path("out/tasks/eval/align.json")
+    if before.exists():
+        r = next(x for x in json.loads(before.read_text())["results"]["runs"] if x["threshold"] == 0.9)
+        rows.append(["—", "the REPR-ALIGN DLM (before)", "—", f"{r['right']:.2f}", f"{r['preferred']:.2f}",
+                     f"{r['tokens_per_forward']:.2f}", "—"])
     for s in seeds:
         m, d = load(f"tasks/{s}/merged/merge.json"), load(f"tasks/{s}/dlm-dpo/results.json")
         em, ed = (load(f"tasks/{s}/eval/{x}.json")["results"]["runs"][0] for x in ("merged", "dlm-dpo"))
         k = m["gammas"].index(m["best_gamma"])
-        for route, acc, e, sec in ((f"AR-MAP (γ = {m['best_gamma']:g})", m["heldout"]["reward_accuracy"][k], em,
+        for route, acc, e, sec in (("AR-MAP", m["heldout"]["reward_accuracy"][k], em,
                                     cost("tasks", s, "ar-dpo", "merge")),
                                    ("DLM-only", d["heldout_reward_acc"], ed, cost("tasks", s, "dlm-dpo"))):
-            rows.append([s, route, f"{acc:.3f}", f"{e['right']:.2f}", f"{e['preferred']:.2f}",
+            per[route].append(dict(acc=acc, right=e["right"], pref=e["preferred"], tpf=e["tokens_per_forward"]))
+            name = f"AR-MAP (γ = {m['best_gamma']:g})" if route == "AR-MAP" else route
+            rows.append([s, name, f"{acc:.3f}", f"{e['right']:.2f}", f"{e['preferred']:.2f}",
                          f"{e['tokens_per_forward']:.2f}", str(sec)])
     print(cli.table(["seed", "route", "held-out reward accuracy", "exact match", "with the full stop",
                      "tokens per forward", "seconds"], rows))
-    print("\nStandard library (win rate: 'prefer single quotes' against the REPR-ALIGN DLM; −ELBO on the "
-          "validation batches)\n")
-    rows = []
+    col = lambda route, key: [r[key] for r in per[route]]
+    print("\nDLM-only against AR-MAP, paired by seed: " + "; ".join(
+        f"{label} {paired(col('AR-MAP', key), col('DLM-only', key))}" for label, key in (
+            ("with the full stop", "pref"), ("exact match", "right"), ("held-out reward accuracy", "acc"))))
+    print("\nStandard library (win rate: 'prefer single quotes' against the REPR-ALIGN DLM, 32 samples each; "
+          "−ELBO on the validation batches)\n")
+    rows, per = [], {"AR-MAP": [], "DLM-only": []}
+    before = Path("out/eval/align.likelihood.json")
+    if before.exists():
+        lk = json.loads(before.read_text())["results"]
+        rows.append(["—", "the REPR-ALIGN DLM (before)", "—", "—",
+                     f"{lk['nelbo_bits_per_token']:.3f} ± {lk['stderr']:.3f}", "—"])
     for s in seeds:
         m, d, w = (load(f"stdlib/{s}/{f}") for f in ("merged/merge.json", "dlm-dpo/results.json", "winrate.json"))
         k = m["gammas"].index(m["best_gamma"])
         for j, (route, acc, name, sec) in enumerate((
-                (f"AR-MAP (γ = {m['best_gamma']:g})", m["heldout"]["reward_accuracy"][k], "merged",
-                 cost("stdlib", s, "ar-dpo", "merge")),
+                ("AR-MAP", m["heldout"]["reward_accuracy"][k], "merged", cost("stdlib", s, "ar-dpo", "merge")),
                 ("DLM-only", d["heldout_reward_acc"], "dlm-dpo", cost("stdlib", s, "dlm-dpo")))):
             lk = load(f"stdlib/{s}/{name}.likelihood.json")["results"]
-            rows.append([s, route, f"{acc:.3f}", f"{w['results']['win_rates'][j]:.3f}",
+            win = w["results"]["win_rates"][j]
+            per[route].append(dict(acc=acc, win=win, nelbo=lk["nelbo_bits_per_token"]))
+            label = f"AR-MAP (γ = {m['best_gamma']:g})" if route == "AR-MAP" else route
+            rows.append([s, label, f"{acc:.3f}", f"{win:.3f}",
                          f"{lk['nelbo_bits_per_token']:.3f} ± {lk['stderr']:.3f}", str(sec)])
     print(cli.table(["seed", "route", "held-out reward accuracy", "win rate", "−ELBO bits/token", "seconds"], rows))
+    print("\nDLM-only against AR-MAP, paired by seed: " + "; ".join(
+        f"{label} {paired(col('AR-MAP', key), col('DLM-only', key))}" for label, key in (
+            ("win rate", "win"), ("held-out reward accuracy", "acc"), ("−ELBO (bits/token)", "nelbo"))))
 
 
 def spectrum_table(spec):

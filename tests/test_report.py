@@ -192,3 +192,27 @@ def test_repro_distill(tmp_path, capsys):
     assert "| teacher (AR) | — | — | — | 20.00 | 3.00 | 0.10 | 10.00 | 3.00 | 0.10 | — | — |" in out
     assert "| **shifted, on-policy (OPDLM), 60 steps**: mean of 1 seeds | 1.000 | 0.500 | 7.250 | 30.00" in out
     assert "| **unshifted (as published), on-policy, 120 steps**: mean of 1 seeds |" in out
+
+
+def test_repro_dlm_dpo(tmp_path, monkeypatch, capsys):
+    """Both routes per world and seed, each route's seconds summed over its stages, and the paired comparison."""
+    monkeypatch.chdir(tmp_path)  # no run.sh outputs here: no "before" rows
+    merge = lambda acc: dict(gammas=[0, 1], best_gamma=1, heldout=dict(reward_accuracy=[0.5, acc]))
+    for s, (a, b) in (("1", (0.8, 0.9)), ("2", (0.7, 0.95))):
+        run = lambda right, pref: dict(results=dict(runs=[dict(right=right, preferred=pref, tokens_per_forward=1.5)]))
+        write(f"o/tasks/{s}/merged/merge.json", merge(a))
+        write(f"o/tasks/{s}/dlm-dpo/results.json", dict(heldout_reward_acc=b))
+        write(f"o/tasks/{s}/eval/merged.json", run(0.6, 0.0))
+        write(f"o/tasks/{s}/eval/dlm-dpo.json", run(0.5, 0.4 + int(s) / 10))
+        write(f"o/stdlib/{s}/merged/merge.json", merge(a))
+        write(f"o/stdlib/{s}/dlm-dpo/results.json", dict(heldout_reward_acc=b))
+        write(f"o/stdlib/{s}/winrate.json", dict(results=dict(win_rates=[0.8, 0.75])))
+        for m in ("merged", "dlm-dpo"):
+            write(f"o/stdlib/{s}/{m}.likelihood.json", dict(results=dict(nelbo_bits_per_token=7.0, stderr=0.1)))
+    write("o/seconds.tsv", "tasks 1 ar-dpo\t7\ntasks 1 merge\t8\ntasks 1 dlm-dpo\t12\n")
+    report.repro_dlm_dpo("o", 1, 2)
+    out = capsys.readouterr().out
+    assert "| 1 | AR-MAP (γ = 1) | 0.800 | 0.60 | 0.00 | 1.50 | 15 |" in out
+    assert "| 1 | DLM-only | 0.900 | 0.50 | 0.50 | 1.50 | 12 |" in out
+    assert "with the full stop +0.550 ± 0.071" in out and "ahead in 2/2" in out
+    assert "| 2 | DLM-only | 0.950 | 0.750 | 7.000 ± 0.100 | 0 |" in out and "win rate -0.050 ± 0.000" in out
