@@ -3,6 +3,7 @@ Data: a text corpus in, flat token files out, and the readers the training scrip
 
     python data.py --out_dir data/stdlib                        # this Python's standard library
     python data.py --out_dir data/mine --source notes/ --tokenizer path/to/Qwen3-0.6B
+    python data.py --out_dir data/chat --source chats.jsonl --tokenizer path/to/Qwen3-0.6B   # {"messages": [...]}
 
 What is notable here:
 - The default corpus is the running Python's standard library (~11 MB of .py, tests left out),
@@ -17,6 +18,12 @@ What is notable here:
 - meta.json records the tokenizer's fingerprint (tokenizer_sha256, Tokenizer.fingerprint), as checkpoints do:
   training refuses data tokenized otherwise than its model, and preparing into a directory that holds a dataset
   of another tokenizer is refused unless --overwrite. A failed run removes the directories it created.
+- A JSONL whose records hold "messages" (Hugging Face's chat shape) is rendered through the tokenizer's own chat
+  template (chat_tokens), one conversation a document, and {split}.roles.bin marks each token of an assistant turn
+  (its content and the template's end of turn). A conversation that cannot be read so (no assistant turn, an
+  unknown role, a content the template does not render) is left out, counted in meta.json's skipped_conversations
+  and printed. align.py --assistant_only trains on the marked tokens (training.loss_targets, answer_batch);
+  prompt_pool gives distill.py the conversation before each assistant turn as a prompt.
 - get_batch returns windows of tokens only (no shifted targets): each loss picks its own targets.
   eval_batches uses fixed offsets, no RNG, so every checkpoint is scored on identical tokens.
 """
@@ -117,10 +124,11 @@ def chat_tokens(tok, messages):
     """A conversation [{"role", "content"}, ...] -> (ids, assistant): the ids of the whole conversation as the
     checkpoint's chat template renders it, and a 0/1 list marking the assistant turns' tokens: each assistant
     message's content and the token after it (the template's end of turn, e.g. <|im_end|>). The contents are found
-    in order in the rendered text (each after its role's name, where the template writes one), so a template that rewrites earlier turns (Qwen3 drops their <think> blocks) is
-    read as it renders them. ValueError, with the reason: not a list of {role, content} strings, a role outside
-    ROLES, no assistant turn, an assistant content the template does not render as given (stripped of surrounding
-    whitespace at most), or cut points that change the tokens."""
+    in order in the rendered text (each after its role's name, where the template writes one), so a template that
+    rewrites earlier turns (Qwen3 drops their <think> blocks) is read as it renders them. ValueError, with the
+    reason: not a list of {role, content} strings, a role outside ROLES, no assistant turn, an assistant content the
+    template does not render as given (stripped of surrounding whitespace at most), or cut points that change the
+    tokens."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
                                                  and isinstance(m.get("content"), str) for m in messages):
         raise ValueError("messages must be a list of {role, content} strings")
@@ -580,4 +588,6 @@ if __name__ == "__main__":
           f"and {meta['skipped_empty']} empty files")
     for split in s:
         print(f"{split}: {s[split]['documents']:,} documents, {s[split]['tokens']:,} tokens ({meta['dtype']})")
-    print(f"wrote {args.out_dir}/{{train.bin,val.bin,meta.json}} + tokenizer")
+    for why, n in meta["skipped_conversations"].items():
+        print(f"skipped {n} conversation(s): {why}")
+    print(f"wrote {args.out_dir}/{{train.bin,val.bin,meta.json}}{' + roles' * meta['chat']} + tokenizer")

@@ -633,8 +633,8 @@ def parser():
     wr.add_argument("--ref", required=True, help="the reference DLM (e.g. the one merged into)")
     wr.add_argument("--pairs", default="data/pairs/heldout.jsonl", help="pairs whose prompts are continued")
     wr.add_argument("--samples", type=int, default=32, help="completions per model (the prompts cycled)")
-    sub.add_parser("harness", help="lm-evaluation-harness with this project's model class, ar2dlm (harness.py): "
-                   "every lm-eval flag passes through")
+    sub.add_parser("harness", formatter_class=HelpFormatter, help="lm-evaluation-harness with this project's model "
+                   "class, ar2dlm (harness.py): every lm-eval flag passes through")
     for s in (lk, gn, he, tk, wr):
         s.add_argument("--out", default=None, help="write the results here (JSON)")
         s.add_argument("--seed", type=int, default=1337, help="seeds the sampler and the masks (runs repeat)")

@@ -89,7 +89,7 @@ MARK = "."  # the preference of the AR-MAP demonstration: end the answer with a 
 
 def preferred(family, prompt, completion):
     """The rule-judged preference of the AR-MAP demonstration: the right answer followed by a full stop, then the end
-    (" 1 2 3." for " 1 2 3"). The teacher never saw a full stop; `check` counts such an answer wrong."""
+    (" 1 2 3." for " 1 2 3"). The teacher sees it only with --mark_share; `check` counts such an answer wrong."""
     return completion.split(EOS)[0].split() == (solve(family, prompt) + MARK).split()
 
 
@@ -98,16 +98,19 @@ def held_out(prompt, fraction):
     return data.is_val(prompt, fraction)
 
 
-def build(*, seed=1337, n_train=100_000, n_heldout=200, families=FAMILIES, heldout_fraction=0.05, **sizes):
+def build(*, seed=1337, n_train=100_000, n_heldout=200, families=FAMILIES, heldout_fraction=0.05, mark_share=0.0,
+          **sizes):
     """-> (training documents: prompt + answer texts, held-out items: n_heldout distinct held-out prompts per
-    family with their answers). sizes: make_prompt's min_len, max_len, max_digits."""
+    family with their answers). mark_share: that share of the training answers end with the full stop (MARK), so
+    that the teacher produces the preferred form sometimes. sizes: make_prompt's min_len, max_len, max_digits."""
     rng = random.Random(f"train-{seed}")  # a str seed hashes the same on every machine
     train = []
     while len(train) < n_train:
         family = rng.choice(families)
         prompt = make_prompt(family, rng, **sizes)
         if not held_out(prompt, heldout_fraction):
-            train.append(prompt + solve(family, prompt))
+            mark = MARK if mark_share and rng.random() < mark_share else ""  # no draw at 0: the default data
+            train.append(prompt + solve(family, prompt) + mark)
     rng, items = random.Random(f"heldout-{seed}"), []
     for family in families:
         seen = set()
@@ -255,15 +258,17 @@ def main():
     p.add_argument("--min_len", type=int, default=2, help="sort, rev: the shortest list")
     p.add_argument("--max_len", type=int, default=4, help="sort, rev: the longest list")
     p.add_argument("--max_digits", type=int, default=2, help="add: the longest operand")
+    p.add_argument("--mark_share", type=float, default=0.0, help="the share of training answers that end with the "
+                   "preferred full stop (0: the teacher never sees it)")
     args = p.parse_args()
     families = tuple(args.families.split(","))
     if set(families) - set(FAMILIES) or not 1 <= args.min_len <= args.max_len or args.max_digits < 1:
         p.error(f"--families must be from {', '.join(FAMILIES)}; 1 <= --min_len <= --max_len; --max_digits >= 1")
-    if not 0 < args.heldout_fraction < 1:
-        p.error("--heldout_fraction must be in (0, 1)")
+    if not 0 < args.heldout_fraction < 1 or not 0 <= args.mark_share <= 1:
+        p.error("--heldout_fraction must be in (0, 1), --mark_share in [0, 1]")
     train, items = build(seed=args.seed, n_train=args.n_train, n_heldout=args.n_heldout, families=families,
                          heldout_fraction=args.heldout_fraction, min_len=args.min_len, max_len=args.max_len,
-                         max_digits=args.max_digits)
+                         max_digits=args.max_digits, mark_share=args.mark_share)
     pool, train_pairs, heldout_pairs = prompts_and_pairs(train, items, n_prompts=args.n_prompts, seed=args.seed)
     write(args.out_dir, train, items, pool, train_pairs, heldout_pairs)
     print(f"wrote {args.out_dir}/: train.jsonl ({len(train):,} documents), heldout.jsonl ({len(items)} prompts), "

@@ -369,6 +369,30 @@ def repro_dlm_dpo(*args):
             ("win rate", "win"), ("held-out reward accuracy", "acc"), ("−ELBO (bits/token)", "nelbo"))))
 
 
+def repro_mark(*args):
+    """repro_mark.sh: the preference the teacher already produces, against γ. args: OUT MODEL..."""
+    out, models = Path(str(args[0])), [str(m) for m in args[1:]]
+    load = lambda f: json.loads((out / f).read_text())
+    what = {"ar": "AR teacher", "ar-dpo": "AR after DPO", "align": "REPR-ALIGN DLM (γ = 0)",
+            "dlm-dpo": "DLM-only: dpo.py --dlm on the REPR-ALIGN DLM"}
+    rows = []
+    for m in models:
+        r = load(f"eval/{m}.json")["results"]["runs"][0]
+        if m.startswith("merged-"):
+            mj = load(f"{m}/merge.json")
+            name, acc = f"AR-MAP, γ = {mj['best_gamma']:g}", mj["heldout"]["reward_accuracy"][0]
+        else:
+            name = what[m]
+            acc = load(f"{m}/results.json").get("heldout_reward_acc") if m in ("ar-dpo", "dlm-dpo") else None
+        rows.append([name, f"{r['right']:.2f}", f"{r['preferred']:.2f}", f"{r['tokens_per_forward']:.2f}",
+                     "—" if acc is None else f"{acc:.3f}"])
+    print("Held-out prompts of every family, greedy, DLMs at threshold 0.9: exact match (the full stop allowed), the "
+          "share of answers ending with the full stop, tokens per forward; held-out reward accuracy of DPO and of "
+          "each merge (β × the log-likelihood change; the DLMs' by the ELBO)\n")
+    print(cli.table(["model", "exact match", "with the full stop", "tokens per forward", "held-out reward accuracy"],
+                    rows))
+
+
 def spectrum_table(spec):
     """merge.py spectrum's summary (spectrum.json) as a markdown table, printed."""
     print("\nSpectral shadowing: ‖τ_diff‖₂ / ‖τ_pref‖₂ per layer type (τ_diff = W_AR − W_DLM)\n")
@@ -517,7 +541,8 @@ def repro_align_tasks(*args):
 
 
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
-                                  repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo)}
+                                  repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
+                                  repro_mark)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

@@ -216,7 +216,7 @@ def test_cosine_eval_matches_slow_loops_and_teacher_runs_once(world):
 def test_lambda_zero_never_runs_the_teacher_in_training(world, tmp_path, monkeypatch):
     """λ = 0: the teacher is loaded once and run once per evaluation batch before the first training batch is
     drawn (for val_cos), never after; λ = 10 runs it in training (the trap springs)."""
-    load, forward, get_batch = Qwen3.from_pretrained.__func__, Qwen3Model.forward, data.get_batch
+    load, forward, answer_batch = Qwen3.from_pretrained.__func__, Qwen3Model.forward, data.answer_batch
     loads, training_started = [], []
 
     def count_teacher(cls, path, *a, **kw):
@@ -229,7 +229,7 @@ def test_lambda_zero_never_runs_the_teacher_in_training(world, tmp_path, monkeyp
 
     monkeypatch.setattr(Qwen3, "from_pretrained", classmethod(count_teacher))
     monkeypatch.setattr(Qwen3Model, "forward", no_causal_in_training)
-    monkeypatch.setattr(data, "get_batch", lambda *a, **kw: training_started.append(1) or get_batch(*a, **kw))
+    monkeypatch.setattr(data, "answer_batch", lambda *a, **kw: training_started.append(1) or answer_batch(*a, **kw))
     r = run(*common(world, tmp_path / "l0"), "--teacher", world / "ar", "--lambda_align", "0", "--max_iters", "3",
             "--eval_interval", "2")
     assert r.returncode == 0, r.stderr[-2000:]

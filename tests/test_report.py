@@ -216,3 +216,16 @@ def test_repro_dlm_dpo(tmp_path, monkeypatch, capsys):
     assert "| 1 | DLM-only | 0.900 | 0.50 | 0.50 | 1.50 | 12 |" in out
     assert "with the full stop +0.550 ± 0.071" in out and "ahead in 2/2" in out
     assert "| 2 | DLM-only | 0.950 | 0.750 | 7.000 ± 0.100 | 0 |" in out and "win rate -0.050 ± 0.000" in out
+
+
+def test_repro_mark(tmp_path, capsys):
+    run = lambda right, pref: dict(results=dict(runs=[dict(right=right, preferred=pref, tokens_per_forward=1.25)]))
+    for m, pref in (("ar", 0.0), ("ar-dpo", 0.9), ("align", 0.0), ("dlm-dpo", 0.5), ("merged-1", 0.3)):
+        write(tmp_path / f"eval/{m}.json", run(0.7, pref))
+    write(tmp_path / "ar-dpo/results.json", dict(heldout_reward_acc=0.99))
+    write(tmp_path / "dlm-dpo/results.json", dict(heldout_reward_acc=0.95))
+    write(tmp_path / "merged-1/merge.json", dict(best_gamma=1, heldout=dict(reward_accuracy=[0.8])))
+    report.repro_mark(tmp_path, "ar", "ar-dpo", "align", "dlm-dpo", "merged-1")
+    out = capsys.readouterr().out
+    assert "| AR teacher | 0.70 | 0.00 | 1.25 | — |" in out and "| AR after DPO | 0.70 | 0.90 | 1.25 | 0.990 |" in out
+    assert "| AR-MAP, γ = 1 | 0.70 | 0.30 | 1.25 | 0.800 |" in out and "| DLM-only" in out

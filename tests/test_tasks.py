@@ -357,3 +357,17 @@ def test_task_record_summarises_exact_match(world):
     assert rec["task_acc_rev"] == rec["task_acc_add"] == 1.0 and rec["task_acc_sort"] == 0.0
     assert rec["task_pref"] == pytest.approx(1 / 3) and res["families"]["sort"]["preferred"] == 1.0
     assert res["right"] == 1.0 and res["families"]["sort"]["right"] == 1.0
+
+
+def test_mark_share_ends_that_share_of_training_answers_with_the_full_stop():
+    """--mark_share s: about s of the training answers end with the full stop (each still the right answer, as
+    `preferred` reads it); 0 draws nothing, so the default data is unchanged; held-out items never carry it."""
+    plain, items = tasks.build(n_train=4000, n_heldout=20)
+    marked, items2 = tasks.build(n_train=4000, n_heldout=20, mark_share=0.25)
+    assert tasks.build(n_train=4000, n_heldout=20, mark_share=0.0) == (plain, items) and items2 == items
+    ends = [d.endswith(tasks.MARK) for d in marked]
+    assert 0.22 < sum(ends) / len(ends) < 0.28 and not any(d.endswith(tasks.MARK) for d in plain)
+    for d, end in zip(marked, ends):
+        prompt, answer = d[:d.index(" =") + 2], d[d.index(" =") + 2:]
+        family = prompt.split(" ")[0]
+        assert (tasks.preferred(family, prompt, answer) if end else tasks.check(family, prompt, answer))

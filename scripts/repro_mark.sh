@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# AR-MAP with a preference the teacher already produces: a teacher trained on the exact-answer world with a share
+# MARK_SHARE of its answers ending in the full stop (tasks.py --mark_share), so the preferred form is one it has
+# written, in slots its training reached. Then as run.sh: the REPR-ALIGN DLM, DPO on the teacher toward the full
+# stop, and the merge at every γ of GAMMAS (each merged DLM evaluated: how often it ends an answer with the full
+# stop, and exact match), with DPO on the DLM itself (dpo.py --dlm) beside it. Finished stages are reused.
+#   bash scripts/repro_mark.sh            # OUT=out/repro_mark, MARK_SHARE=0.2, GAMMAS="0 0.25 0.5 1 2 4"
+#   SMOKE=1 bash scripts/repro_mark.sh    # a short check of the chain
+set -euo pipefail
+cd "$(dirname "$0")/.."  # the project root
+PYTHON=${PYTHON:-python3}
+MARK_SHARE=${MARK_SHARE:-0.2}
+if [ "${SMOKE:-0}" = 1 ]; then
+  OUT=${OUT:-out/repro_mark_smoke}; GAMMAS=${GAMMAS:-0 1}; TASKS=(--n_train 2000 --n_heldout 10)
+  PRE=(--max_iters 20 --eval_interval 10); STEPS=(--max_iters 4 --eval_interval 2); NP=5
+else
+  OUT=${OUT:-out/repro_mark}; GAMMAS=${GAMMAS:-0 0.25 0.5 1 2 4}; TASKS=()
+  PRE=(--max_iters 1200 --eval_interval 300); STEPS=(); NP=100
+fi
+D=$OUT/data
+T0=$SECONDS
+stage() {  # stage NAME DONE_FILE COMMAND...
+  local name=$1 done_file=$2 t=$SECONDS; shift 2
+  if [ -e "$done_file" ]; then echo "== $name: reusing $done_file"; return; fi
+  echo "== $name: $*"
+  "$@" || { echo "scripts/repro_mark.sh: stage '$name' failed" >&2; exit 1; }
+  echo "== $name: done in $((SECONDS - t)) s"
+}
+stage tasks    $D/heldout.jsonl       "$PYTHON" tasks.py --out_dir $D --mark_share $MARK_SHARE "${TASKS[@]}"
+stage corpus   $D/meta.json           "$PYTHON" data.py --source $D/train.jsonl --out_dir $D
+stage pretrain $OUT/ar/results.json   "$PYTHON" pretrain.py --data $D --out_dir $OUT/ar --loss_after " =" --seq_len 16 \
+                                        --batch_size 64 "${PRE[@]}"
+stage convert  $OUT/dlm/config.json   "$PYTHON" convert.py --ar $OUT/ar --out_dir $OUT/dlm --attn bidirectional
+# run.sh's REPR-ALIGN and DPO settings
+stage align    $OUT/align/results.json "$PYTHON" align.py --init $OUT/dlm --data $D --loss_after " =" --seq_len 16 \
+                 --batch_size 64 --max_iters 200 --eval_interval 100 --ckpt_interval 200 --eval_batches 4 --samples 0 \
+                 "${STEPS[@]}" --out_dir $OUT/align
+DPO=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --max_iters 100 --lr 1e-3 --batch_size 16
+     --eval_interval 50 --sft_weight 1 "${STEPS[@]}")
+stage dpo      $OUT/ar-dpo/results.json "$PYTHON" dpo.py --ar $OUT/ar "${DPO[@]}" --out_dir $OUT/ar-dpo
+stage dlm-dpo  $OUT/dlm-dpo/results.json "$PYTHON" dpo.py --dlm --ar $OUT/align "${DPO[@]}" --out_dir $OUT/dlm-dpo
+for g in $GAMMAS; do  # one merge per γ: its DLM saved and evaluated
+  stage "merge γ=$g" $OUT/merged-$g/merge.json "$PYTHON" merge.py merge --ar $OUT/ar --ar_aligned $OUT/ar-dpo \
+    --dlm $OUT/align --pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --out_dir $OUT/merged-$g \
+    --gammas $g --n_masks 2 --samples 0
+done
+MODELS="ar ar-dpo align dlm-dpo $(for g in $GAMMAS; do printf 'merged-%s ' $g; done)"
+for m in $MODELS; do
+  stage "eval $m" $OUT/eval/$m.json "$PYTHON" eval.py tasks --ckpt $OUT/$m --data $D --num_prompts $NP \
+    --thresholds 0.9 --out $OUT/eval/$m.json
+done
+"$PYTHON" scripts/report.py repro_mark "$OUT" $MODELS | tee "$OUT/table.md"
+echo "scripts/repro_mark.sh: done in $((SECONDS - T0)) s"
