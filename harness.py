@@ -28,7 +28,7 @@ What is notable here:
   text must fit max_length: a longer one is refused, not windowed.
 - generate_until(context, {until, max_gen_toks, ...}): the checkpoint's own sampler (sample.generate) with the
   settings above, greedy unless the request sets a temperature; every end id stops a row, and the text is cut
-  at the first `until` string. A DLM's generation length is max_gen_toks (its canvas).
+  at the first `until` string. A DLM's generation length is max_gen_toks (its canvas), rounded up to its block.
 - An empty context is the end-of-text token alone, as lm-eval's own models do.
 """
 import json
@@ -156,6 +156,16 @@ class AR2DLM(LM):
 
     # ---- generation -------------------------------------------------------------------------------------------
 
+    def canvas(self, n):
+        """A DLM's generation length for max_gen_toks n: rounded up to its sampler's block (block DLMs: block_size;
+        masked diffusion: block_length, default min(32, n)), which must divide it."""
+        c, m = self.model.config, 1
+        if self.kind == "block":
+            m = self.sampler.get("block_size") or c.block_size
+        elif self.kind == "bidirectional":
+            m = self.sampler.get("block_length") or min(32, n)
+        return -(-n // m) * m
+
     def generate_until(self, requests, disable_tqdm=False):
         """One sampler call per batch of requests with the same generation settings; greedy unless they set a
         temperature (do_sample false: greedy)."""
@@ -166,7 +176,7 @@ class AR2DLM(LM):
             kw = dict(requests[js[0]].args[1])
             until = kw.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
-            n, sampled = int(kw.pop("max_gen_toks", 256)), kw.pop("do_sample", True)
+            n, sampled = self.canvas(int(kw.pop("max_gen_toks", 256))), kw.pop("do_sample", True)
             opts = dict(temperature=float(kw.pop("temperature", 0.0)) if sampled else 0.0,
                         top_k=kw.pop("top_k", None), top_p=kw.pop("top_p", None))
             if kw:

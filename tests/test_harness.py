@@ -108,6 +108,8 @@ def test_generate_until_is_the_checkpoints_sampler(lms, kind):
         assert text == full.split("\n\n")[0].split("x")[0]
     with pytest.raises(ValueError, match="num_beams"):
         lm.generate_until([Req("def", dict(kw, num_beams=2))])
+    assert len(lm.generate_until([Req("def", dict(max_gen_toks=7, do_sample=False))])) == 1  # 7: rounded up to a block
+    assert lm.canvas(7) == {"causal": 7, "bidirectional": 7, "block": 8}[kind]
 
 
 def test_unknown_model_argument_is_refused(base_world):
