@@ -4,7 +4,6 @@ AR model's (docs/methods.md §2).
 
     python align.py --init out/dlm-tiny --data data/stdlib --out_dir out/align            # λ = 10
     python align.py --init out/dlm-tiny --data data/stdlib --out_dir out/ar-ft --lambda_align 0
-    python align.py --init DLM --data data/chat --assistant_only --lambda_align 0   # masked-diffusion SFT (chat)
 
 Per step, for a batch x0 of clean sequences:
     xt, M, t  = corrupt(x0)                       t ~ U(eps, 1-eps), each maskable token masked w.p. t
