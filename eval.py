@@ -50,7 +50,10 @@ What is notable here:
   Below the hook, the kernel: Landlock (ABI >= 6, else the harness refuses to run) lets the program read and run
   only the Python installation and system libraries and write only its directory, and refuses TCP bind/connect
   and signals to processes outside (pidfd_send_signal and ctypes included); a network namespace of its own
-  leaves UDP nothing to reach.
+  leaves UDP nothing to reach. The harness is the child subreaper while programs run: a process a program starts
+  in a session of its own (past the group kill, e.g. through _posixsubprocess.fork_exec, which raises no audit
+  event) is reparented to it when the program dies, and killed (reap_orphans: children in another network
+  namespace that are not running programs).
   A program passes only if it exits 0 AND prints a random marker that follows `check(entry_point)`: an early
   sys.exit(0) / os._exit(0) fails. The marker guards against accidents, not against code written to defeat
   this harness (a program can read its own source). Workers are threads, each supervising one subprocess.
@@ -67,6 +70,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -443,6 +447,45 @@ def limiter(cpu_s, mem_mb, fsize_mb, nproc, ruleset):
     return set_limits
 
 
+PROGRAMS, PROGRAMS_LOCK = set(), threading.Lock()  # the sandboxed programs running now: this process's children
+
+
+@contextlib.contextmanager
+def subreaper():
+    """While inside, this process is the child subreaper (PR_SET_CHILD_SUBREAPER): a descendant a program leaves
+    behind (in a session of its own, which the group kill misses) is reparented here, not to init, for
+    reap_orphans to find."""
+    LIBC.prctl(36, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        LIBC.prctl(36, 0, 0, 0, 0)
+
+
+def reap_orphans():
+    """Kill and reap every child of this process that lives in another network namespace and is not a running
+    program: what a program left behind (each program has a namespace of its own; nothing else here does), again
+    until none is left, as its own children are reparented here in turn. Call with PROGRAMS_LOCK held."""
+    here = os.readlink("/proc/self/ns/net")
+    for _ in range(1000):
+        kids = set()
+        for t in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):
+                kids |= {int(x) for x in Path(f"/proc/self/task/{t}/children").read_text().split()}
+        left = []
+        for pid in kids - PROGRAMS:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/ns/net") != here:
+                    left.append(pid)
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
 def execute(program, timeout=5.0, mem_mb=1024, fsize_mb=16, nproc=None, cap=4096):
     """Run one untrusted program (text) in a sandbox -> dict(passed, status, output). The program passes when it
     exits 0 and its last output line is the marker, which is appended here after the program text."""
@@ -454,10 +497,12 @@ def execute(program, timeout=5.0, mem_mb=1024, fsize_mb=16, nproc=None, cap=4096
         ruleset = landlock(d)
         with open(out, "wb") as f:
             try:
-                proc = subprocess.Popen([sys.executable, "-I", "-B", str(src)], cwd=d, stdin=subprocess.DEVNULL,
-                                        stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
-                                        preexec_fn=limiter(int(timeout) + 1, mem_mb, fsize_mb, nproc, ruleset))
+                with PROGRAMS_LOCK:  # known as a program before any sweep can see it
+                    proc = subprocess.Popen([sys.executable, "-I", "-B", str(src)], cwd=d, stdin=subprocess.DEVNULL,
+                                            stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+                                            preexec_fn=limiter(int(timeout) + 1, mem_mb, fsize_mb, nproc, ruleset))
+                    PROGRAMS.add(proc.pid)
             finally:
                 os.close(ruleset)
             try:
@@ -468,6 +513,9 @@ def execute(program, timeout=5.0, mem_mb=1024, fsize_mb=16, nproc=None, cap=4096
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)  # the whole group, even after a normal exit
                 proc.wait()
+                with PROGRAMS_LOCK:
+                    PROGRAMS.discard(proc.pid)
+                    reap_orphans()  # under subreaper(): what left the group (a session of its own) dies too
         size = out.stat().st_size
         with open(out, "rb") as f:
             head = f.read(cap)
@@ -534,7 +582,7 @@ def humaneval(args):
                             + f"\n\ncheck({probs[r['task_id']]['entry_point']})\n", args.timeout, args.memory_mb,
                             nproc=nproc)
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(args.workers) as pool:
+    with subreaper(), ThreadPoolExecutor(args.workers) as pool:
         results = list(tqdm(pool.map(run, recs), total=len(recs), desc="execute"))
     exec_s = time.perf_counter() - t0
     per_task = {}

@@ -402,6 +402,12 @@ def test_hostile_completions_are_contained(tmp_path, hook):
         "fork loop": top("import os\nwhile True:\n    os.fork()"),
         "subprocess": top(f"import subprocess\nsubprocess.run(['sh', '-c', 'echo x > {outside}/sh.txt'])"),
         "ctypes fork": top("import ctypes\nctypes.CDLL(None).fork()"),
+        # a child in a session of its own, past the group kill, by the fork_exec that subprocess wraps (no audit
+        # event): the harness, its subreaper, must kill it; its command line names the sandbox, for pgrep below
+        "new session escape": top("import _posixsubprocess, os, sys\nr, w = os.pipe()\n_posixsubprocess.fork_exec("
+                                  "[sys.executable, '-c', 'import time; time.sleep(60)', os.getcwd()], "
+                                  "[os.fsencode(sys.executable)], True, (w,), None, None, -1, -1, -1, -1, -1, -1, "
+                                  "r, w, True, True, -1, None, None, None, -1, None, False)\nos._exit(0)"),
         "memory bomb": top("x = []\nwhile True:\n    x.append(' ' * 10**8)"),
         "huge output": top("while True:\n    print('x' * 100000)"),
         "write outside": top(f"open({str(outside / 'w.txt')!r}, 'w').write('pwned')"),
