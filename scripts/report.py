@@ -37,7 +37,9 @@ def paired(a, b):
     t-test), ahead in k/n" (ahead: b > a)."""
     d = [y - x for x, y in zip(a, b, strict=True)]
     n, m = len(d), statistics.mean(d)
-    sd = statistics.stdev(d) if n > 1 else 0.0
+    if n < 2:
+        return f"{m:+.3f} (one seed: no test)"
+    sd = statistics.stdev(d)
     if sd == 0:
         t, p = (0.0, 1.0) if m == 0 else (math.copysign(math.inf, m), 0.0)
     else:
@@ -343,8 +345,9 @@ def repro_dlm_dpo(*args):
     print("\nDLM-only against AR-MAP, paired by seed: " + "; ".join(
         f"{label} {paired(col('AR-MAP', key), col('DLM-only', key))}" for label, key in (
             ("with the full stop", "pref"), ("exact match", "right"), ("held-out reward accuracy", "acc"))))
-    print("\nStandard library (win rate: 'prefer single quotes' against the REPR-ALIGN DLM, 32 samples each; "
-          "−ELBO on the validation batches)\n")
+    n_samples = load(f"stdlib/{seeds[0]}/winrate.json")["results"]["samples"]
+    print(f"\nStandard library (win rate: 'prefer single quotes' against the REPR-ALIGN DLM, {n_samples} samples "
+          "each; −ELBO on the validation batches)\n")
     rows, per = [], {"AR-MAP": [], "DLM-only": []}
     before = Path("out/eval/align.likelihood.json")
     if before.exists():

@@ -42,6 +42,7 @@ def test_paired_by_hand():
                                    "ahead in 4/5")
     assert report.paired([0.5, 0.5], [0.5, 0.5]).endswith("t = 0.00, p = 1.000, ahead in 0/2")
     assert report.paired([0.5, 0.4], [0.6, 0.5]).endswith("t = inf, p = 0.000, ahead in 2/2")  # equal differences
+    assert report.paired([0.5], [0.7]) == "+0.200 (one seed: no test)"
     with pytest.raises(ValueError):
         report.paired([0.5], [0.5, 0.6])  # not paired
 
@@ -206,7 +207,7 @@ def test_repro_dlm_dpo(tmp_path, monkeypatch, capsys):
         write(f"o/tasks/{s}/eval/dlm-dpo.json", run(0.5, 0.4 + int(s) / 10))
         write(f"o/stdlib/{s}/merged/merge.json", merge(a))
         write(f"o/stdlib/{s}/dlm-dpo/results.json", dict(heldout_reward_acc=b))
-        write(f"o/stdlib/{s}/winrate.json", dict(results=dict(win_rates=[0.8, 0.75])))
+        write(f"o/stdlib/{s}/winrate.json", dict(results=dict(win_rates=[0.8, 0.75], samples=32)))
         for m in ("merged", "dlm-dpo"):
             write(f"o/stdlib/{s}/{m}.likelihood.json", dict(results=dict(nelbo_bits_per_token=7.0, stderr=0.1)))
     write("o/seconds.tsv", "tasks 1 ar-dpo\t7\ntasks 1 merge\t8\ntasks 1 dlm-dpo\t12\n")
