@@ -447,3 +447,17 @@ def test_a_file_is_parsed_once_per_content(qwen_dir, tmp_path):
     Tokenizer.train(["def f(x): return x"] * 5, 264).save_pretrained(d)  # another tokenizer at the same path
     y = Tokenizer.from_pretrained(d)
     assert y.fingerprint != x.fingerprint and y.vocab_size == 264 and x.vocab_size == 259
+
+
+def test_chat_tokens_with_qwen3s_own_template(qwen_dir):
+    """data.chat_tokens on Qwen3's template (which writes an empty <think> block into the last answer): the ids
+    are transformers' for the whole conversation, and the marked tokens are exactly the answers and their
+    <|im_end|>."""
+    import data
+    tok, ref = Tokenizer.from_pretrained(qwen_dir), hf_tokenizer(qwen_dir)
+    chat = CHATS[1] + [{"role": "assistant", "content": "6, und hallo"}]
+    ids, marks = data.chat_tokens(tok, chat)
+    want = ref.apply_chat_template(chat, tokenize=True)
+    assert ids == list(want["input_ids"] if hasattr(want, "keys") else want)
+    assert tok.decode([i for i, m in zip(ids, marks) if m]) == "4<|im_end|>6, und hallo<|im_end|>"
+    assert "<think>" in tok.decode(ids[-20:])  # the template's scaffold is there, and not trained
