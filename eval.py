@@ -48,12 +48,12 @@ What is notable here:
   bypass the hook), sockets, and reading other processes' /proc entries (e.g. the parent's environ).
   This matters because the harness may run as root, where file permissions and RLIMIT_NPROC do not apply.
   Below the hook, the kernel: Landlock (ABI >= 6, else the harness refuses to run) lets the program read and run
-  only the Python installation and system libraries and write only its directory, and refuses TCP bind/connect
-  and signals to processes outside (pidfd_send_signal and ctypes included); a network namespace of its own
-  leaves UDP nothing to reach. The harness is the child subreaper while programs run: a process a program starts
-  in a session of its own (past the group kill, e.g. through _posixsubprocess.fork_exec, which raises no audit
-  event) is reparented to it when the program dies, and killed (reap_orphans: children in another network
-  namespace that are not running programs).
+  only the Python installation and system libraries and write only its directory, and refuses TCP bind/connect and
+  signals to processes outside (pidfd_send_signal and ctypes included); a network namespace of its own leaves UDP
+  nothing to reach; a seccomp filter refuses unix sockets (Landlock does not cover those named by a path). The
+  harness is the child subreaper while programs run: a process a program starts in a session of its own (past the
+  group kill, e.g. through _posixsubprocess.fork_exec, which raises no audit event) is reparented to it when the
+  program dies, and killed (reap_orphans: children in another network namespace that are not running programs).
   A program passes only if it exits 0 AND prints a random marker that follows `check(entry_point)`: an early
   sys.exit(0) / os._exit(0) fails. The marker guards against accidents, not against code written to defeat
   this harness (a program can read its own source). Workers are threads, each supervising one subprocess.
@@ -431,6 +431,35 @@ def landlock(sandbox):
     return ruleset
 
 
+class SockFilter(ctypes.Structure):  # struct sock_filter: one classic-BPF instruction
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class SockFprog(ctypes.Structure):  # struct sock_fprog
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+
+# the architecture (seccomp_data.arch) and the numbers of socket(2) and socketpair(2) on it
+SOCKET_SYSCALLS = {"x86_64": (0xC000003E, 41, 53), "aarch64": (0xC00000B7, 198, 199)}
+
+
+def no_unix_sockets():
+    """A seccomp filter (the process and all it starts) failing socket() and socketpair() for AF_UNIX with EPERM:
+    Landlock ABI 6 scopes abstract unix sockets but not those named by a path, which a program could otherwise
+    connect to (a local daemon). None on an architecture not listed (the audit hook still refuses sockets)."""
+    if (arch := SOCKET_SYSCALLS.get(os.uname().machine)) is None:
+        return None
+    audit_arch, *calls = arch
+    LD, JEQ, JGE, RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ / BPF_JGE|BPF_K, BPF_RET
+    ALLOW, EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, audit_arch), (RET, 0, 0, EPERM),  # another ABI (i386): every call refused
+            (LD, 0, 0, 0), (JGE, 4, 0, 0x40000000),  # x32 numbers: refused
+            (JEQ, 1, 0, calls[0]), (JEQ, 0, 3, calls[1]),  # socket or socketpair, else allowed
+            (LD, 0, 0, 16), (JEQ, 0, 1, 1),  # args[0] (its low word) == AF_UNIX
+            (RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
+    return (SockFilter * len(prog))(*[SockFilter(*i) for i in prog])
+
+
 def limiter(cpu_s, mem_mb, fsize_mb, nproc, ruleset):
     def set_limits():  # runs in the child between fork and exec
         for lim, v in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, mem_mb << 20),
@@ -444,6 +473,9 @@ def limiter(cpu_s, mem_mb, fsize_mb, nproc, ruleset):
         # PR_SET_NO_NEW_PRIVS (no setuid gains), then landlock_restrict_self: for this process and all it starts
         if LIBC.prctl(38, 1, 0, 0, 0) or LIBC.syscall(446, ruleset, 0):
             raise OSError(ctypes.get_errno(), "sandbox: landlock_restrict_self failed")  # Popen fails: never unconfined
+        if unix is not None and LIBC.prctl(22, 2, ctypes.byref(SockFprog(len(unix), unix)), 0, 0):  # SECCOMP filter
+            raise OSError(ctypes.get_errno(), "sandbox: the seccomp filter failed")
+    unix = no_unix_sockets()  # built before the fork
     return set_limits
 
 

@@ -375,6 +375,10 @@ def test_hostile_completions_are_contained(tmp_path, hook):
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     udp.setblocking(False)
+    unix = socket.socket(socket.AF_UNIX)  # a local daemon's socket, named by a path outside the sandbox
+    unix.bind(str(tmp_path / "daemon.sock"))
+    unix.listen()
+    unix.setblocking(False)
     top = lambda code: good + "\n" + code + "\n"  # after the (correct) function, at module level
     libc = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
     must = lambda call: f"assert {call} >= 0, os.strerror(ctypes.get_errno())"  # a refused call fails the program
@@ -383,6 +387,10 @@ def test_hostile_completions_are_contained(tmp_path, hook):
         "list outside": top(f"import os\nprint(os.listdir({str(home)!r}))"),
         "tcp connect": top(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)"),
         "udp send": top(f"import socket\nsocket.socket(2, 2).sendto(b'x', ('127.0.0.1', {udp.getsockname()[1]}))"),
+        "unix connect": top(f"import socket\nsocket.socket(socket.AF_UNIX).connect({str(tmp_path / 'daemon.sock')!r})"),
+        "ctypes unix connect": top(libc + "s = libc.socket(1, 1, 0)\n" + must("s") + "\nimport struct\n"
+                                   + f"a = struct.pack('=H', 1) + {str(tmp_path / 'daemon.sock').encode()!r}\n"
+                                   + "a = a + bytes(110 - len(a))\n" + must("libc.connect(s, a, len(a))")),
         "pidfd signal": top("import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)"),
         "ctypes kill": top(libc + must("libc.kill(os.getppid(), 9)")),
         "ctypes read": top(libc + f"fd = libc.open({str(home / 'secret.txt').encode()!r}, 0)\n" + must("fd")
@@ -454,7 +462,9 @@ def test_hostile_completions_are_contained(tmp_path, hook):
         listener.accept()  # no connection ever reached the listener
     with pytest.raises(BlockingIOError):
         udp.recv(16)  # nor any datagram
-    listener.close(), udp.close()
+    with pytest.raises(BlockingIOError):
+        unix.accept()  # nor the unix socket
+    listener.close(), udp.close(), unix.close()
     survivors = subprocess.run(["pgrep", "-f", f"{sandboxes}/eval-sandbox-"], capture_output=True, text=True)
     assert not survivors.stdout.split()
 
