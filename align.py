@@ -179,7 +179,7 @@ if __name__ == "__main__":
     fpt = training.flops_per_token(student, args.seq_len, forward_only=teacher)
 
     def draw():  # a batch of clean windows and its corruption (answer-only: only the answers may be masked)
-        x0, where = data.answer_batch(train_data, answers["train"], args.batch_size, args.seq_len, device, run.gen,
+        x0, where = data.answer_batch(train_data, answers, args.batch_size, args.seq_len, device, run.gen,
                                       starts=starts["train"])
         return x0, *diffusion.corrupt(x0, c.mask_token_id, c.shift, run.gen, args.eps, where=where)
 
@@ -204,7 +204,7 @@ if __name__ == "__main__":
     if "val_cos" in final:
         print("cosine to the teacher per hidden state: " + " ".join(f"{v:.3f}" for v in final["val_cos"]))
     run.results(dict(**final, steps=args.max_iters, lambda_align=args.lambda_align, freeze=args.freeze,
-                     scratch=args.scratch, **run.timing(), params=student.num_params(),
+                     scratch=args.scratch, params=student.num_params(),
                      trainable_params=student.num_params() - n_frozen,
                      tokens_seen=args.max_iters * args.batch_size * args.seq_len * args.grad_accum))
     if args.samples > 0 and run.is_main:  # masked diffusion, one token a step, blocks of 32 (or one block)

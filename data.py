@@ -540,9 +540,10 @@ def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n):
         for a, b in zip(edges[::2].tolist(), edges[1::2].tolist()):  # the turn is val[a:b]
             first = int(conv[np.searchsorted(conv, a, side="right") - 1])
             pool.append((val[max(first, a - seq_len):a].tolist(), val[a:min(b, a + span)].tolist()))
-    for doc in documents(val, tok.eos_id) if roles is None else []:  # windows of plain documents
-        for o in range(0, len(doc) - seq_len, seq_len + span):
-            pool.append((doc[o:o + seq_len].tolist(), doc[o + seq_len:o + seq_len + span].tolist()))
+    else:  # windows of plain documents
+        for doc in documents(val, tok.eos_id):
+            for o in range(0, len(doc) - seq_len, seq_len + span):
+                pool.append((doc[o:o + seq_len].tolist(), doc[o + seq_len:o + seq_len + span].tolist()))
     if not pool:
         raise ValueError("no prompts (the documents are shorter than --seq_len?)")
     return pool[::max(1, len(pool) // n)][:n]  # spread over all documents

@@ -197,5 +197,5 @@ if __name__ == "__main__":
     final["heldout_pref_acc_before"] = (ref_held[:, 0] > ref_held[:, 1]).float().mean().item()  # the AR's own
     print("\nfinal held-out: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     run.results(dict(**final, heldout_pairs=len(heldout), steps=args.max_iters, beta=args.beta,
-                     lora_rank=args.lora_rank, train_seconds_this_run=run.timing()["train_seconds_this_run"]))
+                     lora_rank=args.lora_rank))
 

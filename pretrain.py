@@ -123,7 +123,6 @@ if __name__ == "__main__":
         against = f"on the tokens after {args.loss_after!r}"
     print(f"\nvalidation loss {val:.3f} nats/token ({val / math.log(2):.3f} bits) {against}")
     run.results(dict(val_loss=val, unigram_entropy=h, steps=args.max_iters, params=model.num_params(),
-                     train_seconds_this_run=run.timing()["train_seconds_this_run"],
                      tokens_seen=args.max_iters * args.batch_size * args.seq_len * args.grad_accum))
     if loss_kw:  # validation documents up to their separator: the model answers them
         docs = [d.tolist() for d in data.documents(val_data, tok.eos_id)]

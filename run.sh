@@ -25,16 +25,7 @@ source scripts/python_env.sh
 python_env requirements.txt run.sh   # .venv unless PYTHON= or an active environment says otherwise
 
 T0=$SECONDS
-stage() {  # stage NAME OUTPUT_FILE COMMAND...
-  local name=$1 done_file=$2 t=$SECONDS; shift 2
-  if [ -e "$done_file" ]; then
-    echo "== $name: reusing $done_file (delete it to redo this stage)"
-  else
-    echo "== $name: $*"
-    "$@" || { echo "run.sh: stage '$name' failed (command: $*)" >&2; exit 1; }
-    echo "== $name: done in $((SECONDS - t)) s (total $((SECONDS - T0)) s)"
-  fi
-}
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
 resume() { [ -e "$1/train_state.pt" ] && echo --resume || true; }  # an interrupted run continues
 
 tasks_world() {

@@ -809,23 +809,22 @@ def answers_only(text, tok, train_data, val_data, window, who):
 
 
 def loss_targets(args, tok, train_data, val_data, window, who):
-    """--loss_after TEXT or --assistant_only -> (answers, starts), per split: the tokens to train on (a 0/1 array
-    along the split, for data.answer_batch; None: every token) and the offsets at which a window of `window` tokens
-    may begin (None: any). --loss_after: answers_only's rule, applied to the whole split at once (a window begins
-    at a document, so it sees each answer's document from its start). --assistant_only: a chat dataset's assistant
-    marks (data.load_roles), windows beginning at a conversation that fits whole in one (with its eos); the others
-    are left out and counted."""
+    """--loss_after TEXT or --assistant_only -> (answers, starts): the training split's tokens to train on (a 0/1
+    array along it, for data.answer_batch; None: every token; evaluation masks every position) and, per split, the
+    offsets at which a window of `window` tokens may begin (None: any). --loss_after: answers_only's rule, applied
+    to the whole split at once (a window begins at a document, so it sees each answer's document from its start).
+    --assistant_only: a chat dataset's assistant marks (data.load_roles), windows beginning at a conversation that
+    fits whole in one (with its eos); the others are left out and counted."""
     if not getattr(args, "assistant_only", False):
         sep_id, starts = answers_only(args.loss_after, tok, train_data, val_data, window, who)
         if sep_id is None:
-            return dict(train=None, val=None), starts
-        mark = lambda d: data.after_separator(torch.from_numpy(np.asarray(d, dtype=np.int64))[None], sep_id,
-                                              tok.eos_id)[0].numpy()
-        return dict(train=mark(train_data), val=mark(val_data)), starts
+            return None, starts
+        x = torch.from_numpy(np.asarray(train_data, dtype=np.int64))[None]  # the split as one row
+        return data.after_separator(x, sep_id, tok.eos_id)[0].numpy(), starts
     if args.loss_after is not None:
         raise SystemExit(f"{who}: --assistant_only and --loss_after choose the trained tokens two ways: pass one")
-    answers, starts = {s: data.load_roles(args.data, s) for s in ("train", "val")}, {}
-    if answers["train"] is None:
+    answers, starts = data.load_roles(args.data, "train"), {}
+    if answers is None:
         raise SystemExit(f"{who}: --assistant_only needs a chat dataset ({args.data} holds plain documents): "
                          "python data.py --source CONVERSATIONS.jsonl --tokenizer CHECKPOINT --out_dir DIR")
     for split, d in (("train", train_data), ("val", val_data)):

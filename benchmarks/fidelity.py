@@ -64,7 +64,6 @@ COLUMNS = ("run", "params", "steps", "quality", "value", "tokens/forward", "step
 def write_teacher(path, shape, tok, seed):
     """A random Qwen3 checkpoint of `shape` (pretrain.py --init starts from it), its vocabulary pretrain.py's own
     for the data's tokenizer (pretrain.vocab_of) unless `shape` sets one."""
-    sys.path.insert(0, str(ROOT))
     from model import Qwen3, preset
     from pretrain import vocab_of
     config = preset("tiny", **{**vocab_of(tok), **shape})
@@ -119,7 +118,6 @@ def main():
     teacher = out / "ar"
     if st == "ok":
         meta = json.loads((data_dir / "meta.json").read_text())
-        sys.path.insert(0, str(ROOT))
         from tokenizer import Tokenizer
         tok = Tokenizer.from_pretrained(data_dir)
         n = write_teacher(out / "ar-init", cfg["shape"], tok, args.seed)

@@ -22,15 +22,8 @@ for f in out/tasks/align/config.json out/tasks/ar/config.json out/align/config.j
   [ -e $f ] || { echo "scripts/repro_dlm_dpo.sh: no $f: run 'bash run.sh' and 'bash run.sh stdlib' first" >&2; exit 1; }
 done
 mkdir -p "$OUT"
-T0=$SECONDS
-stage() {  # stage NAME DONE_FILE COMMAND...: runs it unless DONE_FILE exists; its seconds go to $OUT/seconds.tsv
-  local name=$1 done_file=$2 t=$SECONDS; shift 2
-  if [ -e "$done_file" ]; then echo "== $name: reusing $done_file"; return; fi
-  echo "== $name: $*"
-  "$@" || { echo "scripts/repro_dlm_dpo.sh: stage '$name' failed" >&2; exit 1; }
-  printf '%s\t%s\n' "$name" $((SECONDS - t)) >> "$OUT/seconds.tsv"
-  echo "== $name: done in $((SECONDS - t)) s"
-}
+T0=$SECONDS STAGE_LOG=$OUT/seconds.tsv  # each stage's seconds, read by report.py
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
 D=data/tasks O=out/tasks
 for s in $SEEDS; do
   R=$OUT/tasks/$s

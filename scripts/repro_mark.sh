@@ -19,13 +19,7 @@ else
 fi
 D=$OUT/data
 T0=$SECONDS
-stage() {  # stage NAME DONE_FILE COMMAND...
-  local name=$1 done_file=$2 t=$SECONDS; shift 2
-  if [ -e "$done_file" ]; then echo "== $name: reusing $done_file"; return; fi
-  echo "== $name: $*"
-  "$@" || { echo "scripts/repro_mark.sh: stage '$name' failed" >&2; exit 1; }
-  echo "== $name: done in $((SECONDS - t)) s"
-}
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
 stage tasks    $D/heldout.jsonl       "$PYTHON" tasks.py --out_dir $D --mark_share $MARK_SHARE "${TASKS[@]}"
 stage corpus   $D/meta.json           "$PYTHON" data.py --source $D/train.jsonl --out_dir $D
 stage pretrain $OUT/ar/results.json   "$PYTHON" pretrain.py --data $D --out_dir $OUT/ar --loss_after " =" --seq_len 16 \

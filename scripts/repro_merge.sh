@@ -33,13 +33,7 @@ if [ ! -e "$DLM/config.json" ]; then
 fi
 
 T0=$SECONDS
-stage() {  # stage NAME DONE_FILE COMMAND...
-  local name=$1 done_file=$2 t=$SECONDS; shift 2
-  if [ -e "$done_file" ]; then echo "== $name: reusing $done_file"; return; fi
-  echo "== $name: $*"
-  "$@" || { echo "scripts/repro_merge.sh: stage '$name' failed" >&2; exit 1; }
-  echo "== $name: done in $((SECONDS - t)) s"
-}
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
 P=$OUT/pairs
 stage pairs "$P/heldout.jsonl" "$PYTHON" merge.py pairs --data data/stdlib --out_dir "$P" $PAIRS
 resume=$([ -e "$OUT/ar-dpo/train_state.pt" ] && echo --resume || true)  # an interrupted run continues

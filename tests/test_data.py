@@ -318,7 +318,7 @@ def test_answer_batch_equals_get_batch_and_the_windowed_separator_rule():
     args = SimpleNamespace(loss_after="=", assistant_only=False)
     answers, starts = training.loss_targets(args, tok, arr, arr, 12, "test")
     g1, g2 = (torch.Generator().manual_seed(3) for _ in range(2))
-    x, where = data.answer_batch(arr, answers["train"], 16, 12, generator=g1, starts=starts["train"])
+    x, where = data.answer_batch(arr, answers, 16, 12, generator=g1, starts=starts["train"])
     assert torch.equal(x, data.get_batch(arr, 16, 12, generator=g2, starts=starts["train"]))
     sep = tok.encode("=")[0]
     assert torch.equal(where, data.after_separator(x, sep, tok.eos_id)) and where.any()
