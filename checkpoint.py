@@ -27,8 +27,9 @@ import torch
 import tokenizer
 from tokenizer import atomic_write
 
-HF_KEYS = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu", attention_dropout=0.0,
-               initializer_range=0.02, use_cache=True, use_sliding_window=False)  # written, not kept
+COMMON = dict(hidden_act="silu", attention_dropout=0.0, initializer_range=0.02, use_cache=True)
+HF_KEYS = {"qwen3": dict(architectures=["Qwen3ForCausalLM"], **COMMON, use_sliding_window=False),  # written only
+           "llama": dict(architectures=["LlamaForCausalLM"], **COMMON, mlp_bias=False, pretraining_tp=1)}
 NOT_SAVED = ("extra", "path", "generation")  # the config's fields that are not config.json keys
 
 
@@ -39,9 +40,14 @@ class ConfigFile:
     def from_dict(cls, d, source="config"):
         d = dict(d)
         arch = d.get("architectures") or []
-        if d.get("model_type") != "qwen3" and "Qwen3ForCausalLM" not in arch:
-            raise ValueError(f"{source}: not a Qwen3 checkpoint (model_type={d.get('model_type')!r}, "
-                             f"architectures={arch}); only Qwen3 is supported")
+        by_arch = {v["architectures"][0]: k for k, v in HF_KEYS.items()}
+        d.setdefault("model_type", next((by_arch[a] for a in arch if a in by_arch), None))
+        if d.get("model_type") not in HF_KEYS:
+            raise ValueError(f"{source}: not a Qwen3 or Llama checkpoint (model_type={d.get('model_type')!r}, "
+                             f"architectures={arch}); only those two are supported")
+        if d.get("mlp_bias"):
+            raise ValueError(f"{source}: mlp_bias=true is not supported")
+        d.setdefault("head_dim", d.get("hidden_size", 0) // max(1, d.get("num_attention_heads", 1)))  # Llama's default
         rope = d.pop("rope_parameters", None) or {}  # transformers 5.x style
         if "rope_theta" in rope:
             d.setdefault("rope_theta", rope["rope_theta"])
@@ -50,7 +56,7 @@ class ConfigFile:
         if d.get("use_sliding_window"):
             raise ValueError(f"{source}: sliding-window attention is not supported")
         if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{source}: hidden_act={d['hidden_act']!r}, Qwen3 uses 'silu'")
+            raise ValueError(f"{source}: hidden_act={d['hidden_act']!r}; only 'silu' is supported")
         if "dtype" in d:  # transformers 5.x name
             d["torch_dtype"] = d.pop("dtype")
         names = {f.name for f in fields(cls)} - set(NOT_SAVED)
@@ -62,7 +68,7 @@ class ConfigFile:
         d = {k: v for k, v in asdict(self).items() if k not in NOT_SAVED}
         d["dtype"] = d["torch_dtype"]  # transformers 5.x reads "dtype", 4.x "torch_dtype"
         d["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}  # 5.x; 4.x reads rope_theta
-        return {**HF_KEYS, **self.extra, **d}
+        return {**HF_KEYS[self.model_type], **self.extra, **d}
 
     @classmethod
     def load(cls, path):

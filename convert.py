@@ -6,20 +6,20 @@ config.json, which every other script honours:
     attn           "bidirectional" (masked diffusion: REPR-ALIGN) or "block" (block diffusion: OPDLM)
     block_size     the block length for attn="block"
     mask_token_id  an embedding row no token uses (Qwen3: 151669, the first padding row; the tiny
-                   model's learnt BPE: 1024; the byte tokenizer: 259), so no resize is needed
+                   model's learnt BPE: 1024; the byte tokenizer: 259). A vocabulary that uses every row
+                   (SmolLM2: 49152) gets rows appended up to a multiple of 64, each the mean embedding.
     shift          True: the logits that denoise position i are read at position i-1, so the AR head
                    keeps its meaning (Dream, REPR-ALIGN). False: read at i itself (OPDLM's block
                    student, whose position i-1 may sit in an earlier block that cannot see block i)
 
     python convert.py --ar out/ar-tiny --out_dir out/dlm-tiny --attn bidirectional
     python convert.py --ar out/ar-tiny --out_dir out/dlm-block --attn block --block_size 4
+    python convert.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out_dir out/smollm2   # GGUF -> HF AR checkpoint
 
-Before anything is written it refuses an --out_dir that is, or is inside, the AR checkpoint (or holds it), and
-weights whose safetensors header does not match the file (a truncated copy; every shard of a sharded checkpoint).
-config.json keeps the AR model's tokenizer fingerprint (tokenizer_sha256), which training checks data against.
-Everything else a checkpoint comes with is carried through unchanged: generation_config.json (Qwen3's end-of-turn
-<|im_end|> among its eos_token_id), tokenizer_config.json (the chat template, the tokenizer class) and
-chat_template.jinja, so every DLM made from it, and every run trained from that, stops and chats as the AR model does.
+Refused before anything is written: an --out_dir that is, or is inside, the AR checkpoint (or holds it), weights
+whose safetensors header does not match the file (a truncated copy), a GGUF of another architecture, tokenizer or
+quantization. Everything else a checkpoint comes with is carried through: the tokenizer fingerprint,
+generation_config.json, tokenizer_config.json (the chat template) and chat_template.jinja.
 """
 import json
 import shutil
@@ -31,15 +31,59 @@ from model import Qwen3Config
 from tokenizer import Tokenizer, atomic_write
 
 p = cli.parser(__doc__)
-p.add_argument("--ar", required=True, help="the AR (causal) Qwen3 checkpoint directory")
-p.add_argument("--out_dir", required=True, help="the DLM checkpoint directory to write (not inside --ar)")
-p.add_argument("--attn", required=True, choices=["bidirectional", "block"],
-               help="bidirectional: masked diffusion (REPR-ALIGN); block: block diffusion (OPDLM)")
+p.add_argument("--ar", help="the AR (causal) Qwen3 or Llama checkpoint directory")
+p.add_argument("--gguf", help="instead of --ar: import this llama or qwen3 GGUF file as an AR checkpoint (the gguf "
+                              "package dequantizes it); --attn and the DLM flags do not apply")
+p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="--gguf: the dtype the weights are stored in")
+p.add_argument("--out_dir", required=True, help="the checkpoint directory to write (not inside --ar)")
+p.add_argument("--attn", choices=["bidirectional", "block"],
+               help="required with --ar. bidirectional: masked diffusion (REPR-ALIGN); block: block diffusion (OPDLM)")
 p.add_argument("--block_size", type=int, default=None, help="block length, required for --attn block")
 p.add_argument("--mask_token_id", type=int, default=None, help="default: the first id past the tokenizer's tokens")
 p.add_argument("--shift", choices=["true", "false"], default=None,
                help="default: true for bidirectional (Dream/REPR-ALIGN), false for block (OPDLM)")
 p.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out_dir")
+
+
+def empty_out_dir(out_dir, overwrite):
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise SystemExit(f"convert: {out_dir} is not empty; pass --overwrite to replace it")
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def from_gguf(path, out_dir, dtype="fp32", overwrite=False):
+    """The GGUF file -> a Hugging Face AR checkpoint in out_dir (gguf_import.py) -> the model."""
+    import gguf_import
+    try:
+        reader = gguf_import.read(path)  # every check that needs no tensor data: nothing written on a refusal
+    except ValueError as e:
+        raise SystemExit(f"convert: {e}")
+    empty_out_dir(out_dir, overwrite)
+    return gguf_import.write(reader, out_dir, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
+
+
+def with_rows(ar, rows):
+    """The model of `ar` with `rows` embedding rows (and lm_head rows, when untied), the new ones the mean of the
+    old: a vocabulary that uses every row leaves none for the mask token."""
+    import torch
+    from model import Qwen3
+    model = Qwen3.from_pretrained(ar)
+    config, state = model.config, model.state_dict()
+    if config.tie_word_embeddings:
+        del state["lm_head.weight"]  # the embedding
+    for k in ("model.embed_tokens.weight",) + (() if config.tie_word_embeddings else ("lm_head.weight",)):
+        w = state[k]  # (V, C) -> (rows, C)
+        state[k] = torch.cat([w, w.mean(0, keepdim=True).expand(rows - w.shape[0], -1)])
+    config.vocab_size = rows
+    with torch.device("meta"):
+        grown = Qwen3(config)
+    grown.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        grown.lm_head.weight = grown.model.embed_tokens.weight
+    return grown
 
 
 def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, overwrite=False):
@@ -64,27 +108,42 @@ def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, 
     if mask < tok.vocab_size:
         raise SystemExit(f"convert: mask_token_id {mask} collides with a token the tokenizer uses "
                          f"(ids 0..{tok.vocab_size - 1}); pick an unused embedding row")
-    if mask >= config.vocab_size:
+    grow = mask_token_id is None and mask >= config.vocab_size  # no free row: append some (with_rows)
+    if mask >= config.vocab_size and not grow:
         raise SystemExit(f"convert: mask_token_id {mask} is outside the {config.vocab_size} embedding rows")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise SystemExit(f"convert: {out_dir} is not empty; pass --overwrite to replace it")
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    empty_out_dir(out_dir, overwrite)
 
+    tok.save_pretrained(out_dir)
+    fields = dict(attn=attn, block_size=block_size, mask_token_id=mask, converted_from=str(ar.resolve()),
+                  shift=(attn == "bidirectional") if shift is None else shift)
+    if grow:
+        model = with_rows(ar, -(-(mask + 1) // 64) * 64)
+        model.config.__dict__.update(fields)
+        model.save_pretrained(out_dir, dtype=next(iter(model.state_dict().values())).dtype)  # config.json last
+        print(f"convert: the tokenizer uses all {config.vocab_size} embedding rows; appended "
+              f"{model.config.vocab_size - config.vocab_size} (the mean embedding), the mask token is row {mask}")
+        return model.config
     for f in files + [ar / "model.safetensors.index.json"]:  # the weights, byte for byte
         if f.exists():
             atomic_write(out_dir / f.name, lambda tmp: shutil.copyfile(f, tmp))
-    tok.save_pretrained(out_dir)
-    config.attn, config.block_size, config.mask_token_id = attn, block_size, mask
-    config.shift = (attn == "bidirectional") if shift is None else shift
-    config.converted_from = str(ar.resolve())
+    config.__dict__.update(fields)
     config.save(out_dir)  # written last: a directory with config.json is complete
     return config
 
 
 if __name__ == "__main__":
     args = p.parse_args()
+    if (args.ar is None) == (args.gguf is None):
+        p.error("give one of --ar (an AR checkpoint to convert) and --gguf (a GGUF file to import)")
+    if args.gguf:
+        if args.attn or args.block_size or args.mask_token_id is not None or args.shift:
+            p.error("--gguf imports an AR checkpoint; convert it with --ar --attn afterwards")
+        m = from_gguf(args.gguf, args.out_dir, args.dtype, args.overwrite)
+        print(f"wrote {args.out_dir}: {m.config.model_type}, {m.num_params() / 1e6:.1f}M parameters, "
+              f"{m.config.torch_dtype}")
+        raise SystemExit(0)
+    if args.attn is None:
+        p.error("--ar needs --attn (bidirectional or block)")
     shift = None if args.shift is None else args.shift == "true"
     c = convert(args.ar, args.out_dir, args.attn, args.block_size, args.mask_token_id, shift, args.overwrite)
     print(f"wrote {args.out_dir}: " + json.dumps(dict(attn=c.attn, block_size=c.block_size,

@@ -45,6 +45,9 @@ QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 # GPT-2's regex, which Hugging Face's ByteLevel pre-tokenizer applies when `use_regex` is true.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# Hugging Face's Digits(individual_digits) step, then GPT-2's regex within what it leaves (SmolLM2, StarCoder) is this
+# one regex: a digit alone (no leading space), and a digit ends a whitespace run as the end of a piece would.
+DIGITS_GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
 # The pieces BPE is learnt within (Tokenizer.train): GPT-2's rule with ASCII classes, so that Python's
 # `re` (training) and tiktoken (encoding) read it alike; `_` joins words, as in Python identifiers.
 CODE_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z_]+| ?[0-9]+| ?[^\sA-Za-z0-9_]+|\s+(?!\S)|\s+"""
@@ -61,6 +64,7 @@ QWEN3_ADDED = [
 QWEN3_FIRST_NONSPECIAL = 151657
 EOS = "<|endoftext|>"
 MASK_TEXT = "<|mask|>"
+ABSENT = 1 << 30  # tiktoken's ranks of the single bytes a vocabulary lacks (Tokenizer._lacks): never emitted
 # Hugging Face files a checkpoint's tokenizer comes with besides its vocabulary, copied through unchanged
 CONFIG_FILES = ("tokenizer_config.json", "chat_template.jinja")
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -159,8 +163,11 @@ class Tokenizer:
             raise ValueError(f"{name}: two tokens share an id")
         self._vocab_size = max(ids) + 1
         self._holes = set(range(self._vocab_size)) - set(ids)  # ids in range that are no token
+        # single bytes the vocabulary lacks (SmolLM2 lacks 21: control and never-valid UTF-8 bytes) get ranks past
+        # ABSENT that no merge reaches, and encode drops them, as Hugging Face's BPE drops an unknown character
+        self._lacks = {bytes([b]): ABSENT + b for b in range(256) if bytes([b]) not in ranks}
         try:
-            self._enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks,
+            self._enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks={**ranks, **self._lacks},
                                           special_tokens=self._special)
         except Exception as e:  # e.g. a regex tiktoken cannot compile
             raise ValueError(f"{name}: tiktoken rejected this tokenizer ({e})") from e
@@ -276,17 +283,21 @@ class Tokenizer:
                 or model.get("end_of_word_suffix"):
             raise unsupported("BPE options byte_fallback/dropout/subword affixes are set")
 
-        # Pre-tokenisation: a ByteLevel step, with either a Split regex before it or its own
-        # GPT-2 regex (use_regex). Anything else would split text differently from tiktoken.
+        # Pre-tokenisation: a ByteLevel step, with either a Split regex before it, or its own GPT-2 regex
+        # (use_regex), alone or after single digits (Digits). Anything else would split text unlike tiktoken.
         pre = spec.get("pre_tokenizer") or {}
         steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
         kinds = [s.get("type") for s in steps]
         level = next((s for s in steps if s.get("type") == "ByteLevel"), None)
-        if level is None or set(kinds) - {"Split", "ByteLevel"} or kinds.count("ByteLevel") > 1 \
-                or kinds.count("Split") > 1 or level.get("add_prefix_space"):
+        if level is None or kinds[-1] != "ByteLevel" or kinds[:-1] not in ([], ["Split"], ["Digits"]) \
+                or level.get("add_prefix_space"):
             raise unsupported(f"unsupported pre_tokenizer {kinds}")
         split = next((s for s in steps if s.get("type") == "Split"), None)
-        if split is not None:
+        if kinds[0] == "Digits":
+            if not (steps[0].get("individual_digits") and level.get("use_regex", True)):
+                raise unsupported(f"unsupported Digits pre_tokenizer {steps[0]} before {level}")
+            pattern = DIGITS_GPT2_PATTERN
+        elif split is not None:
             pattern = (split.get("pattern") or {}).get("Regex")
             if pattern is None or split.get("behavior") != "Isolated" or split.get("invert") \
                     or level.get("use_regex", True):
@@ -317,9 +328,6 @@ class Tokenizer:
                 ranks[bytes(byte_of[c] for c in text)] = i
             except KeyError:
                 raise unsupported(f"vocabulary entry {text!r} is not a byte-level string") from None
-        missing = sum(bytes([b]) not in ranks for b in range(256))
-        if missing:
-            raise unsupported(f"{missing} of the 256 single bytes are missing from the vocabulary")
         return cls(name, ranks, pattern, added, nfc=norms == ["NFC"], source=("tokenizer.json", raw))
 
     # ---- saving ----
@@ -384,12 +392,14 @@ class Tokenizer:
         return unicodedata.normalize("NFC", text) if self.nfc else text
 
     def encode(self, text, allowed_special=frozenset()):
-        return self._enc.encode(self._normalize(text), allowed_special=self._allowed(allowed_special),
-                                disallowed_special=())
+        ids = self._enc.encode(self._normalize(text), allowed_special=self._allowed(allowed_special),
+                               disallowed_special=())
+        return [i for i in ids if i < ABSENT] if self._lacks else ids
 
     def encode_batch(self, texts, allowed_special=frozenset()):
-        return self._enc.encode_batch([self._normalize(t) for t in texts],
-                                      allowed_special=self._allowed(allowed_special), disallowed_special=())
+        batch = self._enc.encode_batch([self._normalize(t) for t in texts],
+                                       allowed_special=self._allowed(allowed_special), disallowed_special=())
+        return [[i for i in ids if i < ABSENT] for ids in batch] if self._lacks else batch
 
     def decode(self, ids):
         """ids: a list or 1-D tensor/array. The mask id shows as <|mask|>; bad UTF-8 as U+FFFD."""

@@ -109,9 +109,13 @@ def test_shape_mismatch_and_other_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, intermediate_size=128)))
     with pytest.raises(ValueError, match=r"mlp\.\w+_proj\.weight has shape .* config.json implies"):
         Qwen3.from_pretrained(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, model_type="llama", architectures=["LlamaForCausalLM"])))
-    with pytest.raises(ValueError, match="not a Qwen3 checkpoint"):
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, model_type="mistral", architectures=["Mistral"])))
+    with pytest.raises(ValueError, match="not a Qwen3 or Llama checkpoint"):
         Qwen3Config.load(tmp_path)
+    # read as Llama, the Qwen3 weights hold q/k norms a Llama layer has not
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, model_type="llama", architectures=["LlamaForCausalLM"])))
+    with pytest.raises(ValueError, match=r"weights do not match the config: missing \[\], unexpected .*q_norm"):
+        Qwen3.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, tie_word_embeddings=False)))
     with pytest.raises(ValueError, match="no lm_head.weight"):
         Qwen3.from_pretrained(tmp_path)

@@ -93,8 +93,8 @@ def test_refuses_dlm_source_and_other_architectures(ar, tmp_path):
     with pytest.raises(SystemExit, match="already a DLM"):
         convert(tmp_path / "dlm", tmp_path / "again", "block", block_size=4)
     cfg = json.loads((ar / "config.json").read_text())
-    (ar / "config.json").write_text(json.dumps(dict(cfg, model_type="llama", architectures=["LlamaForCausalLM"])))
-    with pytest.raises(SystemExit, match="not a Qwen3 checkpoint"):
+    (ar / "config.json").write_text(json.dumps(dict(cfg, model_type="mistral", architectures=["MistralForCausalLM"])))
+    with pytest.raises(SystemExit, match="not a Qwen3 or Llama checkpoint"):
         convert(ar, tmp_path / "x", "bidirectional")
     with pytest.raises(SystemExit, match="config.json not found"):
         convert(tmp_path / "missing", tmp_path / "y", "bidirectional")
