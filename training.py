@@ -716,6 +716,9 @@ def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.f
     if path is None:
         raise SystemExit(f"{who}: no --teacher given and the student's config has no converted_from")
     teacher = load_model(path, device, f"{who}: teacher", attn="causal", like=student, dtype=dtype)
+    if teacher.config.vocab_size < student.config.vocab_size == student.config.mask_token_id // 64 * 64 + 64 and \
+            Tokenizer.from_pretrained(path).vocab_size == teacher.config.vocab_size:
+        teacher = teacher.with_rows(student.config.vocab_size)  # the rows convert.py appended for the mask token
     teacher.requires_grad_(False).eval()
     shape = lambda m: ({k: v.shape for k, v in m.state_dict().items()}, m.config.tie_word_embeddings)
     if teacher.config.vocab_size != student.config.vocab_size or same_shapes and shape(teacher) != shape(student):
