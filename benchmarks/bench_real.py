@@ -53,15 +53,18 @@ def bench_real(args, device, dtype):
     ckpt, ar = load_real(args.ckpt, device, dtype)
     tok = Tokenizer.from_pretrained(ckpt)
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
-    iters, rows = args.iters or 3, []
+    iters = args.iters or 3
+    print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}; SmolLM2-135M-Instruct "
+          f"({ar.num_params() / 1e6:.1f}M parameters, {ckpt}); median of {iters} after 1 warmup (diffusion "
+          "caches: none), interleaved\n")
+    print("| measurement | ours | | reference | | ours / reference (speed) | same output |")
+    print("|---|---|---|---|---|---|---|", flush=True)
 
     def row(what, unit, ours, ref, r, same="-"):
         """r: race's result; ours, ref: its keys; unit: 'ms' (a time: lower is better) or an amount per second."""
         (t_o, _), (t_r, _) = r[ours], r[ref]
-        if unit == "ms":
-            rows.append((what, ours, f"{t_o * 1e3:,.0f} ms", ref, f"{t_r * 1e3:,.0f} ms", t_r / t_o, same))
-        else:
-            rows.append((what, ours, f"{unit / t_o:,.1f}/s", ref, f"{unit / t_r:,.1f}/s", t_r / t_o, same))
+        fmt = (lambda t: f"{t * 1e3:,.0f} ms") if unit == "ms" else (lambda t: f"{unit / t:,.1f}/s")
+        print(f"| {what} | {ours} | {fmt(t_o)} | {ref} | {fmt(t_r)} | {t_r / t_o:.2f}x | {same} |", flush=True)
 
     B, T = args.batch_size, args.seq_len
     row(f"forward + backward, {B} x {T} tokens", "ms", "ours", "transformers", train_race(ckpt, B, T, device, dtype,
@@ -84,12 +87,12 @@ def bench_real(args, device, dtype):
     dlm = ar.with_rows(-(-(tok.vocab_size + 1) // 64) * 64).eval()
     mask = tok.vocab_size
     kw = dict(mask_token_id=mask, shift=True, vocab_limit=tok.vocab_size)
-    runs = {c: (lambda c=c: diffusion_generate(dlm, prompts[:1], n, n, n, cache=c, **kw))
+    runs = {f"cache {c}": (lambda c=c: diffusion_generate(dlm, prompts[:1], n, n, n, cache=c, **kw))
             for c in ("none", "prefix", "dual")}
     r = race(runs, iters, warmup=0)
-    for c in ("prefix", "dual"):
-        share = (r[c][1].generated == r["none"][1].generated).double().mean().item()
-        row(f"masked diffusion, batch 1, {n} tokens, 1 per step (tokens/s)", n, f"cache {c}", "cache none", r,
+    for c in ("cache prefix", "cache dual"):
+        share = (r[c][1].generated == r["cache none"][1].generated).double().mean().item()
+        row(f"masked diffusion, batch 1, {n} tokens, 1 per step (tokens/s)", n, c, "cache none", r,
             f"{share:.0%} tokens")
     kw = dict(block_size=4, threshold=0.9, mask_token_id=mask, shift=False, vocab_limit=tok.vocab_size)
     r = race({"exact KV cache": lambda: block_generate(dlm, prompts[:1], n, **kw),
@@ -98,10 +101,3 @@ def bench_real(args, device, dtype):
     row(f"block diffusion, block 4, threshold 0.9, batch 1, {n} tokens (tokens/s)", n, "exact KV cache",
         "recompute", r, same)
 
-    print(f"{machine(device)}; dtype {str(dtype).removeprefix('torch.')}; SmolLM2-135M-Instruct "
-          f"({ar.num_params() / 1e6:.1f}M parameters, {ckpt}); median of {iters} after 1 warmup (diffusion "
-          "caches: none), interleaved\n")
-    print("| measurement | ours | | reference | | ours / reference (speed) | same output |")
-    print("|---|---|---|---|---|---|---|")
-    for what, a, ta, b, tb, ratio, same in rows:
-        print(f"| {what} | {a} | {ta} | {b} | {tb} | {ratio:.2f}x | {same} |")
