@@ -33,13 +33,11 @@ import compiling
 from checkpoint import ConfigFile, WeightsFile
 
 ATTN_MODES = ("causal", "bidirectional", "block")
-MODEL_TYPES = ("qwen3", "llama")
 CE_ROWS = 1024  # Qwen3.cross_entropy without grad: rows of logits at a time (Qwen3: 1024 x 151936 fp32 = 0.6 GB)
 
 
 @dataclass
-class Qwen3Config(ConfigFile):  # config.json I/O: checkpoint.ConfigFile
-    # field names are Hugging Face's, so config.json maps onto this dataclass directly
+class Qwen3Config(ConfigFile):  # config.json I/O: checkpoint.ConfigFile; the field names are Hugging Face's
     model_type: str = "qwen3"  # or "llama": the same layer without the q/k RMSNorm (SmolLM2, Llama)
     vocab_size: int = 151936  # embedding rows (the tokenizer uses 151669 of them)
     hidden_size: int = 1024
@@ -71,10 +69,9 @@ class Qwen3Config(ConfigFile):  # config.json I/O: checkpoint.ConfigFile
 
     def validate(self, source="config"):
         bad = {f"attn must be one of {ATTN_MODES}, got {self.attn!r}": self.attn not in ATTN_MODES,
-               f"model_type must be 'qwen3' or 'llama', got {self.model_type!r}": self.model_type not in MODEL_TYPES,
+               f"model_type must be qwen3 or llama, got {self.model_type!r}": self.model_type not in ("qwen3", "llama"),
                "attn='block' needs a positive block_size": self.attn == "block" and not (self.block_size or 0) > 0,
-               "num_attention_heads must be a multiple of num_key_value_heads":
-                   self.num_attention_heads % self.num_key_value_heads,
+               "num_key_value_heads must divide the query heads": self.num_attention_heads % self.num_key_value_heads,
                f"mask_token_id {self.mask_token_id} outside the {self.vocab_size} embedding rows":
                    self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size}
         if problems := [k for k, v in bad.items() if v]:
@@ -161,9 +158,8 @@ class Qwen3Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
-        qk_norm = c.model_type == "qwen3"  # Qwen3: a per-head RMSNorm on q and k, before RoPE; Llama: none
-        self.q_norm = Qwen3RMSNorm(c.head_dim, c.rms_norm_eps) if qk_norm else nn.Identity()
-        self.k_norm = Qwen3RMSNorm(c.head_dim, c.rms_norm_eps) if qk_norm else nn.Identity()
+        norm = c.model_type == "qwen3"  # Qwen3: a per-head RMSNorm on q and k, before RoPE; Llama: none
+        self.q_norm, self.k_norm = (Qwen3RMSNorm(c.head_dim, c.rms_norm_eps) if norm else nn.Identity() for _ in "qk")
 
     def forward(self, x, cos, sin, mask, is_causal, cache=None, slots=None):
         B, T, _ = x.shape
