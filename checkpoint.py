@@ -34,6 +34,12 @@ HF_KEYS = {"qwen3": dict(architectures=["Qwen3ForCausalLM"], **COMMON, use_slidi
 NOT_SAVED = ("extra", "path", "generation")  # the config's fields that are not config.json keys
 
 
+def rows_with_mask(n_tokens):
+    """The embedding rows convert.py gives a vocabulary of n_tokens that uses every row (SmolLM2's 49152): room for
+    the mask token (row n_tokens), rounded up to a multiple of 64."""
+    return (n_tokens // 64 + 1) * 64
+
+
 class ConfigFile:
     """config.json <-> the config dataclass (model.Qwen3Config): field names are Hugging Face's."""
 

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 
 import cli
-from checkpoint import weight_files
+from checkpoint import rows_with_mask, weight_files
 from model import Qwen3, Qwen3Config
 from tokenizer import Tokenizer, atomic_write
 
@@ -96,8 +96,8 @@ def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, 
     fields = dict(attn=attn, block_size=block_size, mask_token_id=mask, converted_from=str(ar.resolve()),
                   shift=(attn == "bidirectional") if shift is None else shift)
     if grow:
-        model = Qwen3.from_pretrained(ar).with_rows(-(-(mask + 1) // 64) * 64)
-        model.config.__dict__.update(fields)
+        model = Qwen3.from_pretrained(ar).with_rows(rows_with_mask(mask))
+        vars(model.config).update(fields)
         model.save_pretrained(out_dir, dtype=next(iter(model.state_dict().values())).dtype)  # config.json last
         print(f"convert: the tokenizer uses all {config.vocab_size} embedding rows; appended "
               f"{model.config.vocab_size - config.vocab_size} (the mean embedding), the mask token is row {mask}")
@@ -105,7 +105,7 @@ def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, 
     for f in files + [ar / "model.safetensors.index.json"]:  # the weights, byte for byte
         if f.exists():
             atomic_write(out_dir / f.name, lambda tmp: shutil.copyfile(f, tmp))
-    config.__dict__.update(fields)
+    vars(config).update(fields)
     config.save(out_dir)  # written last: a directory with config.json is complete
     return config
 

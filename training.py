@@ -59,6 +59,7 @@ from tqdm import tqdm
 
 import cli
 import data
+from checkpoint import rows_with_mask
 from model import Qwen3, Qwen3Config
 from tokenizer import Tokenizer, atomic_write, fingerprint_of
 
@@ -716,9 +717,9 @@ def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.f
     if path is None:
         raise SystemExit(f"{who}: no --teacher given and the student's config has no converted_from")
     teacher = load_model(path, device, f"{who}: teacher", attn="causal", like=student, dtype=dtype)
-    if teacher.config.vocab_size < student.config.vocab_size == student.config.mask_token_id // 64 * 64 + 64 and \
-            Tokenizer.from_pretrained(path).vocab_size == teacher.config.vocab_size:
-        teacher = teacher.with_rows(student.config.vocab_size)  # the rows convert.py appended for the mask token
+    s = student.config
+    if s.mask_token_id == teacher.config.vocab_size and s.vocab_size == rows_with_mask(s.mask_token_id):
+        teacher = teacher.with_rows(s.vocab_size)  # the rows convert.py appended for the student's mask token
     teacher.requires_grad_(False).eval()
     shape = lambda m: ({k: v.shape for k, v in m.state_dict().items()}, m.config.tie_word_embeddings)
     if teacher.config.vocab_size != student.config.vocab_size or same_shapes and shape(teacher) != shape(student):

@@ -20,6 +20,7 @@ import torch
 
 from benchmarks.bench_sample import hf_generator
 from benchmarks.common import build_hf, machine, race, train_step
+from checkpoint import rows_with_mask
 from model import Qwen3
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that adds two numbers.", "Name a color.",
@@ -84,7 +85,7 @@ def bench_real(args, device, dtype):
             row(f"AR greedy, batch {b}, {n} tokens (tokens/s)", b * n, k, "transformers", r, same(k))
 
     # the converted model: masked and block diffusion (speed only)
-    dlm = ar.with_rows(-(-(tok.vocab_size + 1) // 64) * 64).eval()
+    dlm = ar.with_rows(rows_with_mask(tok.vocab_size)).eval()
     mask = tok.vocab_size
     kw = dict(mask_token_id=mask, shift=True, vocab_limit=tok.vocab_size)
     runs = {f"cache {c}": (lambda c=c: diffusion_generate(dlm, prompts[:1], n, n, n, cache=c, **kw))
