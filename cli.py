@@ -5,6 +5,8 @@ import argparse
 import itertools
 import math
 
+EOS_RULES = ("free", "last", "penalty")  # the DLM samplers' rules for end tokens (sample.diffusion_generate)
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The description as written (usage lines keep their layout), and each flag's default after its help text."""
@@ -53,3 +55,26 @@ def table(header, rows):
     """A markdown table: the header's cells, then each row's (str of each cell)."""
     lines = [header, ["---"] * len(header), *rows]
     return "\n".join("| " + " | ".join(map(str, cells)) + " |" for cells in lines)
+
+
+def check_eos_rule(eos_rule, eos_penalty):
+    """ValueError unless eos_rule is one of EOS_RULES and eos_penalty a number >= 0 (the samplers' check)."""
+    if eos_rule not in EOS_RULES or not eos_penalty >= 0:
+        raise ValueError(f"eos_rule must be one of {', '.join(EOS_RULES)} and eos_penalty >= 0, got {eos_rule!r} "
+                         f"and {eos_penalty}")
+
+
+def eos_args(p):
+    """--eos_rule and --eos_penalty: how a DLM sampler treats end tokens (sample.py, eval.py)."""
+    def non_negative(text):
+        try:
+            x = float(text)
+        except ValueError:
+            x = -1.0
+        if not x >= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
+        return x
+    p.add_argument("--eos_rule", default="free", choices=EOS_RULES, help="DLMs: end tokens compete freely, are "
+                   "committed only where no slot before them is masked (last: LLaDA), or lose --eos_penalty from "
+                   "their logits (penalty: Dream)")
+    p.add_argument("--eos_penalty", type=non_negative, default=3.0, help="--eos_rule penalty: its strength")

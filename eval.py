@@ -167,7 +167,8 @@ def draw(model, prompts, args, tok, generator):
                               shift=None if args.shift is None else args.shift == "true",
                               block_length=args.block_length, steps=args.steps, remasking=args.remasking,
                               threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
-                              cache=args.cache, finish_block=args.finish_block, compile=args.compile)
+                              cache=args.cache, finish_block=args.finish_block, eos_rule=args.eos_rule,
+                              eos_penalty=args.eos_penalty, compile=args.compile)
     except ValueError as e:
         raise SystemExit(f"eval: sampler: {e}")
     if torch.cuda.is_available():
@@ -254,15 +255,17 @@ def generate(args):
 
 def task_table(sampler, runs):
     """The markdown table of task_curve's runs: a row per threshold and family, then the threshold's overall row."""
-    lines = ["| sampler | threshold | family | n | exact match | with a full stop | tokens/forward (mean ± std) "
-             "| min | max |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| sampler | threshold | family | n | exact match | with a full stop | N | tokens/forward (mean ± std) "
+             "| min | max | forwards: answer + after it | rows with forwards after |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         t = "—" if run["threshold"] is None else f"{run['threshold']:g}"
         for f, r in [*run["families"].items(), ("all", run)]:
             lines.append(f"| {sampler} | {t} | {f} | {r['n']} | {r['accuracy']:.3f} | {r['preferred']:.3f} | "
-                         f"{r['tokens_per_forward']:.2f} ± "
+                         f"{run['canvas']} | {r['tokens_per_forward']:.2f} ± "
                          f"{r['tokens_per_forward_std']:.2f} | {r['tokens_per_forward_min']:.2f} | "
-                         f"{r['tokens_per_forward_max']:.2f} |")
+                         f"{r['tokens_per_forward_max']:.2f} | {r['forwards_answer']:.2f} + {r['forwards_after']:.2f} "
+                         f"| {r['rows_after']:.0%} |")
     lines += ["", "By the answer's length (digits):", "", "| threshold | family | digits | n | exact match | "
               "tokens/forward |", "|---:|---|---:|---:|---:|---:|"]
     for run in runs:
@@ -298,11 +301,14 @@ def task_curve(args):
     for t in [None] if model.config.attn == "causal" else args.thresholds:
         g = torch.Generator(device).manual_seed(args.seed)
         res = tasks.exact_match(model, tok, items, batch_size=args.batch_size, threshold=t,
-                                block_length=args.block_length, generator=g, cache=args.cache,
-                                finish_block=args.finish_block, compile=args.compile)
+                                max_new_tokens=args.max_new_tokens, block_length=args.block_length, generator=g,
+                                cache=args.cache, finish_block=args.finish_block, eos_rule=args.eos_rule,
+                                eos_penalty=args.eos_penalty, compile=args.compile)
         runs.append(dict(threshold=t, **{k: v for k, v in res.items() if k != "rows"}))
     if args.cache != "none":
         sampler += f", {args.cache} cache"
+    if model.config.attn != "causal" and args.eos_rule != "free":
+        sampler += f", end tokens {args.eos_rule}" + f" {args.eos_penalty:g}" * (args.eos_rule == "penalty")
     print(task_table(sampler, runs))
     return dict(sampler=sampler, prompts=len(items), runs=runs)
 
@@ -638,6 +644,8 @@ def cache_args(p):
     p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile")
     p.add_argument("--finish_block", action="store_true", help="DLMs: a row is done once the block holding its "
                    "end token is, not at that token (its forwards counted until then)")
+    from cli import eos_args
+    eos_args(p)
 
 
 def sampler_args(p, max_new_tokens):
@@ -706,6 +714,8 @@ def parser():
     tk.add_argument("--block_length", type=int, default=None,
                     help="masked diffusion: semi-AR block (default the whole answer, one block)")
     tk.add_argument("--batch_size", type=int, default=64, help="rows per sampler call")
+    tk.add_argument("--max_new_tokens", type=int, default=None, help="DLMs: the canvas N (default the longest "
+                    "answer, its full stop and the end token, rounded up to the block)")
     cache_args(tk)
     wr = sub.add_parser("winrate", formatter_class=HelpFormatter,
                         help="the preference's win rate (data.rule_score) of DLM completions against a reference")

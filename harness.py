@@ -10,8 +10,9 @@ and lm-eval's own command line run with it (eval.py harness passes every flag th
 Model arguments (--model_args k=v,...): pretrained (the checkpoint directory), mc_draws (DLMs: Monte Carlo
 draws per log-likelihood, 16), seed (1337), device (auto), dtype (float32 | bfloat16; default bfloat16 on CUDA),
 max_length (context and generation together; default config.max_position_embeddings), and the sampler's settings,
-as sample.py names them: threshold, block_length, steps, remasking, block_size, cache. Unless given,
-eval.py harness sets lm-eval's --device auto (cuda if available) and --batch_size 8.
+as sample.py names them: threshold, block_length, steps, remasking, block_size, cache, eos_rule, eos_penalty
+(eos_rule=penalty: default 3). Unless given, eval.py harness sets lm-eval's --device auto (cuda if available) and
+--batch_size 8.
 
 What is notable here:
 - loglikelihood(context, continuation): an AR checkpoint's exact Σ_i log p(c_i | context, c_<i) in one causal
@@ -66,7 +67,8 @@ def by_length(items, batch_size):
 class AR2DLM(LM):
     def __init__(self, pretrained, mc_draws=16, seed=1337, device="auto", dtype=None, batch_size=8,
                  max_length=None, threshold=None, block_length=None, steps=None, remasking="low_confidence",
-                 block_size=None, cache="none", eps=1e-3, max_batch_size=None, **unused):
+                 block_size=None, cache="none", eos_rule="free", eos_penalty=3.0, eps=1e-3, max_batch_size=None,
+                 **unused):
         super().__init__()
         if unused:
             raise ValueError(f"ar2dlm: unknown model arguments {sorted(unused)}; see python eval.py harness --help")
@@ -82,8 +84,9 @@ class AR2DLM(LM):
         self.prefix = self.tok.eos_id  # an empty context, and the rolling likelihood's first token
         num = lambda v, f: None if v is None else f(v)
         self.sampler = dict(threshold=num(threshold, float), block_length=num(block_length, int),
-                            steps=num(steps, int), remasking=remasking, block_size=num(block_size, int), cache=cache)
-        self.sampler = {k: v for k, v in self.sampler.items() if v not in (None, "none", "low_confidence")}
+                            steps=num(steps, int), remasking=remasking, block_size=num(block_size, int), cache=cache,
+                            eos_rule=eos_rule, eos_penalty=float(eos_penalty) if eos_rule == "penalty" else None)
+        self.sampler = {k: v for k, v in self.sampler.items() if v not in (None, "none", "low_confidence", "free")}
 
     # ---- scoring ----------------------------------------------------------------------------------------------
 

@@ -100,6 +100,25 @@ def throughput(gens, seconds):
                 raw_tokens_per_s=sum(g.generated.numel() for g in gens) / seconds)
 
 
+def forwards_split(gen, block):
+    """-> (answer, after), each (B,): a DLM row's forwards split into those that committed a slot of its answer (up to
+    and including its first end token: row_tokens) and those that committed only slots after it. gen: a DLM sampler's
+    Generation with rounds (record=True); block: its block (block_size, or the masked sampler's block_length). A
+    forward is (block, round); every forward a row is charged commits at least one of its slots, so the two add up
+    to row_nfe."""
+    B, N = gen.rounds.shape
+    slot = torch.arange(N, device=gen.rounds.device)
+    key = slot // block * block + gen.rounds  # (B, N): the forward that committed each slot
+    answer = slot < gen.row_tokens[:, None]
+
+    def forwards(where):  # distinct keys where `where` holds
+        hit = torch.zeros(B, N + 1, dtype=torch.bool, device=key.device)
+        return hit.scatter_(1, torch.where(where & (gen.rounds >= 0), key, N), True)[:, :N]
+
+    a = forwards(answer)
+    return a.sum(1), (forwards(~answer) & ~a).sum(1)
+
+
 def end_list(eos_id):
     """eos_id as the samplers take it (None, an id, or several) -> a list of ids, [] for None."""
     if eos_id is None:
@@ -167,9 +186,11 @@ def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
     return x, lens, P, *left_padded(lens, P, P + n_new)
 
 
-def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id):
-    """-> ban (V,) (-inf at the mask token and ids >= vocab_limit), the generator (fresh when None), the pad id
-    (default the first end id, else 0) and the end ids (E,) of eos_id (an id or several), or None."""
+def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, eos_rule="free", eos_penalty=0.0):
+    """-> ban (V,) (-inf at the mask token and ids >= vocab_limit; -eos_penalty at the end ids under eos_rule
+    "penalty"), the generator (fresh when None), the pad id (default the first end id, else 0) and the end ids (E,)
+    of eos_id (an id or several), or None."""
+    cli.check_eos_rule(eos_rule, eos_penalty)
     dev = model.model.embed_tokens.weight.device
     ban = torch.zeros(model.config.vocab_size, device=dev)
     if mask_token_id is not None:
@@ -182,6 +203,7 @@ def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id):
     ids = end_list(eos_id)
     if eos_id is not None and not (ids and all(isinstance(i, int) for i in ids)):
         raise ValueError(f"eos_id must be an int or a non-empty list/tuple of ints, got {eos_id!r}")
+    ban[ids] -= eos_penalty * (eos_rule == "penalty")  # Dream's eos_penalty, off the end tokens' logits
     pad_id = (ids[0] if ids else 0) if pad_id is None else pad_id
     return ban, generator, pad_id, torch.tensor(ids, device=dev) if ids else None
 
@@ -265,7 +287,7 @@ CACHES = ("none", "prefix", "dual")
 def diffusion_generate(model, prompt, gen_length, block_length, steps, temperature=0.0, top_k=None, top_p=None,
                        remasking="low_confidence", threshold=None, eos_id=None, pad_id=None, generator=None,
                        mask_token_id=None, shift=None, vocab_limit=None, *, cache="none", finish_block=False,
-                       compile=False):
+                       eos_rule="free", eos_penalty=0.0, record=False, compile=False):
     """LLaDA: the response starts fully masked and is denoised block by block (block_length), `steps` spread
     evenly over the blocks; each step commits the most confident predictions of the current block
     ("low_confidence") or random ones ("random"). With `threshold` (Fast-dLLM), each step instead commits
@@ -278,7 +300,11 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     what follows it, or the block alone; approximate because a cached slot's keys would change as the block is
     decided). A row is done, and charged no more forwards, once its first end token is committed with nothing
     before it masked (finish_block: once the block holding it is done, as samplers that finish every block do;
-    the same tokens up to the end token, more forwards). compile: every forward through torch.compile."""
+    the same tokens up to the end token, more forwards). eos_rule: "free" (end tokens compete as any other),
+    "last" (an end token is committed only where no slot before it is masked: LLaDA's rule, its confidence -inf
+    until then), "penalty" (eos_penalty off the end tokens' logits before choosing: Dream's). record:
+    Generation.rounds, the step of its block that committed each slot. compile: every forward through
+    torch.compile."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     if remasking not in ("low_confidence", "random"):
         raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
@@ -291,12 +317,14 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
         raise ValueError(f"steps {steps} must be a positive multiple of the number of blocks {n_blocks}")
     if threshold is not None and remasking != "low_confidence":
         raise ValueError("threshold decoding needs remasking='low_confidence'")
-    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
+    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, eos_rule,
+                                                eos_penalty)
     x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
     step = compiling.stepper(forward, model, compile)
     kv = None if cache == "none" else compiling.static_cache(model.new_cache(B, L), compile)
+    rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
     # LLaDA's schedule: a block's block_length tokens over its steps, evenly, the remainder first. (spb,)
     spb = block_length if threshold is not None else steps // n_blocks
     n_commit = block_length // spb + (torch.arange(spb, device=x.device) < block_length % spb).long()
@@ -305,7 +333,7 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     for b in range(n_blocks):
         s, e = P + b * block_length, P + (b + 1) * block_length  # the block's slots
         a, z = s - shift, e if cache == "dual" else L  # the slots a cached step feeds: its first predicts s
-        for i in range(spb):
+        for i in range(block_length):  # spb steps, unless rule "last" held end tokens back: then until done
             masked = x[:, s:e] == mask_id  # (B, block_length)
             if cache == "none" or i == 0:  # a full forward (with a cache: the refresh, every slot written)
                 logits = step(model, x, slots, pos, real, "bidirectional", kv)[:, a:e - shift]  # (B, bl, V)
@@ -316,8 +344,12 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
             tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
             if remasking == "random":
                 conf = torch.rand(conf.shape, generator=generator, device=x.device)
-            commit = choose(conf, masked, n_commit[i], threshold)
+            if eos_rule == "last" and eos is not None:  # no end token where a slot before it is still masked
+                masked = masked & ~(torch.isin(tok, eos) & (masked.cumsum(1) > masked.long()))
+            commit = choose(conf, masked, n_commit[min(i, spb - 1)], threshold)
             x[:, s:e] = torch.where(commit, tok, x[:, s:e])
+            if record:
+                rounds[:, s - P:e - P] = torch.where(commit, i, rounds[:, s - P:e - P])
             if eos is not None and not finish_block:
                 x[:, s:] = close_answered(x[:, s:], mask_id, eos)
             if not (x[:, s:e] == mask_id).any():  # block done (for every row): a host sync per forward
@@ -326,22 +358,24 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
             x[:, s:] = close_answered(x[:, s:], mask_id, eos)
             if not (x[:, e:] == mask_id).any():  # every row is done: a host sync per block
                 break
-    return finish(x, lens, P, nfe, row_nfe, eos)
+    return finish(x, lens, P, nfe, row_nfe, eos, rounds)
 
 
 @torch.no_grad()
 def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, temperature=0.0, top_k=None,
                    top_p=None, use_cache=True, record=False, eos_id=None, pad_id=None, generator=None,
-                   mask_token_id=None, shift=None, vocab_limit=None, *, finish_block=False, compile=False):
+                   mask_token_id=None, shift=None, vocab_limit=None, *, finish_block=False, eos_rule="free",
+                   eos_penalty=0.0, compile=False):
     """Block diffusion: blocks of block_size denoised in turn, each round committing every prediction with
     confidence >= threshold plus the most confident (`choose`), finished blocks entering the KV cache once
-    (use_cache=False: the slow reference). record: Generation.rounds; finish_block as in diffusion_generate."""
+    (use_cache=False: the slow reference). record: Generation.rounds; the rest as in diffusion_generate."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     bs = block_size or model.config.block_size
     if not bs or gen_length % bs or threshold is None:
         raise ValueError(f"gen_length {gen_length} must be a multiple of the block size {bs} (argument or "
                          f"config.block_size), and a threshold set")
-    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
+    ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, eos_rule,
+                                                eos_penalty)
     # the prompt left-padded to P, a multiple of bs: the block rule (slot // bs) holds in slot coordinates
     x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id, multiple=bs)
     B, L = x.shape
@@ -369,6 +403,8 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
                 edge = logits[:, s - a - 1:s - a].clone()
                 logits = logits[:, s - a - shift:e - a - shift]  # (B, bs, V): the predictions for slots s..e-1
             tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
+            if eos_rule == "last" and eos is not None:  # no end token where a slot before it is still masked
+                masked = masked & ~(torch.isin(tok, eos) & (masked.cumsum(1) > masked.long()))
             commit = choose(conf, masked, threshold=threshold)
             x[:, s:e] = torch.where(commit, tok, x[:, s:e])
             if record:
@@ -389,22 +425,25 @@ SAMPLERS = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block
 
 def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, eos_id=None, generator=None,
              vocab_limit=None, shift=None, block_length=None, steps=None, remasking="low_confidence", threshold=None,
-             block_size=None, use_cache=True, cache="none", finish_block=False, record=False, compile=False):
+             block_size=None, use_cache=True, cache="none", finish_block=False, eos_rule="free", eos_penalty=0.0,
+             record=False, compile=False):
     """The checkpoint's own sampler, picked by model.config.attn (sample.py's CLI and eval.py both use this):
     "causal" -> ar_generate (max_new_tokens at most); "bidirectional" -> diffusion_generate (block_length
     default min(32, N), steps default N: one token a step; threshold: Fast-dLLM; cache: "none" | "prefix" |
-    "dual"); "block" -> block_generate (threshold default 0.9, record: Generation.rounds); finish_block (DLMs):
-    see diffusion_generate. compile: every sampler's steps through torch.compile. Raises ValueError for an argument
-    that sampler would ignore (a threshold for an AR model, ...) and for a threshold outside (0, 1]."""
+    "dual"); "block" -> block_generate (threshold default 0.9); record (DLMs: Generation.rounds), finish_block,
+    eos_rule and eos_penalty (DLMs): see diffusion_generate. compile: every sampler's steps through torch.compile.
+    Raises ValueError for an argument that sampler would ignore (a threshold for an AR model, ...), a threshold
+    outside (0, 1], an unknown eos_rule or a negative eos_penalty."""
     kind, N = model.config.attn, max_new_tokens
     if kind not in SAMPLERS:
         raise ValueError(f"config.attn {kind!r} has no sampler (one of {', '.join(SAMPLERS)})")
     given = dict(threshold=threshold is not None, block_length=block_length is not None, steps=steps is not None,
                  remasking=remasking != "low_confidence", block_size=block_size is not None, shift=shift is not None,
-                 no_cache=not use_cache, cache=cache != "none", record=record, finish_block=finish_block)
-    uses = {"causal": {"no_cache"}, "block": {"threshold", "block_size", "shift", "no_cache", "record", "finish_block"},
-            "bidirectional": {"threshold", "block_length", "steps", "remasking", "shift", "cache",
-                              "finish_block"}}[kind]
+                 no_cache=not use_cache, cache=cache != "none", record=record, finish_block=finish_block,
+                 eos_rule=eos_rule != "free")
+    dlm = {"shift", "record", "finish_block", "eos_rule"}
+    uses = {"causal": {"no_cache"}, "block": {"threshold", "block_size", "no_cache", *dlm},
+            "bidirectional": {"threshold", "block_length", "steps", "remasking", "cache", *dlm}}[kind]
     if unused := [k for k, v in given.items() if v and k not in uses]:
         raise ValueError(f"{', '.join(unused)}: not used by the {SAMPLERS[kind]} sampler (config.attn {kind!r}); "
                          "drop it")
@@ -414,11 +453,12 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
                   vocab_limit=vocab_limit, compile=compile)
     if kind == "causal":
         return ar_generate(model, prompt, N, use_cache=use_cache, **common)
+    common.update(shift=shift, record=record, finish_block=finish_block, eos_rule=eos_rule, eos_penalty=eos_penalty)
     if kind == "bidirectional":
         return diffusion_generate(model, prompt, N, block_length or min(32, N), steps or N, remasking=remasking,
-                                  threshold=threshold, shift=shift, cache=cache, finish_block=finish_block, **common)
+                                  threshold=threshold, cache=cache, **common)
     return block_generate(model, prompt, N, block_size, 0.9 if threshold is None else threshold, use_cache=use_cache,
-                          record=record, shift=shift, finish_block=finish_block, **common)
+                          **common)
 
 
 # ---- showing the rounds ---------------------------------------------------------------------------
@@ -581,6 +621,7 @@ def main():
     p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
     p.add_argument("--finish_block", action="store_true", help="DLMs: a row is done once the block holding its end "
                    "token is, not at that token (its forwards counted until then)")
+    cli.eos_args(p)
     p.add_argument("--show_rounds", action="store_true",
                    help="block: mark each generated token with the round that committed it (colours on a terminal)")
     p.add_argument("--ignore_eos", action="store_true", help="do not stop at the checkpoint's end ids")
@@ -605,7 +646,8 @@ def main():
               generator=torch.Generator(device).manual_seed(args.seed), vocab_limit=tok.vocab_size,
               shift=None if args.shift is None else args.shift == "true", block_length=args.block_length,
               steps=args.steps, remasking=args.remasking, threshold=args.threshold, block_size=args.block_size,
-              use_cache=not args.no_cache, cache=args.cache, finish_block=args.finish_block, compile=args.compile)
+              use_cache=not args.no_cache, cache=args.cache, finish_block=args.finish_block, compile=args.compile,
+              eos_rule=args.eos_rule, eos_penalty=args.eos_penalty)
     if args.chat and args.prompt is None:
         return chat(model, tok, args, kw)
     prompt = "def " if args.prompt is None else args.prompt

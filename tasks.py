@@ -179,9 +179,16 @@ def round_up(n, k):
 
 
 @torch.no_grad()
+def split(rows):
+    """The mean forwards per row that committed answer tokens, and spent only after the answer; rows with any."""
+    return dict(forwards_answer=sum(r["forwards_answer"] for r in rows) / len(rows),
+                forwards_after=sum(r["forwards_after"] for r in rows) / len(rows),
+                rows_after=sum(r["forwards_after"] > 0 for r in rows) / len(rows))
+
+
 def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temperature=0.0, threshold=None,
                 block_length=None, steps=None, block_size=None, generator=None, cache="none", finish_block=False,
-                compile=False):
+                eos_rule="free", eos_penalty=0.0, compile=False):
     """Score items ({"prompt", "answer", "family"}) with the checkpoint's own sampler (sample.generate) -> dict(n,
     accuracy, families={family: dict(n, accuracy, **throughput)}, lengths={"family/digits": dict(n, accuracy,
     tokens_per_forward)} (by the answer's digits), rows=[dict(family, prompt, completion, correct, tokens,
@@ -193,8 +200,11 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     stop + eos, rounded up to the block size (block) or block_length (masked diffusion; default one block of that
     length); steps: LLaDA's, default one token a step; threshold: Fast-dLLM parallel decoding (block: default 0.9).
     cache (masked diffusion: "none" | "prefix" | "dual", Fast-dLLM's approximate KV cache), finish_block (DLMs: a
-    row is done at the end of its end token's block) and compile as in sample.generate. Rows are scored by `check`
-    (correct) and `preferred` (the answer with a full stop); `right` is either."""
+    row is done at the end of its end token's block), eos_rule, eos_penalty and compile as in sample.generate. Rows
+    are scored by `check` (correct) and `preferred` (the answer with a full stop); `right` is either. canvas: N, the
+    slots a DLM decodes; each row's forwards are split (sample.forwards_split) into those that committed answer
+    tokens and those spent only on slots after the answer: forwards_answer, forwards_after (means per row),
+    rows_after (the share of rows with any)."""
     c, dev, ends = model.config, model.model.embed_tokens.weight.device, tok.end_ids(model.config)
     N = max_new_tokens or max(len(tok.encode(it["answer"] + MARK)) for it in items) + 1  # room for the mark and eos
     if c.attn == "block":
@@ -204,6 +214,7 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
         N = round_up(N, block_length)
     if generator is None:
         generator = torch.Generator(dev).manual_seed(1337)
+    dlm, block = c.attn != "causal", block_size or c.block_size if c.attn == "block" else block_length
     rows, gens, secs = [None] * len(items), {}, {}
     for f in dict.fromkeys(it["family"] for it in items):  # in order of first appearance
         idx = [i for i, it in enumerate(items) if it["family"] == f]
@@ -213,14 +224,17 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
             gen = sample.generate(model, [tok.encode(items[i]["prompt"]) for i in batch], N, temperature=temperature,
                                   eos_id=ends, generator=generator, vocab_limit=tok.vocab_size,
                                   block_length=block_length, steps=steps, threshold=threshold, block_size=block_size,
-                                  cache=cache, finish_block=finish_block, compile=compile)
+                                  cache=cache, finish_block=finish_block, eos_rule=eos_rule, eos_penalty=eos_penalty,
+                                  record=dlm, compile=compile)
             gens[f].append(gen)
+            answer, after = sample.forwards_split(gen, block) if dlm else (gen.row_nfe, 0 * gen.row_nfe)
             for b, i in enumerate(batch):
                 text = tok.decode(sample.until_end(gen.generated[b].tolist(), ends))
                 rows[i] = dict(family=f, prompt=items[i]["prompt"], completion=text,
                                correct=check(f, items[i]["prompt"], text),
                                preferred=preferred(f, items[i]["prompt"], text), tokens=int(gen.row_tokens[b]),
-                               forwards=int(gen.row_nfe[b]), digits=len(solve(f, items[i]["prompt"]).split()))
+                               forwards=int(gen.row_nfe[b]), forwards_answer=int(answer[b]),
+                               forwards_after=int(after[b]), digits=len(solve(f, items[i]["prompt"]).split()))
         if dev.type == "cuda":
             torch.cuda.synchronize()
         secs[f] = time.perf_counter() - t0
@@ -229,7 +243,7 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
         rs = [r for r in rows if r["family"] == f]
         families[f] = dict(n=len(rs), accuracy=sum(r["correct"] for r in rs) / len(rs),
                            preferred=sum(r["preferred"] for r in rs) / len(rs),
-                           right=sum(r["correct"] or r["preferred"] for r in rs) / len(rs),
+                           right=sum(r["correct"] or r["preferred"] for r in rs) / len(rs), **split(rs),
                            **sample.throughput(gens[f], secs[f]))
     lengths = {}
     for r in rows:
@@ -240,7 +254,7 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     return dict(n=len(rows), accuracy=sum(r["correct"] for r in rows) / len(rows),
                 preferred=sum(r["preferred"] for r in rows) / len(rows),
                 right=sum(r["correct"] or r["preferred"] for r in rows) / len(rows), families=families,
-                lengths=lengths, rows=rows,
+                lengths=lengths, rows=rows, canvas=N, **split(rows),
                 **sample.throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
 
 
