@@ -48,6 +48,11 @@ def paired(a, b):
     return f"{m:+.3f} ± {sd:.3f}, t = {t:.2f}, p = {p:.3f}, ahead in {sum(x > 0 for x in d)}/{n}"
 
 
+def split(r):
+    """'N 6; 1.80 + 0.40': a tasks run's canvas and its mean forwards a row, committing answer tokens + only after."""
+    return f"N {r['canvas']}; {r['forwards_answer']:.2f} + {r['forwards_after']:.2f}"
+
+
 def tasks_world(*args):
     """run.sh: the exact-answer world's table (out/tasks/results.md). args: the model names."""
     argv = ["tasks_world", *map(str, args)]
@@ -60,12 +65,12 @@ def tasks_world(*args):
     runs = {m: json.loads((O / f"eval/{m}.json").read_text())["results"]["runs"] for m in argv[1:]}
     merge = json.loads((O / "merged/merge.json").read_text())
     print("Exact match on 100 held-out prompts per family (greedy; an answer ending in the preferred full stop "
-          "counts as "
-          "right), at threshold 0.9 for the DLMs (they commit every token whose confidence reaches it) and at 0.5; "
-          "tokens "
-          "per forward: the mean over rows of each row's own count.\n")
-    print("| model | sort | rev | add | tokens per forward | all, threshold 0.5: exact match / tokens per forward "
-          "| with the full stop |")
+          "counts as right), at threshold 0.9 for the DLMs (they commit every token whose confidence reaches it) and "
+          "at 0.5; tokens per forward: the mean over rows of each row's own count, on a canvas of N slots, and "
+          "each row's forwards split into those that committed answer tokens and those spent only on slots after "
+          "the answer.\n")
+    print("| model | sort | rev | add | tokens per forward (N; forwards: answer + after) | all, threshold 0.5: exact "
+          "match / tokens per forward | with the full stop |")
     print("|---|---|---|---|---|---|---|")
     order = ["ar", "dlm", "align0", "align", "distill-off", "distill", "ar-dpo", "merged"]
     for m in [m for m in order if m in runs]:
@@ -76,8 +81,10 @@ def tasks_world(*args):
         name = what[m] + (f", γ = {merge['best_gamma']:g} chosen" if m == "merged" else "")
         low = "—" if lo is None else f"{lo['right']:.2f} / {lo['tokens_per_forward']:.2f}"
         print(f"| {name} | {f['sort']['right']:.2f} | {f['rev']['right']:.2f} | {f['add']['right']:.2f} | "
-              f"{r['tokens_per_forward']:.2f} | {low} | {r['preferred']:.2f} |")
-    print("\nAccuracy against parallelism: exact match (all families, a full stop allowed) / tokens per forward\n")
+              f"{r['tokens_per_forward']:.2f} ({split(r)}) | {low} | {r['preferred']:.2f} |")
+    print("\nAccuracy against parallelism: exact match (all families, a full stop allowed) / tokens per forward "
+          "(the DLMs' canvas: N = " + ", ".join(sorted({f"{runs[m][-1]['canvas']} ({m})" for m in runs
+                                                       if m not in ("ar", "ar-dpo")})) + ")\n")
     ts = [r["threshold"] for r in runs["align"]]
     print("| model | " + " | ".join(f"threshold {t:g}" for t in ts) + " |")
     print("|---|" + "---|" * len(ts))

@@ -20,7 +20,7 @@ def task_run(threshold, right, tpf):
     lengths = {"add/2": dict(n=3, accuracy=right, tokens_per_forward=tpf), "sort/4": dict(n=5, accuracy=right,
                                                                                        tokens_per_forward=tpf + 1)}
     return dict(threshold=threshold, right=right, accuracy=right, preferred=0.25, tokens_per_forward=tpf, families=fam,
-                lengths=lengths)
+                lengths=lengths, canvas=6, forwards_answer=2.0, forwards_after=0.5)
 
 
 def test_t_two_sided_against_tables():
@@ -58,8 +58,9 @@ def test_tasks_world(tmp_path, monkeypatch, capsys):
     write("out/tasks/merged/merge.json", MERGE)
     report.tasks_world("ar", "align")
     out = capsys.readouterr().out
-    assert "| AR teacher (`pretrain.py`, 1200 steps) | 0.90 | 0.91 | 0.92 | 1.00 | — | 0.25 |" in out
-    assert "| REPR-ALIGN, λ = 10 (`align.py`, 200 steps) | 0.60 | 0.61 | 0.62 | 1.50 | 0.40 / 2.50 | 0.25 |" in out
+    assert "| AR teacher (`pretrain.py`, 1200 steps) | 0.90 | 0.91 | 0.92 | 1.00 (N 6; 2.00 + 0.50) | — | 0.25 |" in out
+    assert ("| REPR-ALIGN, λ = 10 (`align.py`, 200 steps) | 0.60 | 0.61 | 0.62 | 1.50 (N 6; 2.00 + 0.50) | 0.40 / 2.50 "
+            "| 0.25 |") in out and "(the DLMs' canvas: N = 6 (align))" in out
     assert "| align | 0.40 / 2.50 | 0.60 / 1.50 |" in out and "| ar |" not in out.split("Accuracy against")[1]
     assert "γ = 0.5 chosen on 8 training pairs (reward accuracy 0.875); held-out reward accuracy 0.750" in out
     assert "| sort | 4 | 5 | 2.50 |" in out  # tokens per forward at 0.9 by the answer's length
@@ -230,3 +231,18 @@ def test_repro_mark(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| AR teacher | 0.70 | 0.00 | 1.25 | — |" in out and "| AR after DPO | 0.70 | 0.90 | 1.25 | 0.990 |" in out
     assert "| AR-MAP, γ = 1 | 0.70 | 0.30 | 1.25 | 0.800 |" in out and "| DLM-only" in out
+
+
+def test_eos_grid_statistics_by_hand():
+    """McNemar's exact test, the paired t-test and Holm's correction of scripts/eos_grid.py, against values worked
+    out here."""
+    from scripts import eos_grid
+    a, b = [True, True, False, False, True], [False, True, True, True, True]  # discordant: 1 and 2
+    assert eos_grid.mcnemar(a, b) == pytest.approx(2 * (1 + 3) / 8)  # capped at 1
+    assert eos_grid.mcnemar([False] * 6, [True] * 6) == pytest.approx(2 / 64)
+    assert eos_grid.mcnemar([True, False], [True, False]) == 1.0
+    assert eos_grid.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    d = [0.5, 0.25, 0.0, 0.75]  # b - a
+    t = (sum(d) / 4) / (math.sqrt(sum((x - 0.375) ** 2 for x in d) / 3) / 2)
+    assert eos_grid.paired_t([1, 1, 1, 1], [1 + x for x in d]) == pytest.approx(report.t_two_sided(t, 3))
+    assert eos_grid.paired_t([1, 2], [1, 2]) == 1.0

@@ -112,3 +112,20 @@ def test_align_with_tasks_resumes_exactly(world, tmp_path):
                          for x in recs]
     got, want = keep(log(cut)), keep(log(full))
     assert got == want[:2] + want[3:] and TASK_KEYS <= set(got[-1])  # step 2's own record went with the kill
+
+
+def test_eos_grid_runs_every_rule_and_setting(world, tmp_path):
+    """scripts/eos_grid.py on the tiny world: every rule, threshold, block and canvas decoded on the same prompts,
+    each prompt's forwards split adding up, and its tables printed."""
+    r = run_script("scripts/eos_grid.py", "--run", world, "--data", world / "data", "--models", "dlm", "block",
+                   "--num_prompts", 2, "--out", tmp_path / "g.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads((tmp_path / "g.json").read_text())
+    assert len(out["teacher"]["correct"]) == 6 and len(out["rows"]) == 2 * 2 * 4 + 2 * 4
+    assert {(x["model"], x["canvas"], x["block"]) for x in out["rows"]} == {
+        ("dlm", 6, 6), ("dlm", 8, 4), ("dlm", 16, 16), ("dlm", 16, 4), ("block", 8, 4), ("block", 16, 4)}
+    for row in out["rows"]:
+        assert set(row["rules"]) == {"free", "last", "penalty 1", "penalty 3"}
+        for rows in row["rules"].values():
+            assert len(rows) == 6 and all(x["forwards_answer"] + x["forwards_after"] == x["forwards"] for x in rows)
+    assert "| dlm | 6 | 6 | 0.5 |" in r.stdout and "Within 2 points of the AR teacher's exact match" in r.stdout
