@@ -112,6 +112,22 @@ def test_generate_until_is_the_checkpoints_sampler(lms, kind):
     assert lm.canvas(7) == {"causal": 7, "bidirectional": 7, "block": 8}[kind]
 
 
+def test_end_token_rule_reaches_the_sampler(base_world):
+    """eos_rule / eos_penalty as model arguments: passed to sample.generate as sample.py names them (the penalty only
+    with its rule), and the generations are that sampler's."""
+    import sample
+    lm = harness.AR2DLM(pretrained=str(base_world / "dlm"), device="cpu", eos_rule="penalty", eos_penalty="5")
+    assert lm.sampler == dict(eos_rule="penalty", eos_penalty=5.0)
+    assert harness.AR2DLM(pretrained=str(base_world / "dlm"), device="cpu", eos_rule="last").sampler == dict(
+        eos_rule="last")
+    got = lm.generate_until([Req("def f1(x):\n", dict(until=["\n\n"], max_gen_toks=8, do_sample=False))])
+    ends = lm.tok.end_ids(lm.model.config)
+    gen = sample.generate(lm.model, [lm.tok.encode("def f1(x):\n")], 8, eos_id=ends, eos_rule="penalty",
+                          eos_penalty=5.0, generator=torch.Generator().manual_seed(lm.seed),
+                          vocab_limit=lm.tok.vocab_size)
+    assert got == [lm.tok.decode(sample.until_end(gen.generated[0].tolist(), ends)).split("\n\n")[0]]
+
+
 def test_unknown_model_argument_is_refused(base_world):
     with pytest.raises(ValueError, match="unknown model arguments.*'thresh'"):
         harness.AR2DLM(pretrained=str(base_world / "ar"), device="cpu", thresh=0.9)
