@@ -592,3 +592,11 @@ if __name__ == "__main__":
     for why, n in meta["skipped_conversations"].items():
         print(f"skipped {n} conversation(s): {why}")
     print(f"wrote {args.out_dir}/{{train.bin,val.bin,meta.json}}{' + roles' * meta['chat']} + tokenizer")
+
+
+def unigram_entropy(ids):
+    """Entropy (bits) of the token frequencies in ids (a list or an integer array); low for degenerate,
+    repetitive text. H = -Σ_v q_v log2 q_v, q_v the frequency of token v."""
+    counts = np.bincount(np.asarray(ids, dtype=np.int64).reshape(-1))
+    q = counts[counts > 0] / max(1, counts.sum())
+    return float(-(q * np.log2(q)).sum())

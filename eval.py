@@ -158,15 +158,6 @@ def completion_ids(gen, b, eos_id):
     return sample.until_end(gen.generated[b].tolist(), eos_id)
 
 
-def unigram_entropy(ids):
-    """Entropy (bits) of the token frequencies in ids (a list or an integer array); low for degenerate,
-    repetitive text. H = -Σ_v q_v log2 q_v, q_v the frequency of token v."""
-    import numpy as np
-    counts = np.bincount(np.asarray(ids, dtype=np.int64).reshape(-1))
-    q = counts[counts > 0] / max(1, counts.sum())
-    return float(-(q * np.log2(q)).sum())
-
-
 def repetition_rate(ids, n=4):
     """The share of the n-grams of ids that repeat an earlier one, 1 - distinct / total (None under n tokens):
     0 for text without a repeated n-gram, near 1 for a loop (the failure greedy decoding of small models falls
@@ -217,8 +208,8 @@ def generate(args):
     # tokens per forward: per row (its tokens up to eos / the forwards it needed), then the mean over rows
     res = dict(sampler=model.config.attn, temperature=args.temperature, prompts=len(prompts), gen_perplexity=ppl,
                completion_tokens=n,
-               unigram_entropy_bits=sum(unigram_entropy(c) for _, c in pairs) / len(pairs),  # mean per sample
-               pooled_entropy_bits=unigram_entropy([t for _, c in pairs for t in c]),
+               unigram_entropy_bits=sum(data.unigram_entropy(c) for _, c in pairs) / len(pairs),  # mean per sample
+               pooled_entropy_bits=data.unigram_entropy([t for _, c in pairs for t in c]),
                repetition_4gram=sum(reps) / len(reps) if reps else float("nan"),  # mean per sample of >= 4 tokens
                **sample.throughput(gens, secs), seconds=secs)
     res["samples"] = [dict(prompt=tok.decode(p), completion=tok.decode(c)) for p, c in pairs[:args.show]]

@@ -37,7 +37,6 @@ import cli
 import data
 import sample
 import training
-from eval import unigram_entropy
 from model import PRESETS, Qwen3, preset
 from tokenizer import EOS, Tokenizer
 
@@ -117,7 +116,7 @@ if __name__ == "__main__":
         run.log(rec, loss=f"{rec['loss']:.3f}", val=f"{last_val:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
 
     val = evaluate(model, val_batches, ctx, **loss_kw)
-    h = unigram_entropy(val_data) * math.log(2)  # nats, like the loss
+    h = data.unigram_entropy(val_data) * math.log(2)  # nats, like the loss
     against = f"vs unigram entropy {h:.3f} nats ({h / math.log(2):.3f} bits) of the validation tokens"
     if loss_kw:  # the answer-only loss has no frequency baseline: a model that knows the task reaches 0
         against = f"on the tokens after {args.loss_after!r}"

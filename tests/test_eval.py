@@ -63,12 +63,12 @@ def test_truncate_and_entropy():
     assert E.truncate("    return 1\n\ndef g():\n    pass") == "    return 1\n"
     assert E.truncate("    x = 1\nprint(x)\nclass A: pass") == "    x = 1"
     assert E.truncate("    return 2\n") == "    return 2\n"
-    assert E.unigram_entropy([7] * 10) == 0.0 and E.unigram_entropy([1, 2, 1, 2]) == pytest.approx(1.0)
-    assert E.unigram_entropy(list(range(8))) == pytest.approx(3.0) and E.unigram_entropy([]) == 0.0
+    assert data.unigram_entropy([7] * 10) == 0.0 and data.unigram_entropy([1, 2, 1, 2]) == pytest.approx(1.0)
+    assert data.unigram_entropy(list(range(8))) == pytest.approx(3.0) and data.unigram_entropy([]) == 0.0
     ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]  # against the formula, term by term
     want = -sum(ids.count(v) / 11 * math.log2(ids.count(v) / 11) for v in set(ids))
-    assert E.unigram_entropy(ids) == pytest.approx(want)
-    assert E.unigram_entropy(np.array(ids, np.uint16)) == pytest.approx(want)  # a token file's dtype
+    assert data.unigram_entropy(ids) == pytest.approx(want)
+    assert data.unigram_entropy(np.array(ids, np.uint16)) == pytest.approx(want)  # a token file's dtype
 
 
 def slow_repetition(ids, n=4):
