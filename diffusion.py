@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask
 
+import data
 from model import attend
 
 NORMS = ("mean", "elbo")
@@ -249,3 +250,37 @@ def fixed_mask_eval(model, batches, ctx=None, ratios=EVAL_RATIOS, seed=EVAL_SEED
     n = [max(v, 1) for v in n]
     return {**{f"val_loss@{r}": ce[k] / n[k] for k, r in enumerate(ratios)},
             **{f"val_acc@{r}": acc[k] / n[k] for k, r in enumerate(ratios)}, "val_nelbo": nats}
+
+
+# ---- scoring preference pairs: AR exact, DLM by the ELBO (dpo.py, merge.py, harness.py) ----------------------
+
+N_DRAWS = 4  # fixed ELBO draws (t, M) per pair that score pairs: --dlm's held-out pairs; merge.py --n_masks's default
+
+
+def response_logps(model, ids, resp_mask):
+    """(B,) log π(y|x) = Σ_{i ∈ response} log p(ids_i | ids_<i): one causal forward, lm_head on rows i-1 only."""
+    ce = model(ids, "causal", rows=denoiser_rows(resp_mask, True), targets=ids[resp_mask])  # (n_resp,)
+    return torch.zeros(ids.shape[0], device=ids.device).index_add(0, resp_mask.nonzero()[:, 0], -ce)  # Σ log p
+
+
+def draw_masks(n_pairs, n_masks, T, seed, eps=1e-3):
+    """t (n_masks, n_pairs) ~ U(eps, 1-eps), u (n_masks, n_pairs, T) ~ U(0, 1): draw k masks i of pair j if u < t.
+    seed: an int, or a torch.Generator to draw from."""
+    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    t = eps + (1 - 2 * eps) * torch.rand(n_masks, n_pairs, generator=g)
+    return t, torch.rand(n_masks, n_pairs, T, generator=g)
+
+
+@torch.no_grad()
+def all_logps(model, items, draws=None, batch_size=16, ctx=contextlib.nullcontext()):
+    """(n, 2): log π(y_w|x), log π(y_l|x) of every pair, exact (AR) or, given draws (t, u) of draw_masks, a DLM's ELBO
+    estimate: the mean over the draws, each shared by a pair's y_w and y_l (merge.py's rewards, dpo.py --dlm's)."""
+    dev, out = model.model.embed_tokens.weight.device, []
+    for s in range(0, len(items), batch_size):
+        batch = data.pair_batch(items[s:s + batch_size], dev)
+        n = batch[0].shape[0] // 2  # pairs in this batch
+        with ctx:
+            lp = response_logps(model, batch[0], batch[2]) if draws is None else sum(  # E_{t,M}: the mean over draws
+                pair_elbo(model, *batch, t[s:s + n], u[s:s + n]) for t, u in zip(*draws)) / len(draws[0])
+        out.append(torch.stack(lp.cpu().chunk(2), 1))
+    return torch.cat(out)

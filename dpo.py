@@ -23,10 +23,9 @@ from torch.nn.utils import parametrize
 
 import cli
 import data
-import diffusion
 import training
+from diffusion import N_DRAWS, all_logps, draw_masks, pair_elbo, response_logps
 
-N_DRAWS = 4  # fixed ELBO draws (t, M) per pair that score pairs: --dlm's held-out pairs; merge.py --n_masks's default
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 p = cli.parser(__doc__)
@@ -47,12 +46,6 @@ p.set_defaults(weight_decay=0.0, save_dtype="float32")
 
 
 # ---- DPO -------------------------------------------------------------------------------------------
-
-def response_logps(model, ids, resp_mask):
-    """(B,) log π(y|x) = Σ_{i ∈ response} log p(ids_i | ids_<i): one causal forward, lm_head on rows i-1 only."""
-    ce = model(ids, "causal", rows=diffusion.denoiser_rows(resp_mask, True), targets=ids[resp_mask])  # (n_resp,)
-    return torch.zeros(ids.shape[0], device=ids.device).index_add(0, resp_mask.nonzero()[:, 0], -ce)  # Σ log p
-
 
 def dpo_loss(pi_w, pi_l, ref_w, ref_l, beta):
     """-> (mean loss, reward_w, reward_l), the implicit rewards detached."""
@@ -104,29 +97,6 @@ def merged_state(model):
                     if parametrize.is_parametrized(m, "weight")}
 
 
-def draw_masks(n_pairs, n_masks, T, seed, eps=1e-3):
-    """t (n_masks, n_pairs) ~ U(eps, 1-eps), u (n_masks, n_pairs, T) ~ U(0, 1): draw k masks i of pair j if u < t.
-    seed: an int, or a torch.Generator to draw from."""
-    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
-    t = eps + (1 - 2 * eps) * torch.rand(n_masks, n_pairs, generator=g)
-    return t, torch.rand(n_masks, n_pairs, T, generator=g)
-
-
-@torch.no_grad()
-def all_logps(model, items, draws=None, batch_size=16, ctx=contextlib.nullcontext()):
-    """(n, 2): log π(y_w|x), log π(y_l|x) of every pair, exact (AR) or, given draws (t, u) of draw_masks, a DLM's ELBO
-    estimate: the mean over the draws, each shared by a pair's y_w and y_l (merge.py's rewards, dpo.py --dlm's)."""
-    dev, out = model.model.embed_tokens.weight.device, []
-    for s in range(0, len(items), batch_size):
-        batch = data.pair_batch(items[s:s + batch_size], dev)
-        n = batch[0].shape[0] // 2  # pairs in this batch
-        with ctx:
-            lp = response_logps(model, batch[0], batch[2]) if draws is None else sum(  # E_{t,M}: the mean over draws
-                diffusion.pair_elbo(model, *batch, t[s:s + n], u[s:s + n]) for t, u in zip(*draws)) / len(draws[0])
-        out.append(torch.stack(lp.cpu().chunk(2), 1))
-    return torch.cat(out)
-
-
 if __name__ == "__main__":
     args = training.parse_loop_args(p)
     if args.beta <= 0 or args.lora_rank < 0 or args.sft_weight < 0:
@@ -171,7 +141,7 @@ if __name__ == "__main__":
     for step in run.steps():
         for pick, tu in run.micro_batches(draw):
             ids, _, resp, _ = batch = data.pair_batch([train[j] for j in pick], device)
-            logps = lambda m: response_logps(m, ids, resp) if tu is None else diffusion.pair_elbo(m, *batch, *tu)
+            logps = lambda m: response_logps(m, ids, resp) if tu is None else pair_elbo(m, *batch, *tu)
             with torch.no_grad(), ctx, adapters_off(ref):
                 ref_w, ref_l = logps(ref).chunk(2)  # log π_ref(y|x), no gradient; --dlm: the ELBO of the draw
             with ctx:

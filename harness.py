@@ -42,7 +42,6 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 import diffusion
-import dpo
 import sample
 import training
 
@@ -132,7 +131,7 @@ class AR2DLM(LM):
         """(B,) the mean over mc_draws draws of -Σ_{i∈M} CE_i / t (each row's draws seeded by its ids), and whether
         the continuation is the argmax with all of it masked."""
         B, T = ids.shape
-        t, u = zip(*(dpo.draw_masks(1, self.mc_draws, T, seeded(self.seed, items[j][0]), self.eps) for j in js))
+        t, u = zip(*(diffusion.draw_masks(1, self.mc_draws, T, seeded(self.seed, items[j][0]), self.eps) for j in js))
         t, u = torch.cat(t, 1).to(ids.device), torch.cat(u, 1).to(ids.device)  # (draws, B), (draws, B, T)
         ok = cont & diffusion.maskable(B, T, self.model.config.shift, device=ids.device)
         total = sum(diffusion.sequence_elbo(self.model, ids, (u[k] < t[k][:, None]) & ok, t[k])

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 import cli
 import data
-import dpo
+import diffusion
 import training
 from checkpoint import read_tensor
 from model import Qwen3
@@ -62,7 +62,7 @@ s.add_argument("--gammas", type=cli.comma_list(float, what="numbers, e.g. 0,1,2,
 s.add_argument("--select", default="accuracy", choices=SELECTORS, help="how the training pairs choose γ (pick_gamma)")
 s.add_argument("--masks", default="shared", choices=["shared", "independent"], help="the ELBO draws: the reference's")
 s.add_argument("--beta", type=float, default=0.1, help="β of the implicit reward β(ELBO_γ − ELBO_DLM)")
-s.add_argument("--n_masks", type=int, default=dpo.N_DRAWS, help="ELBO draws (t, mask) per pair")
+s.add_argument("--n_masks", type=int, default=diffusion.N_DRAWS, help="ELBO draws (t, mask) per pair")
 s.add_argument("--samples", type=int, default=32, help="win rate (eval.py winrate): completions per model (0: none)")
 s.add_argument("--win_rate_at", default="chosen", choices=["chosen", "all"], help="at the chosen γ, or at every γ")
 s.add_argument("--seed", type=int, default=1337, help="the training-pair sample, masks, DARE, samples")
@@ -163,13 +163,13 @@ def rewards(model, W0, delta, items, gammas, *, beta, n_masks, seed, masks="shar
     """-> (G, n, 2): r_γ(x, y) = β (ELBO_γ(y|x) − ELBO_DLM(y|x)) of each pair's chosen and rejected response at each
     γ; the model left at W0. masks "shared": the reference's draws (r_0 = 0); "independent": their own (seed + 1)."""
     T = max(len(x) + max(len(yw), len(yl)) for x, yw, yl in items)
-    ref_masks = dpo.draw_masks(len(items), n_masks, T, seed)
-    own_masks = ref_masks if masks == "shared" else dpo.draw_masks(len(items), n_masks, T, seed + 1)
-    ref = dpo.all_logps(model, items, ref_masks, BATCH, ctx)  # ELBO_DLM, computed once
+    ref_masks = diffusion.draw_masks(len(items), n_masks, T, seed)
+    own_masks = ref_masks if masks == "shared" else diffusion.draw_masks(len(items), n_masks, T, seed + 1)
+    ref = diffusion.all_logps(model, items, ref_masks, BATCH, ctx)  # ELBO_DLM, computed once
     out = []
     for gamma in tqdm(gammas, desc=f"γ grid, {len(items)} pairs", leave=False):
         apply(model, W0, delta, gamma)
-        e = ref if gamma == 0 and masks == "shared" else dpo.all_logps(model, items, own_masks, BATCH, ctx)
+        e = ref if gamma == 0 and masks == "shared" else diffusion.all_logps(model, items, own_masks, BATCH, ctx)
         revert(model, W0)
         out.append(beta * (e - ref))  # r_γ(x, y) = β (ELBO_γ(y|x) − ELBO_DLM(y|x))
     return torch.stack(out)

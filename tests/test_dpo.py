@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import data
+import diffusion
 import dpo
 from conftest import killed_after_checkpoint, world_copy
 from model import Qwen3
@@ -28,7 +29,7 @@ def test_response_logps_matches_a_slow_per_token_loop():
     ids, plen, resp, real = data.pair_batch(items, "cpu")
     assert ids.shape == (4, 5) and plen.tolist() == [3, 1, 3, 1] and resp.sum(1).tolist() == [2, 4, 1, 3]
     with torch.no_grad():
-        got = dpo.response_logps(model, ids, resp)
+        got = diffusion.response_logps(model, ids, resp)
         seqs = [x + y for x, y, _ in items] + [x + y for x, _, y in items]
         for b, seq in enumerate(seqs):
             want = 0.0
@@ -80,13 +81,13 @@ def test_lora_reference_with_adapters_off_is_the_frozen_base():
                 m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g))  # a trained-looking, non-zero B·A
     ids, _, resp, _ = data.pair_batch([([1, 2, 3], [4, 5, 6], [7]), ([8], [9, 10], [11, 12, 13])], "cpu")
     with torch.no_grad():
-        want, adapted = dpo.response_logps(base, ids, resp), dpo.response_logps(model, ids, resp)
+        want, adapted = diffusion.response_logps(base, ids, resp), diffusion.response_logps(model, ids, resp)
         with dpo.adapters_off(model):
-            ref = dpo.response_logps(model, ids, resp)
+            ref = diffusion.response_logps(model, ids, resp)
         assert torch.allclose(ref, want, atol=1e-6) and not torch.allclose(adapted, want, atol=1e-3)
-        assert torch.equal(dpo.response_logps(model, ids, resp), adapted)  # the adapters are back on
+        assert torch.equal(diffusion.response_logps(model, ids, resp), adapted)  # the adapters are back on
         with dpo.adapters_off(base):  # no LoRA: nothing to switch off
-            assert torch.equal(dpo.response_logps(base, ids, resp), want)
+            assert torch.equal(diffusion.response_logps(base, ids, resp), want)
 
 
 # ---- task vectors ----------------------------------------------------------------------------------
@@ -167,8 +168,8 @@ def test_dpo_dlm_is_dpo_on_the_elbo_of_one_draw_shared_by_policy_and_reference(w
     pair = dict(prompt="x = ", chosen="'a'<|endoftext|>", rejected="\"a\"<|endoftext|>")
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps(pair) + "\n")
-    calls, pair_elbo = [], dpo.diffusion.pair_elbo
-    monkeypatch.setattr(dpo.diffusion, "pair_elbo", lambda m, *a: calls.append(
+    calls, pair_elbo = [], diffusion.pair_elbo
+    monkeypatch.setattr(diffusion, "pair_elbo", lambda m, *a: calls.append(
         (torch.is_grad_enabled(), a[-2].clone(), a[-1].clone())) or pair_elbo(m, *a))
     args = ["--pairs", path, "--heldout", path, "--batch_size", 2, "--max_iters", 1, "--sft_weight", 0.5]
     r = run_dpo("--dlm", "--ar", world / "dlm", "--out_dir", tmp_path / "out", *args)

@@ -135,10 +135,10 @@ def test_pair_elbos_share_masks_and_ignore_padding(shift):
     same = ([5, 6, 7], [8, 9, 10, 11], [8, 9, 10, 11])  # chosen == rejected: equal only if the masks are shared
     short = ([1, 2], [3, 4], [3, 39])
     items = [same, short]
-    t, u = dpo.draw_masks(len(items), 3, 7, seed=0)
-    e = dpo.all_logps(model, items, (t, u))
-    assert torch.equal(e, dpo.all_logps(model, items, (t, u))) and e[0, 0] == e[0, 1] and (e < 0).all()
-    alone = dpo.all_logps(model, [short], (t[:, 1:], u[:, 1:]))  # the padded row equals the pair by itself
+    t, u = diffusion.draw_masks(len(items), 3, 7, seed=0)
+    e = diffusion.all_logps(model, items, (t, u))
+    assert torch.equal(e, diffusion.all_logps(model, items, (t, u))) and e[0, 0] == e[0, 1] and (e < 0).all()
+    alone = diffusion.all_logps(model, [short], (t[:, 1:], u[:, 1:]))  # the padded row equals the pair by itself
     assert torch.allclose(e[1], alone[0], atol=1e-5)
 
 
@@ -173,8 +173,8 @@ def test_rewards_and_margins_match_a_slow_loop(masks):
     assert all(torch.equal(q, W0[n]) for n, q in model.named_parameters())  # left at W0
     stats = merge.reward_stats(r, gammas)
     T = max(len(x) + max(len(a), len(b)) for x, a, b in items)
-    t0, u0 = dpo.draw_masks(len(items), 2, T, 7)  # the reference's draws
-    t1, u1 = (t0, u0) if masks == "shared" else dpo.draw_masks(len(items), 2, T, 8)  # the merged models'
+    t0, u0 = diffusion.draw_masks(len(items), 2, T, 7)  # the reference's draws
+    t1, u1 = (t0, u0) if masks == "shared" else diffusion.draw_masks(len(items), 2, T, 8)  # the merged models'
     with torch.no_grad():
         for k, gamma in enumerate(gammas):
             slow = micro(0, attn="bidirectional", mask_token_id=MASK, shift=True)  # a separate model at W0 + γΔ
@@ -205,13 +205,13 @@ def test_rewards_and_margins_match_a_slow_loop(masks):
 def test_shared_masks_are_shared_and_independent_ones_are_not(monkeypatch, masks):
     model, W0, delta, items = merged_world()
     items = [(x, yw, yw[:-1] + [60]) for x, yw, _ in items]  # chosen and rejected of equal length per pair
-    calls, orig = [], dpo.diffusion.sequence_elbo
+    calls, orig = [], diffusion.sequence_elbo
 
     def record(model, x0, masked, t, attn=None):
         calls.append((masked.clone(), t.clone()))
         return orig(model, x0, masked, t, attn)
 
-    monkeypatch.setattr(dpo.diffusion, "sequence_elbo", record)
+    monkeypatch.setattr(diffusion, "sequence_elbo", record)
     merge.rewards(model, W0, delta, items, [0.0, 1.0, 2.0], beta=0.1, n_masks=3, seed=0, masks=masks)
     per_model = len(calls) // (3 + (masks == "independent"))  # 3 draws; shared: γ = 0 reuses the reference's ELBOs
     ref, merged = calls[:per_model], calls[per_model:]
