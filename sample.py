@@ -8,48 +8,10 @@ checkpoint's config (attn: causal -> AR, bidirectional -> masked diffusion, bloc
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --show_rounds   # which round committed what
     python sample.py --ckpt out/dlm-tiny --prompt "def fib(n):" --max_new_tokens 256 --cache dual  # Fast-dLLM
     python sample.py --ckpt out/ar-tiny --prompt "def fib(n):" --max_new_tokens 256 --compile
-    python sample.py --ckpt DIR --chat          # a multi-turn session in the checkpoint's chat template
+    python sample.py --ckpt DIR --chat          # a multi-turn session in the checkpoint's chat template (chat.py)
 
-What is notable here:
-- ar_generate: a static KV cache allocated once for prompt + new tokens and written in place slot by slot
-  (gpt-fast). Ragged prompts are left-padded; the pads are hidden from every query by an explicit mask
-  and RoPE positions count from each row's first real token, so a row of a batch equals that prompt alone.
-- diffusion_generate: LLaDA's semi-autoregressive sampler with low-confidence (or random) remasking, the
-  number of tokens committed per step precomputed; `threshold` switches to Fast-dLLM's parallel decoding
-  (commit every prediction at or above it, at least one per step, until the block is done). cache="prefix"
-  or "dual" is Fast-dLLM's approximate KV cache: a full forward at each block's first step fills a static
-  cache, the block's later steps feed the block and what follows it (prefix) or the block alone (dual).
-- block_generate: block diffusion with an exact KV cache. The first forward on block b also carries block
-  b-1 with its final tokens, so each finished block enters the cache once, inside a forward that was
-  needed anyway: the cached sampler uses exactly as many forwards as the slow no-cache reference.
-- One helper, `sample`, applies temperature / top-k / top-p the same way in all three, bans the mask
-  token and draws with an explicit torch.Generator (an exponential race, which unlike torch.multinomial
-  needs no host sync). The confidence it returns, which the threshold and low-confidence remasking
-  compare, is the chosen token's probability under the raw softmax (after the ban, before temperature,
-  top-k and top-p), as in LLaDA's and Fast-dLLM's samplers.
-- A row is done when its answer is: once its first end token is committed and no slot before it is masked
-  (close_answered), its later slots become that token and it is charged no more forwards; the sampler
-  returns when every row is done. finish_block=True keeps the older rule of samplers that finish every
-  block (done once the end token's block is): the same tokens up to the end token, more forwards.
-- Parallelism is counted per row: Generation.row_nfe is the forwards each row needed (a row whose block
-  is done, or which is done, is not charged for the batch's extra rounds) and row_tokens the tokens it
-  generated up to its first eos, so row_tokens / row_nfe is what that sequence decoded alone would get.
-  Generation.nfe is the batch's forwards (each block lasts as long as its slowest row needs).
-- `generate` picks the sampler from config.attn for sample.py's CLI and eval.py alike.
-- compile=True (sample.py --compile): every model call goes through one function, `forward`, which builds
-  the step's mask and runs the model; compiled (compiling.stepper), it is one graph per kind of step,
-  replayed: the loops keep each step's shapes fixed (AR: one token against the whole static cache; block: the
-  block alone, or with the previous block in round 0), so neither the prompt's nor the generation's length
-  recompiles. AR and block: the prompt's forward stays eager (one call, of a varying length).
-- No host sync inside the loops but the stopping checks: "block done" (once per forward: that is what
-  parallel decoding saves), "every row is done" (once per block; AR: once every STOP_EVERY tokens).
-
-Common arguments: `prompt`, a (B, T) LongTensor or a list of token lists (ragged: left-padded with pad_id,
-default the first end id, else 0); temperature (0: greedy), top_k, top_p; eos_id (an id, or a list/tuple of
-ids: a row stops at the first of any, and its later slots repeat it); generator (a torch.Generator on the
-model's device; default: freshly seeded); mask_token_id and shift (default: the model's config);
-vocab_limit (ids >= it are never emitted; the CLI passes the tokenizer's size, so unused embedding rows
-never come out). Each sampler returns a Generation; `throughput` summarises one or more.
+Each sampler is one function returning a Generation (tokens, forwards and tokens counted per row); `generate` picks
+one by config.attn. What each computes, the caches, the end-token rules, the counts: docs/methods.md §5.
 """
 import sys
 import time
@@ -433,7 +395,12 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
     "dual"); "block" -> block_generate (threshold default 0.9); record (DLMs: Generation.rounds), finish_block,
     eos_rule and eos_penalty (DLMs): see diffusion_generate. compile: every sampler's steps through torch.compile.
     Raises ValueError for an argument that sampler would ignore (a threshold for an AR model, ...), a threshold
-    outside (0, 1], an unknown eos_rule or a negative eos_penalty."""
+    outside (0, 1], an unknown eos_rule or a negative eos_penalty.
+    The arguments every sampler shares: `prompt`, a (B, T) LongTensor or a list of token lists (ragged: left-padded
+    with pad_id, default the first end id, else 0); temperature (0: greedy), top_k, top_p; eos_id (an id, or several:
+    a row stops at the first of any, and its later slots repeat it); generator (a torch.Generator on the model's
+    device; default: freshly seeded); mask_token_id and shift (default: the model's config); vocab_limit (ids >= it
+    are never emitted: the CLI passes the tokenizer's size, so unused embedding rows never come out)."""
     kind, N = model.config.attn, max_new_tokens
     if kind not in SAMPLERS:
         raise ValueError(f"config.attn {kind!r} has no sampler (one of {', '.join(SAMPLERS)})")
@@ -461,142 +428,10 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
                           **common)
 
 
-# ---- showing the rounds ---------------------------------------------------------------------------
-
-MARKS = "0123456789abcdefghijklmnopqrstuvwxyz"
-COLOURS = (32, 33, 34, 35, 36, 31)  # ANSI foreground by round: green, yellow, blue, magenta, cyan, red, again
-
-
-def token_pieces(tok, ids):
-    """The text each token adds to tok.decode(ids): a character whose UTF-8 bytes span several tokens goes to
-    the token that completes it. -> a list of strings, one per id, joining to tok.decode(ids)."""
-    pieces, done = [], ""
-    for i in range(len(ids)):
-        text = tok.decode(ids[:i + 1])
-        if i < len(ids) - 1:
-            text = text.rstrip("\ufffd")  # perhaps a character cut short: the token that completes it gets it
-        pieces.append(text[len(done):])
-        done = text
-    return pieces
-
-
-def mark(r):
-    """The character under a token committed in round r: 0-9, a-z, then +; blank for r < 0 (the prompt)."""
-    if r < 0:
-        return " "
-    if r < len(MARKS):
-        return MARKS[r]
-    return "+"
-
-
-def show_rounds(pieces, rounds, *, width=100, colour=False):
-    """Text with, under each line, the round that committed each character's token (`mark`); pieces and
-    rounds: one string and one round per token, round -1 for prompt tokens. Lines longer than width wrap,
-    tabs become four spaces, other control characters a middle dot; a line of prompt alone gets no mark line.
-    colour: each generated character also gets its round's ANSI colour (for a terminal)."""
-    out, text, marks = [], [], []
-
-    def flush():
-        out.append("".join(text).rstrip())
-        if any(m != " " for m in marks):
-            out.append("".join(marks).rstrip())
-        text.clear()
-        marks.clear()
-    for piece, r in zip(pieces, rounds):
-        for ch in piece.replace("\t", "    "):
-            if ch == "\n":
-                flush()
-                continue
-            if len(text) == width:
-                flush()
-            ch = ch if ch.isprintable() else "·"
-            m = mark(r)
-            if colour and r >= 0:
-                paint = f"\x1b[{COLOURS[r % len(COLOURS)]}m"
-                ch, m = f"{paint}{ch}\x1b[0m", f"{paint}{m}\x1b[0m"
-            text.append(ch)
-            marks.append(m)
-    flush()
-    return "\n".join(out)
-
-
-def live_view(tok, P, mask_id, width=100):
-    """A forward pre-hook (register_forward_pre_hook(..., with_kwargs=True)) that redraws a terminal's status line
-    before each of a sampler's forwards: the answer as it stands from slot P on, ▒ for each slot still masked."""
-    canvas = {}
-
-    def hook(module, args, kwargs):
-        x, slots = args[0][0].tolist(), kwargs.get("slots")  # row 0; the slots fed (all from 0 without a cache)
-        canvas.update(zip(range(len(x)) if slots is None else slots.tolist(), x))
-        ids = [canvas[s] for s in sorted(canvas) if s >= P]
-        text = "".join("▒" if t == mask_id else p for t, p in zip(ids, token_pieces(tok, ids)))
-        sys.stdout.write("\r\x1b[K" + text.replace("\n", "⏎")[-width:])
-        sys.stdout.flush()
-    return hook
-
-
-def chat(model, tok, args, kw):
-    """--chat without --prompt: a multi-turn session in the checkpoint's chat template, each answer generated by
-    the checkpoint's sampler (kw: generate's settings). On a terminal a DLM's answer is redrawn before every
-    forward (live_view); a block DLM's answer is then shown with the round view. Ctrl-C ends the turn (its
-    question is dropped), /reset forgets the conversation, Ctrl-D or /quit ends the session. The oldest turns are
-    dropped, and said so, when the conversation outgrows the model's positions."""
-    c = model.config
-    ends = tok.end_ids(c)
-    ends += [i for t, i in tok.special_tokens.items() if t == "<|im_end|>" and i not in ends]  # the turn's end
-    live, bs = sys.stdout.isatty() and c.attn != "causal", kw["block_size"] or c.block_size
-    messages = []
-    print("chat: Ctrl-C ends a turn, /reset forgets the conversation, Ctrl-D or /quit ends the session")
-    while True:
-        try:
-            line = input("you> ")
-        except EOFError:
-            print()
-            return
-        except KeyboardInterrupt:
-            print()
-            continue
-        if line.strip() in ("/quit", "/exit"):
-            return
-        if line.strip() == "/reset":
-            messages = []
-            print("(conversation forgotten)")
-            continue
-        if not line.strip():
-            continue
-        turn = messages + [{"role": "user", "content": line}]
-        try:
-            ids = tok.apply_chat_template(turn)
-            while len(ids) + args.max_new_tokens > c.max_position_embeddings and len(turn) > 2:
-                turn = turn[2:]  # the oldest question and its answer
-                print("(the oldest turn is dropped: the conversation outgrew the model's positions)")
-                ids = tok.apply_chat_template(turn)
-        except ValueError as e:  # no template, or one that does not render
-            raise SystemExit(f"sample: --chat: {e}")
-        P = -(-len(ids) // bs) * bs if c.attn == "block" else len(ids)  # the first generated slot
-        hook = model.register_forward_pre_hook(live_view(tok, P, c.mask_token_id), with_kwargs=True) if live else None
-        try:
-            gen = generate(model, [ids], args.max_new_tokens, eos_id=ends, **(kw | dict(record=c.attn == "block")))
-        except KeyboardInterrupt:
-            print("\n(turn ended)")
-            continue
-        except ValueError as e:
-            raise SystemExit(f"sample: {e}")
-        finally:
-            if hook is not None:
-                hook.remove()
-                print("\r\x1b[K", end="")
-        reply = until_end(gen.generated[0].tolist(), ends)
-        if c.attn == "block":
-            print(show_rounds(token_pieces(tok, reply), gen.rounds[0, :len(reply)].tolist(), colour=live))
-        else:
-            print(tok.decode(reply))
-        messages = turn + [{"role": "assistant", "content": tok.decode(reply)}]
-
-
 # ---- CLI -----------------------------------------------------------------------------------------
 
 def main():
+    import chat
     import training
     p = cli.parser(__doc__)
     p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory; its config.attn picks the sampler")
@@ -649,7 +484,12 @@ def main():
               use_cache=not args.no_cache, cache=args.cache, finish_block=args.finish_block, compile=args.compile,
               eos_rule=args.eos_rule, eos_penalty=args.eos_penalty)
     if args.chat and args.prompt is None:
-        return chat(model, tok, args, kw)
+        def answer(ids, ends):  # the reply up to its end token, and (block) the round of each token
+            gen = generate(model, [ids], args.max_new_tokens, eos_id=ends,
+                           **(kw | dict(record=model.config.attn == "block")))
+            reply = until_end(gen.generated[0].tolist(), ends)
+            return reply, None if gen.rounds is None else gen.rounds[0, :len(reply)].tolist()
+        return chat.session(model, tok, args.max_new_tokens, answer, args.block_size)
     prompt = "def " if args.prompt is None else args.prompt
     try:
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}]) if args.chat else tok.encode(prompt)
@@ -680,7 +520,7 @@ def main():
         print(f"--- prompt: {tok.decode(ids)!r}" if args.data else f"--- sample {b}")
         if args.show_rounds:
             rounds = [-1] * len(ids) + gen.rounds[b, :n].tolist()
-            print(show_rounds(token_pieces(tok, seq), rounds, colour=sys.stdout.isatty()))
+            print(chat.show_rounds(chat.token_pieces(tok, seq), rounds, colour=sys.stdout.isatty()))
         else:
             print(tok.decode(seq))
     if args.show_rounds:

@@ -442,6 +442,7 @@ def chat_ckpt(ckpts, tmp_path, attn):
 def expected_reply(d, messages, n=8):
     """The answer to a conversation, computed here: the template by hand, generate, the text up to <|im_end|>
     (which the byte-level tokenizer's config does not declare an end id: the chat adds it) -> (ids, printed)."""
+    import chat
     import sample
     tok, model = Tokenizer.from_pretrained(d), Qwen3.from_pretrained(d).eval()
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
@@ -451,7 +452,7 @@ def expected_reply(d, messages, n=8):
                           record=model.config.attn == "block")
     ids = sample.until_end(gen.generated[0].tolist(), ends)
     if model.config.attn == "block":
-        return ids, sample.show_rounds(sample.token_pieces(tok, ids), gen.rounds[0, :len(ids)].tolist())
+        return ids, chat.show_rounds(chat.token_pieces(tok, ids), gen.rounds[0, :len(ids)].tolist())
     return ids, tok.decode(ids)
 
 

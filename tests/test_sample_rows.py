@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+import chat
 import sample as S
 from sample import Generation, ar_generate, block_generate, diffusion_generate
 from test_sample import EOS, PROMPTS, V, make
@@ -231,8 +232,8 @@ def test_prompt_longer_than_positions_is_refused():
 def test_token_pieces_give_a_split_character_to_the_completing_token():
     tok = Tokenizer.byte_level()
     ids = list(b"a\xc3\xa9\tb")  # "aé\tb": é is two byte tokens
-    assert S.token_pieces(tok, ids) == ["a", "", "é", "\t", "b"]
-    assert "".join(S.token_pieces(tok, ids)) == tok.decode(ids)
+    assert chat.token_pieces(tok, ids) == ["a", "", "é", "\t", "b"]
+    assert "".join(chat.token_pieces(tok, ids)) == tok.decode(ids)
 
 
 def test_show_rounds_renders_a_hand_made_generation():
@@ -244,8 +245,8 @@ def test_show_rounds_renders_a_hand_made_generation():
     n = int(gen.row_tokens[0])
     seq = gen.sequence(0)[:2 + n].tolist()
     assert seq == prompt + new[:6]
-    got = S.show_rounds(S.token_pieces(tok, seq), [-1, -1] + gen.rounds[0, :n].tolist())
+    got = chat.show_rounds(chat.token_pieces(tok, seq), [-1, -1] + gen.rounds[0, :n].tolist())
     assert got == "abcd\n  01\n    e<|endoftext|>\n00002" + "b" * 13  # a tab: 4 spaces; round 11: b
-    assert S.show_rounds(["abcdef"], [3], width=4) == "abcd\n3333\nef\n33"  # wrapped
-    assert S.show_rounds(["x\n", "y"], [-1, 40]) == "x\ny\n+"  # a prompt-only line gets no mark line
-    assert S.show_rounds(["ab", "c"], [-1, 0], colour=True) == "ab\x1b[32mc\x1b[0m\n  \x1b[32m0\x1b[0m"
+    assert chat.show_rounds(["abcdef"], [3], width=4) == "abcd\n3333\nef\n33"  # wrapped
+    assert chat.show_rounds(["x\n", "y"], [-1, 40]) == "x\ny\n+"  # a prompt-only line gets no mark line
+    assert chat.show_rounds(["ab", "c"], [-1, 0], colour=True) == "ab\x1b[32mc\x1b[0m\n  \x1b[32m0\x1b[0m"

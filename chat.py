@@ -1,0 +1,133 @@
+"""
+The terminal side of sampling, for sample.py: a multi-turn chat in a checkpoint's chat template (`session`), a DLM's
+answer redrawn before every forward (`live_view`), and the round of its block that committed each token of a block
+DLM's text (`show_rounds`). Nothing here samples: sample.py passes its sampler in.
+"""
+import sys
+
+MARKS = "0123456789abcdefghijklmnopqrstuvwxyz"
+COLOURS = (32, 33, 34, 35, 36, 31)  # ANSI foreground by round: green, yellow, blue, magenta, cyan, red, again
+
+
+def token_pieces(tok, ids):
+    """The text each token adds to tok.decode(ids): a character whose UTF-8 bytes span several tokens goes to
+    the token that completes it. -> a list of strings, one per id, joining to tok.decode(ids)."""
+    pieces, done = [], ""
+    for i in range(len(ids)):
+        text = tok.decode(ids[:i + 1])
+        if i < len(ids) - 1:
+            text = text.rstrip("\ufffd")  # perhaps a character cut short: the token that completes it gets it
+        pieces.append(text[len(done):])
+        done = text
+    return pieces
+
+
+def mark(r):
+    """The character under a token committed in round r: 0-9, a-z, then +; blank for r < 0 (the prompt)."""
+    if r < 0:
+        return " "
+    if r < len(MARKS):
+        return MARKS[r]
+    return "+"
+
+
+def show_rounds(pieces, rounds, *, width=100, colour=False):
+    """Text with, under each line, the round that committed each character's token (`mark`); pieces and
+    rounds: one string and one round per token, round -1 for prompt tokens. Lines longer than width wrap,
+    tabs become four spaces, other control characters a middle dot; a line of prompt alone gets no mark line.
+    colour: each generated character also gets its round's ANSI colour (for a terminal)."""
+    out, text, marks = [], [], []
+
+    def flush():
+        out.append("".join(text).rstrip())
+        if any(m != " " for m in marks):
+            out.append("".join(marks).rstrip())
+        text.clear()
+        marks.clear()
+    for piece, r in zip(pieces, rounds):
+        for ch in piece.replace("\t", "    "):
+            if ch == "\n":
+                flush()
+                continue
+            if len(text) == width:
+                flush()
+            ch = ch if ch.isprintable() else "·"
+            m = mark(r)
+            if colour and r >= 0:
+                paint = f"\x1b[{COLOURS[r % len(COLOURS)]}m"
+                ch, m = f"{paint}{ch}\x1b[0m", f"{paint}{m}\x1b[0m"
+            text.append(ch)
+            marks.append(m)
+    flush()
+    return "\n".join(out)
+
+
+def live_view(tok, P, mask_id, width=100):
+    """A forward pre-hook (register_forward_pre_hook(..., with_kwargs=True)) that redraws a terminal's status line
+    before each of a sampler's forwards: the answer as it stands from slot P on, ▒ for each slot still masked."""
+    canvas = {}
+
+    def hook(module, args, kwargs):
+        x, slots = args[0][0].tolist(), kwargs.get("slots")  # row 0; the slots fed (all from 0 without a cache)
+        canvas.update(zip(range(len(x)) if slots is None else slots.tolist(), x))
+        ids = [canvas[s] for s in sorted(canvas) if s >= P]
+        text = "".join("▒" if t == mask_id else p for t, p in zip(ids, token_pieces(tok, ids)))
+        sys.stdout.write("\r\x1b[K" + text.replace("\n", "⏎")[-width:])
+        sys.stdout.flush()
+    return hook
+
+
+def session(model, tok, max_new_tokens, answer, block_size=None):
+    """A multi-turn session in the checkpoint's chat template (sample.py --chat without --prompt), each answer by
+    answer(prompt ids, end ids) -> (reply ids without the end token, the round of each (block DLMs) or None): the
+    checkpoint's sampler. On a terminal a DLM's answer is redrawn before every forward (live_view); a block DLM's
+    answer is then shown with the round view. Ctrl-C ends the turn (its question is dropped), /reset forgets the
+    conversation, Ctrl-D or /quit ends the session. The oldest turns are dropped, and said so, when the
+    conversation outgrows the model's positions."""
+    c = model.config
+    ends = tok.end_ids(c)
+    ends += [i for t, i in tok.special_tokens.items() if t == "<|im_end|>" and i not in ends]  # the turn's end
+    live, bs = sys.stdout.isatty() and c.attn != "causal", block_size or c.block_size
+    messages = []
+    print("chat: Ctrl-C ends a turn, /reset forgets the conversation, Ctrl-D or /quit ends the session")
+    while True:
+        try:
+            line = input("you> ")
+        except EOFError:
+            print()
+            return
+        except KeyboardInterrupt:
+            print()
+            continue
+        if line.strip() in ("/quit", "/exit"):
+            return
+        if line.strip() == "/reset":
+            messages = []
+            print("(conversation forgotten)")
+            continue
+        if not line.strip():
+            continue
+        turn = messages + [{"role": "user", "content": line}]
+        try:
+            ids = tok.apply_chat_template(turn)
+            while len(ids) + max_new_tokens > c.max_position_embeddings and len(turn) > 2:
+                turn = turn[2:]  # the oldest question and its answer
+                print("(the oldest turn is dropped: the conversation outgrew the model's positions)")
+                ids = tok.apply_chat_template(turn)
+        except ValueError as e:  # no template, or one that does not render
+            raise SystemExit(f"sample: --chat: {e}")
+        P = -(-len(ids) // bs) * bs if c.attn == "block" else len(ids)  # the first generated slot
+        hook = model.register_forward_pre_hook(live_view(tok, P, c.mask_token_id), with_kwargs=True) if live else None
+        try:
+            reply, rounds = answer(ids, ends)
+        except KeyboardInterrupt:
+            print("\n(turn ended)")
+            continue
+        except ValueError as e:
+            raise SystemExit(f"sample: {e}")
+        finally:
+            if hook is not None:
+                hook.remove()
+                print("\r\x1b[K", end="")
+        print(tok.decode(reply) if rounds is None else show_rounds(token_pieces(tok, reply), rounds, colour=live))
+        messages = turn + [{"role": "assistant", "content": tok.decode(reply)}]
