@@ -125,3 +125,12 @@ def test_conversions_train_two_steps_and_load_again(smollm2, tmp_path, kind):
     assert m.config.attn == ("bidirectional" if kind == "dlm" else "block") and m.config.vocab_size == 49216
     with torch.no_grad():
         assert torch.isfinite(m(torch.tensor([[1, 4093, 198, 6004, 2, 198]]))).all()
+
+
+def test_realworld_measures_the_real_model(smollm2):
+    """realworld.py --ckpt on the real model: a reply per held-out prompt through its chat template, judged and
+    tabled; SmolLM2 names capitals."""
+    r = run_script("realworld.py", "--ckpt", smollm2 / "ar", "--per_family", 2, "--families", "capital,sum",
+                   "--max_new_tokens", 12, "--device", "cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "| capital | 2 |" in r.stdout and "| sum | 2 |" in r.stdout and "capital: 'What is the capital" in r.stdout
