@@ -8,8 +8,8 @@ through its own sampler in its chat template: the families a teacher mostly answ
     python realworld.py --ckpt out/smollm2 --per_family 40           # accuracy per family, with replies shown
     python realworld.py --out_dir data/real                          # train.jsonl / heldout.jsonl of {"messages"}
 
-A checker reads the reply as a person would: the first number (sums, letters), the words in order (copy, reverse,
-sort), the capital named anywhere (capitals). Nothing here trains; run.sh's real world builds on it.
+A checker reads the reply: the last number (sums, letters), the words alone and in order (copy, reverse, sort), the
+capital named anywhere (capitals). Nothing here trains; run.sh's real world builds on it.
 """
 import json
 import random
@@ -41,11 +41,14 @@ def make(family, rng):
         return dict(family=family, prompt=f"What is {a} + {b}? Reply with the number only.", answer=str(a + b))
     if family == "letters":
         w = rng.choice(WORDS)
-        return dict(family=family, prompt=f'How many letters are in the word "{w}"? Reply with the number only.',
-                    answer=str(len(w)))
+        q = rng.choice(('How many letters are in the word "{}"?', 'How many letters does "{}" have?',
+                        'Count the letters in the word "{}".')).format(w)
+        return dict(family=family, prompt=f"{q} Reply with the number only.", answer=str(len(w)))
     if family == "capital":
         country = rng.choice(sorted(CAPITALS))
-        return dict(family=family, prompt=f"What is the capital of {country}?", answer=CAPITALS[country])
+        q = rng.choice(("What is the capital of {}?", "Which city is the capital of {}?", "Name the capital of {}.",
+                        "What is the capital city of {}?"))
+        return dict(family=family, prompt=q.format(country), answer=CAPITALS[country])
     ws = rng.sample(WORDS, rng.randint(3, 4))
     listed = ", ".join(ws)
     prompt, answer = {"copy": (f"Repeat these words exactly: {listed}.", ws),
@@ -55,11 +58,12 @@ def make(family, rng):
 
 
 def check(item, reply):
-    """Is the reply right? sum, letters: its first integer is the answer; copy, reverse, sort: its words, read in
-    order and stripped of punctuation, are the answer's (nothing else); capital: it names the capital."""
+    """Is the reply right? sum, letters: its last integer is the answer ("18 + 9 = 27", "It has 5 letters."); copy,
+    reverse, sort: its words, read in order and stripped of punctuation, are the answer's (nothing else); capital: it
+    names the capital."""
     if item["family"] in ("sum", "letters"):
-        n = re.search(r"-?\d+", reply)
-        return n is not None and n.group() == item["answer"]
+        n = re.findall(r"-?\d+", reply)
+        return bool(n) and n[-1] == item["answer"]
     if item["family"] == "capital":
         return item["answer"].lower() in reply.lower()
     return re.findall(r"[a-z]+", reply.lower()) == item["answer"].split()

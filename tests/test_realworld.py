@@ -13,8 +13,9 @@ def item(family, prompt, answer):
 
 def test_checkers_read_replies_as_a_person_would():
     s = item("sum", "What is 12 + 7? Reply with the number only.", "19")
-    assert R.check(s, "19") and R.check(s, "The answer is 19.") and R.check(s, "19\n")
+    assert R.check(s, "19") and R.check(s, "The answer is 19.") and R.check(s, "12 + 7 = 19") and R.check(s, "19\n")
     assert not R.check(s, "9") and not R.check(s, "119") and not R.check(s, "nineteen") and not R.check(s, "")
+    assert not R.check(s, "19 + 1 = 20")
     cap = item("capital", "What is the capital of France?", "Paris")
     assert R.check(cap, "The capital of France is Paris.") and R.check(cap, "paris")
     assert not R.check(cap, "The capital of France is Lyon.")
@@ -33,7 +34,8 @@ def test_items_answer_their_own_prompts():
         words = it["prompt"].split(": ")[-1].rstrip(".").split(", ")
         want = {"sum": lambda: str(sum(int(x) for x in it["prompt"][8:].split("?")[0].split(" + "))),
                 "letters": lambda: str(len(it["prompt"].split('"')[1])),
-                "capital": lambda: R.CAPITALS[it["prompt"][len("What is the capital of "):-1]],
+                "capital": lambda: R.CAPITALS[next(c for c in R.CAPITALS if f" {c}?" in it["prompt"]
+                                                   or f" {c}." in it["prompt"])],
                 "copy": lambda: " ".join(words), "reverse": lambda: " ".join(words[::-1]),
                 "sort": lambda: " ".join(sorted(words))}[f]()
         assert it["answer"] == want and R.check(it, it["answer"]), it
