@@ -151,7 +151,8 @@ def chat_tokens(tok, messages):
         if m["role"] == "assistant":
             cuts.append((i, at))
     ids, assistant, prev = [], [], 0
-    encode = lambda t: tok.encode(t, allowed_special="all")  # noqa: E731
+    def encode(t):
+        return tok.encode(t, allowed_special="all")
     for a, b in cuts:
         before, answer = encode(text[prev:a]), encode(text[a:b])
         ids += before + answer

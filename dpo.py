@@ -105,8 +105,9 @@ if __name__ == "__main__":
         p.error("--fsdp shards full fine-tuning only; LoRA's adapters are small: drop --fsdp (DDP) or --lora_rank")
     run = training.Run(args, "dpo")  # its generator draws the batches
     device, ctx = run.device, run.ctx
-    load_ar = lambda dtype=torch.float32: training.load_model(args.ar, device, "dpo: --ar", dtype=dtype,
-                                                              attn=None if args.dlm else "causal")
+    def load_ar(dtype=torch.float32):
+        return training.load_model(args.ar, device, "dpo: --ar", dtype=dtype,
+                                   attn=None if args.dlm else "causal")
     policy = run.start(load_ar)
     if args.dlm:
         training.require_dlm(policy.config, f"--ar {args.ar}", "dpo --dlm")
@@ -120,7 +121,8 @@ if __name__ == "__main__":
     train, heldout = (data.tokenized_pairs(f, tok, args.seq_len, "dpo") for f in (args.pairs, args.heldout))
     policy = run.train(policy, dynamic=True)  # --compile: dynamic, as pairs differ in length from batch to batch
     draws = draw_masks(len(heldout), N_DRAWS, args.seq_len, args.seed) if args.dlm else None  # as draw()'s: T = seq_len
-    held_logps = lambda m: all_logps(m, heldout, draws, args.batch_size, ctx)  # --dlm: the same draws every time
+    def held_logps(m):
+        return all_logps(m, heldout, draws, args.batch_size, ctx)  # --dlm: the same draws every time
     with adapters_off(ref):
         ref_held = held_logps(ref)  # the reference never changes: once
     n_train = sum(q.numel() for q in policy.parameters() if q.requires_grad)
@@ -141,7 +143,8 @@ if __name__ == "__main__":
     for step in run.steps():
         for pick, tu in run.micro_batches(draw):
             ids, _, resp, _ = batch = data.pair_batch([train[j] for j in pick], device)
-            logps = lambda m: response_logps(m, ids, resp) if tu is None else pair_elbo(m, *batch, *tu)
+            def logps(m):
+                return response_logps(m, ids, resp) if tu is None else pair_elbo(m, *batch, *tu)
             with torch.no_grad(), ctx, adapters_off(ref):
                 ref_w, ref_l = logps(ref).chunk(2)  # log π_ref(y|x), no gradient; --dlm: the ELBO of the draw
             with ctx:

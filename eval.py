@@ -377,9 +377,10 @@ def humaneval(args):
         recs, stats = model_completions(args, probs)
     from sandbox import count_processes, execute, subreaper
     nproc = count_processes(os.getuid()) + 16 * args.workers
-    run = lambda r: execute(probs[r["task_id"]]["prompt"] + r["completion"] + "\n\n" + probs[r["task_id"]]["test"]
-                            + f"\n\ncheck({probs[r['task_id']]['entry_point']})\n", args.timeout, args.memory_mb,
-                            nproc=nproc)
+    def run(r):
+        return execute(probs[r["task_id"]]["prompt"] + r["completion"] + "\n\n" + probs[r["task_id"]]["test"]
+                       + f"\n\ncheck({probs[r['task_id']]['entry_point']})\n", args.timeout, args.memory_mb,
+                       nproc=nproc)
     t0 = time.perf_counter()
     with subreaper(), ThreadPoolExecutor(args.workers) as pool:
         results = list(tqdm(pool.map(run, recs), total=len(recs), desc="execute"))

@@ -81,7 +81,8 @@ class AR2DLM(LM):
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" -> 8
         self.max_length = int(max_length or c.max_position_embeddings)
         self.prefix = self.tok.eos_id  # an empty context, and the rolling likelihood's first token
-        num = lambda v, f: None if v is None else f(v)
+        def num(v, f):
+            return None if v is None else f(v)
         self.sampler = dict(threshold=num(threshold, float), block_length=num(block_length, int),
                             steps=num(steps, int), remasking=remasking, block_size=num(block_size, int), cache=cache,
                             eos_rule=eos_rule, eos_penalty=float(eos_penalty) if eos_rule == "penalty" else None)

@@ -99,7 +99,8 @@ def spectrum(ar, aligned, dlm, device="cpu"):
 def summarise(rows):
     """Per layer type: count, median ‖τ_diff‖₂, median ‖τ_pref‖₂, median and min ratio."""
     types = sorted({r["type"] for r in rows}, key=lambda t: (TYPES + (t,)).index(t))
-    med = lambda t, k: statistics.median(r[k] for r in rows if r["type"] == t)
+    def med(t, k):
+        return statistics.median(r[k] for r in rows if r["type"] == t)
     return {t: dict(count=sum(r["type"] == t for r in rows), diff=med(t, "diff"), pref=med(t, "pref"),
                     ratio=med(t, "ratio"), min_ratio=min(r["ratio"] for r in rows if r["type"] == t)) for t in types}
 
@@ -212,15 +213,17 @@ def cmd_merge(args):
                         density=args.density, drop=args.drop, seed=args.seed, device=device)
     W0 = {n: q.detach().clone() for n, q in model.named_parameters()}  # W_DLM, the one saved copy
     gammas = args.gammas
-    score = lambda items: reward_stats(rewards(model, W0, delta, items, gammas, beta=args.beta, n_masks=args.n_masks,
-                                               seed=args.seed, masks=args.masks, ctx=ctx), gammas)
+    def score(items):
+        return reward_stats(rewards(model, W0, delta, items, gammas, beta=args.beta, n_masks=args.n_masks,
+                                    seed=args.seed, masks=args.masks, ctx=ctx), gammas)
     sel = score(train) if len(gammas) > 1 else None  # the selection sees the training pairs only
     best = gammas[0] if sel is None else pick_gamma(gammas, sel, select=args.select)
     held = score(heldout)  # reported per γ; never read by the selection
     print(f"\n{args.method}, {args.masks} masks ({args.n_masks} draws per pair): γ chosen by {args.select} on "
           f"{len(train)} training pairs, reported on {len(heldout)} held-out pairs")
     f3, f4, rows = (lambda x: "—" if x is None else f"{x:.3f}"), (lambda x: "—" if x is None else f"{x:.4f}"), []
-    mark = lambda g: f"{g:g}{' (chosen)' * (g == best)}"
+    def mark(g):
+        return f"{g:g}{' (chosen)' * (g == best)}"
     for k, g in enumerate(gammas):
         tr = [f3(sel["reward_accuracy"][k]), f4(sel["margin"][k]), f4(sel["dpo_loss"][k])] if sel else ["—"] * 3
         rows.append([mark(g), *tr, f3(held["reward_accuracy"][k]), f4(held["margin"][k]),

@@ -101,8 +101,9 @@ if __name__ == "__main__":
           f"tokens: {len(train_data):,} train / {len(val_data):,} val; device {device}")
 
     fpt, last_val = training.flops_per_token(model, args.seq_len), float("nan")
-    draw = lambda: data.get_batch(train_data, args.batch_size, args.seq_len + 1, device, run.gen,
-                                  starts=starts["train"])
+    def draw():
+        return data.get_batch(train_data, args.batch_size, args.seq_len + 1, device, run.gen,
+                              starts=starts["train"])
     for step in run.steps():
         for x in run.micro_batches(draw):
             with ctx:

@@ -721,7 +721,8 @@ def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.f
     if s.mask_token_id == teacher.config.vocab_size and s.vocab_size == rows_with_mask(s.mask_token_id):
         teacher = teacher.with_rows(s.vocab_size)  # the rows convert.py appended for the student's mask token
     teacher.requires_grad_(False).eval()
-    shape = lambda m: ({k: v.shape for k, v in m.state_dict().items()}, m.config.tie_word_embeddings)
+    def shape(m):
+        return ({k: v.shape for k, v in m.state_dict().items()}, m.config.tie_word_embeddings)
     if teacher.config.vocab_size != student.config.vocab_size or same_shapes and shape(teacher) != shape(student):
         raise SystemExit(f"{who}: the teacher {path} and the student have different "
                          f"{'shapes' if same_shapes else 'vocabularies'}")

@@ -80,7 +80,8 @@ def bench_real(args, device, dtype):
         if args.compile:
             runs["ours, compiled"] = lambda b=b: ar_generate(ar, prompts[:b], n, compile=True)
         r = race(runs, iters)
-        same = lambda k: f"{int((r[k][1].generated == r['transformers'][1].generated).all(1).sum())}/{b} rows"
+        def same(k):
+            return f"{int((r[k][1].generated == r['transformers'][1].generated).all(1).sum())}/{b} rows"
         for k in [k for k in runs if k != "transformers"]:
             row(f"AR greedy, batch {b}, {n} tokens (tokens/s)", b * n, k, "transformers", r, same(k))
 

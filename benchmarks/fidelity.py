@@ -121,7 +121,8 @@ def main():
         from tokenizer import Tokenizer
         tok = Tokenizer.from_pretrained(data_dir)
         n = write_teacher(out / "ar-init", cfg["shape"], tok, args.seed)
-        flag = lambda f: int(cfg["pretrain"][cfg["pretrain"].index(f) + 1])  # noqa: E731
+        def flag(f):
+            return int(cfg["pretrain"][cfg["pretrain"].index(f) + 1])
         seen = flag("--batch_size") * flag("--seq_len") * flag("--max_iters")
         print(f"teacher: {n / 1e6:.2f}M parameters; {seen:,} training tokens = {seen / n:.2f} tokens per parameter; "
               f"corpus {meta['splits']['train']['tokens']:,} tokens", flush=True)

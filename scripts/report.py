@@ -26,7 +26,8 @@ def t_two_sided(t, df):
     """P(|T| >= t) for Student's t with df degrees of freedom: 1 - 2 ∫_0^t f, Simpson's rule on the density
     f(x) = Γ((df+1)/2) / (√(df π) Γ(df/2)) · (1 + x²/df)^(-(df+1)/2)."""
     c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
-    f = lambda x: c * (1 + x * x / df) ** (-(df + 1) / 2)  # noqa: E731
+    def f(x):
+        return c * (1 + x * x / df) ** (-(df + 1) / 2)
     n, h = 2000, abs(t) / 2000
     area = h / 3 * (f(0) + f(abs(t)) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n)))
     return max(0.0, 1 - 2 * area)
@@ -226,7 +227,8 @@ def repro_distill(*args):
     """repro_distill.sh: the table. args: OUT, SEEDS, ITERS, ITERS_UNSHIFTED."""
     argv = ["repro_distill", *map(str, args)]
     out, seeds, iters, iters_un = Path(argv[1]), argv[2].split(), argv[3], argv[4]
-    ev = lambda name, f: json.loads((out / "eval" / f"{name}-{f}.json").read_text())["results"]
+    def ev(name, f):
+        return json.loads((out / "eval" / f"{name}-{f}.json").read_text())["results"]
     GEN = ("gen_perplexity", "unigram_entropy_bits", "repetition_4gram")
 
 
@@ -272,13 +274,16 @@ def repro_merge(*args):
     """repro_merge.sh: the tables. args: OUT."""
     argv = ["repro_merge", *map(str, args)]
     out = Path(argv[1])
-    load = lambda f: json.loads((out / f).read_text())
+    def load(f):
+        return json.loads((out / f).read_text())
     dpo, spec = load("ar-dpo/results.json"), load("spectrum.json")
     names = ["linear", "ties", "dare", "linear-independent"]
     runs = {m: load(f"merged-{m}/merge.json") for m in names}
     lin, ind = runs["linear"], runs["linear-independent"]
-    f3 = lambda x: "—" if x is None else f"{x:.3f}"
-    f4 = lambda x: "—" if x is None else f"{x:.4f}"
+    def f3(x):
+        return "—" if x is None else f"{x:.3f}"
+    def f4(x):
+        return "—" if x is None else f"{x:.4f}"
     print(f"DPO on {spec['ar']} ({dpo['steps']} steps, β = {dpo['beta']}): held-out reward accuracy "
           f"{dpo['heldout_reward_acc']:.3f} on {dpo['heldout_pairs']} pairs; held-out pairs with log π(y_w|x) > "
           f"log π(y_l|x): {dpo['heldout_pref_acc_before']:.3f} before, {dpo['heldout_pref_acc']:.3f} after\n")
@@ -318,12 +323,14 @@ def repro_dlm_dpo(*args):
     paired by seed. args: OUT SEED... (the DLM before either route: run.sh's out/tasks/eval/align.json and
     out/eval/align.likelihood.json, when present)."""
     out, seeds = Path(str(args[0])), [str(s) for s in args[1:]]
-    load = lambda f: json.loads((out / f).read_text())
+    def load(f):
+        return json.loads((out / f).read_text())
     secs = {}
     for line in (out / "seconds.tsv").read_text().splitlines():
         name, s = line.split("\t")
         secs[name] = secs.get(name, 0) + int(s)
-    cost = lambda w, s, *stages: sum(secs.get(f"{w} {s} {x}", 0) for x in stages)
+    def cost(w, s, *stages):
+        return sum(secs.get(f"{w} {s} {x}", 0) for x in stages)
     print("Two routes from the same pairs, steps and DPO settings (AR-MAP: dpo.py on the AR teacher, then merge.py "
           "merge into the REPR-ALIGN DLM, γ chosen on training pairs; DLM-only: dpo.py --dlm on that DLM). Held-out "
           "reward accuracy: β × the ELBO change against the DLM (AR-MAP: merge.py's draws; DLM-only: dpo.py's "
@@ -348,7 +355,8 @@ def repro_dlm_dpo(*args):
                          f"{e['tokens_per_forward']:.2f}", str(sec)])
     print(cli.table(["seed", "route", "held-out reward accuracy", "exact match", "with the full stop",
                      "tokens per forward", "seconds"], rows))
-    col = lambda route, key: [r[key] for r in per[route]]
+    def col(route, key):
+        return [r[key] for r in per[route]]
     print("\nDLM-only against AR-MAP, paired by seed: " + "; ".join(
         f"{label} {paired(col('AR-MAP', key), col('DLM-only', key))}" for label, key in (
             ("with the full stop", "pref"), ("exact match", "right"), ("held-out reward accuracy", "acc"))))
@@ -382,7 +390,8 @@ def repro_dlm_dpo(*args):
 def repro_mark(*args):
     """repro_mark.sh: the preference the teacher already produces, against γ. args: OUT MODEL..."""
     out, models = Path(str(args[0])), [str(m) for m in args[1:]]
-    load = lambda f: json.loads((out / f).read_text())
+    def load(f):
+        return json.loads((out / f).read_text())
     what = {"ar": "AR teacher", "ar-dpo": "AR after DPO", "align": "REPR-ALIGN DLM (γ = 0)",
             "dlm-dpo": "DLM-only: dpo.py --dlm on the REPR-ALIGN DLM"}
     rows = []
@@ -417,8 +426,10 @@ def repro_tasks(*args):
     argv = ["repro_tasks", *map(str, args)]
     R, seeds, gammas = Path("out/tasks/repro"), argv[1].split(), argv[2].split()
     extra = argv[3].split() if len(argv) > 3 else []
-    runs = lambda name: json.loads(Path(name).read_text())["results"]["runs"]
-    fmt = lambda xs: f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}"
+    def runs(name):
+        return json.loads(Path(name).read_text())["results"]["runs"]
+    def fmt(xs):
+        return f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}"
     print(f"Exact match (all families, 200 held-out prompts each) / tokens per forward, mean ± sd over seeds "
           f"{', '.join(seeds)}"
           " (200 training steps each)\n")
@@ -516,7 +527,8 @@ def repro_align_tasks(*args):
     cols = [("task_acc@1", 40), ("task_acc@1", 60), ("task_acc", 40), ("task_acc", 60), ("task_acc", last),
             ("task_tpf", last)]
     head = {"task_acc@1": "exact match @1.0", "task_acc": "exact match @0.9", "task_tpf": "tok/fwd @0.9"}
-    fmt = lambda xs: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+    def fmt(xs):
+        return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
     parts = [("lam0", "λ = 0", None), ("lam10", "λ = 10, every hidden state", "lam0"),
              ("lam10-below-final", "λ = 10, all but the final norm's output", "lam0"),
              ("lam10-final", "λ = 10, the final norm's output only", "lam0"),

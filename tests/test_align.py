@@ -259,7 +259,8 @@ def test_frozen_tensors_shared_unchanged_and_teacher_constant(world):
     for n, q in frozen.items():
         assert teacher.get_parameter(n) is q and teacher.get_parameter(n).data_ptr() == q.data_ptr()
     assert teacher.lm_head.weight is student.model.embed_tokens.weight  # tied: the head too
-    q_proj = lambda m: m.model.layers[0].self_attn.q_proj.weight
+    def q_proj(m):
+        return m.model.layers[0].self_attn.q_proj.weight
     assert q_proj(student).data_ptr() != q_proj(teacher).data_ptr()
     before_t = {k: v.clone() for k, v in teacher.state_dict().items()}
     before_s = {k: v.clone() for k, v in student.state_dict().items()}
@@ -362,7 +363,8 @@ def test_resume_after_kill(world, tmp_path):
     r = run(*common(world, cut), *args, "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
     got, want = log(cut), log(full)
-    key = lambda recs: [(x["step"], x["loss"], x["diff_loss"], x["align_loss"]) for x in recs]
+    def key(recs):
+        return [(x["step"], x["loss"], x["diff_loss"], x["align_loss"]) for x in recs]
     assert key(got) == key(want[:4]) + key(want[5:])  # step 4's own record was lost with the kill
     assert got[-1]["val_nelbo"] == want[-1]["val_nelbo"]
 

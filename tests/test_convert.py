@@ -101,7 +101,8 @@ def test_refuses_dlm_source_and_other_architectures(ar, tmp_path):
 
 
 def test_cli(ar, tmp_path):
-    run = lambda *a: run_script("convert.py", *a)
+    def run(*a):
+        return run_script("convert.py", *a)
     r = run("--ar", str(ar), "--out_dir", str(tmp_path / "c"), "--attn", "block", "--block_size", "4")
     assert r.returncode == 0 and '"attn": "block"' in r.stdout, r.stderr
     r = run("--ar", str(ar), "--out_dir", str(tmp_path / "d"), "--attn", "sideways")

@@ -276,7 +276,8 @@ def test_val_kl_data_against_slow_reference(world, name):
     L (eos-padded: its tail is not scored), two batches of unequal size."""
     student, teacher = student_of(world, name), Qwen3.from_pretrained(world / "ar")
     g = torch.Generator().manual_seed(5)
-    rand = lambda n: torch.randint(0, 250, (n,), generator=g).tolist()
+    def rand(n):
+        return torch.randint(0, 250, (n,), generator=g).tolist()
     items = [(rand(8), rand(20)), (rand(5), rand(6)), (rand(3), rand(16))]
     kw = dict(batch_size=2, eos_id=EOS, vocab_size=256)
     with torch.no_grad():
@@ -327,7 +328,8 @@ def slow_div(t, s, kind):
     out = []
     for tr, sr in zip(t.double(), s.double()):
         pt, ps = tr.softmax(-1), sr.softmax(-1)
-        kl = lambda a, b: sum(a[v] * math.log(a[v] / b[v]) for v in range(len(a)) if a[v] > 0)
+        def kl(a, b):
+            return sum(a[v] * math.log(a[v] / b[v]) for v in range(len(a)) if a[v] > 0)
         m = (pt + ps) / 2
         out.append({"fkl": kl(pt, ps), "rkl": kl(ps, pt), "jsd": 0.5 * kl(pt, m) + 0.5 * kl(ps, m)}[kind])
     return torch.tensor(out)
@@ -420,7 +422,8 @@ def test_rollouts_stop_at_every_end_id_and_data_windows_are_padded():
     the second end id 2 at position 9: each rollout stops there (it fills the rest of the row), and the loss's valid
     positions end there. Data windows are padded with pad_id (default: the first end id)."""
     from test_sample import make, oracle
-    f = lambda p: torch.where(p == 9, 2, p % 40 + 3)  # noqa: E731
+    def f(p):
+        return torch.where(p == 9, 2, p % 40 + 3)
     student = oracle(make("block", shift=False, block_size=4), f, by="pos")
     items = [([3, 4, 5], [6, 7]), ([6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17])]
     g = torch.Generator().manual_seed(0)
@@ -543,7 +546,8 @@ def test_resume_after_kill(world, tmp_path, flags):
         assert run_script("distill.py", *common(world, cut), *args).returncode == 3
     r = run_script("distill.py", *common(world, cut), *args, "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
-    key = lambda recs: [(x["step"], x["loss"], x["kl"], x["rollout_len"], x["masked"]) for x in recs]
+    def key(recs):
+        return [(x["step"], x["loss"], x["kl"], x["rollout_len"], x["masked"]) for x in recs]
     assert len({x["loss"] for x in log(full)}) == 6  # the steps differ: a resume that repeated one would show
     got, want = log(cut), log(full)
     assert key(got) == key(want[:3]) + key(want[4:])  # step 3's own record was lost with the kill

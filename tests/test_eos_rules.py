@@ -128,8 +128,9 @@ def stub(kind):
 @pytest.mark.parametrize("kind", ["bidirectional", "block"])
 def test_last_decodes_one_token_per_forward_at_threshold_one_where_free_wastes_forwards(kind):
     m = stub(kind)
-    run = lambda rule: batched(kind, m, PROMPTS, 16, 16 if kind == "bidirectional" else 4, 1.0,  # noqa: E731
-                               eos_rule=rule)
+    def run(rule):
+        return batched(kind, m, PROMPTS, 16, 16 if kind == "bidirectional" else 4, 1.0,
+                       eos_rule=rule)
     last, free = run("last"), run("free")
     assert torch.equal(last.tokens_per_forward, torch.ones(3))  # exactly 1.00 in every row
     assert torch.equal(last.generated, free.generated)  # the same answers

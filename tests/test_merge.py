@@ -234,12 +234,14 @@ def test_reward_stats_by_hand():
     assert st["reward_accuracy"] == [0.5, 0.5, 1.0] and st["margin"] == pytest.approx([0.0, 0.0, 0.25], abs=1e-6)
     assert st["margin_per_gamma"][0] is None and st["margin_per_gamma"][1:] == pytest.approx([0.0, 0.125], abs=1e-6)
     assert st["reward_chosen"] == pytest.approx([0.0, 0.15, 0.3]) and st["same_sign"] == [0.0, 1.0, 0.5]
-    sp = lambda m: math.log(1 + math.exp(-m))  # −log σ(m)
+    def sp(m):
+        return math.log(1 + math.exp(-m))  # −log σ(m)
     assert st["dpo_loss"] == pytest.approx([math.log(2), (sp(0.2) + sp(-0.2)) / 2, (sp(0.4) + sp(0.1)) / 2])
 
 
 def test_pick_gamma():
-    acc = lambda *a: dict(reward_accuracy=list(a), dpo_loss=[0.5] * len(a))
+    def acc(*a):
+        return dict(reward_accuracy=list(a), dpo_loss=[0.5] * len(a))
     assert merge.pick_gamma([0, 1, 2, 3], acc(0.0, 0.5, 0.9, 0.7)) == 2
     assert merge.pick_gamma([0, 0.5, 1, 2], acc(0.0, 0.8, 0.8, 0.8)) == 0.5  # ties: the smallest γ
     assert merge.pick_gamma([4, 2, 3], acc(0.6, 0.6, 0.5)) == 2

@@ -152,7 +152,8 @@ def test_freeze_groups_and_checkpointing_grads():
         if p.requires_grad:
             torch.testing.assert_close(p.grad, g1[n], atol=1e-6, rtol=1e-5)
     tied = Qwen3(Qwen3Config(**TINY))
-    group = lambda name: training.param_group(tied, name)
+    def group(name):
+        return training.param_group(tied, name)
     assert group("lm_head") == group("embed") == ["model.embed_tokens.weight"]
     with pytest.raises(ValueError, match="unknown parameter group"):
         training.freeze(tied, ["embeddings"])

@@ -103,8 +103,9 @@ def test_repro_align(tmp_path, capsys):
 def test_repro_merge(tmp_path, capsys):
     stats = dict(reward_accuracy=[0.5, 0.75], dpo_loss=[0.69, 0.6], margin=[0.0, 0.1], margin_per_gamma=[None, 0.2],
                  same_sign=[None, 1.0], reward_chosen=[0.0, 0.05], reward_rejected=[0.0, -0.05], n_pairs=4)
-    run = lambda masks: dict(MERGE, masks=masks, n_masks=2, train=dict(stats, n_pairs=8), heldout=stats,
-                             win_rates=[None, 0.6], chosen_by=dict(accuracy=0.5, dpo=0.5), density=0.2, drop=0.9)
+    def run(masks):
+        return dict(MERGE, masks=masks, n_masks=2, train=dict(stats, n_pairs=8), heldout=stats,
+                    win_rates=[None, 0.6], chosen_by=dict(accuracy=0.5, dpo=0.5), density=0.2, drop=0.9)
     for name in ("linear", "ties", "dare"):
         write(tmp_path / f"merged-{name}/merge.json", run("shared"))
     write(tmp_path / "merged-linear-independent/merge.json", run("independent"))
@@ -178,8 +179,9 @@ def test_repro_align_tasks(tmp_path, capsys):
 
 
 def test_repro_distill(tmp_path, capsys):
-    gen = lambda ppl: dict(results=dict(gen_perplexity=ppl, unigram_entropy_bits=3.0, repetition_4gram=0.1,
-                                        tokens_per_forward=1.5))
+    def gen(ppl):
+        return dict(results=dict(gen_perplexity=ppl, unigram_entropy_bits=3.0, repetition_4gram=0.1,
+                                 tokens_per_forward=1.5))
     write(tmp_path / "eval/teacher-gen-T1.0-ar.json", gen(20.0))
     write(tmp_path / "eval/teacher-gen-T0-ar.json", gen(10.0))
     names = ["shift-untrained", "noshift-untrained"] + [f"{n}-s1" for n in ("shift-on", "shift-off", "shift-data",
@@ -199,9 +201,11 @@ def test_repro_distill(tmp_path, capsys):
 def test_repro_dlm_dpo(tmp_path, monkeypatch, capsys):
     """Both routes per world and seed, each route's seconds summed over its stages, and the paired comparison."""
     monkeypatch.chdir(tmp_path)  # no run.sh outputs here: no "before" rows
-    merge = lambda acc: dict(gammas=[0, 1], best_gamma=1, heldout=dict(reward_accuracy=[0.5, acc]))
+    def merge(acc):
+        return dict(gammas=[0, 1], best_gamma=1, heldout=dict(reward_accuracy=[0.5, acc]))
     for s, (a, b) in (("1", (0.8, 0.9)), ("2", (0.7, 0.95))):
-        run = lambda right, pref: dict(results=dict(runs=[dict(right=right, preferred=pref, tokens_per_forward=1.5)]))
+        def run(right, pref):
+            return dict(results=dict(runs=[dict(right=right, preferred=pref, tokens_per_forward=1.5)]))
         write(f"o/tasks/{s}/merged/merge.json", merge(a))
         write(f"o/tasks/{s}/dlm-dpo/results.json", dict(heldout_reward_acc=b))
         write(f"o/tasks/{s}/eval/merged.json", run(0.6, 0.0))
@@ -221,7 +225,8 @@ def test_repro_dlm_dpo(tmp_path, monkeypatch, capsys):
 
 
 def test_repro_mark(tmp_path, capsys):
-    run = lambda right, pref: dict(results=dict(runs=[dict(right=right, preferred=pref, tokens_per_forward=1.25)]))
+    def run(right, pref):
+        return dict(results=dict(runs=[dict(right=right, preferred=pref, tokens_per_forward=1.25)]))
     for m, pref in (("ar", 0.0), ("ar-dpo", 0.9), ("align", 0.0), ("dlm-dpo", 0.5), ("merged-1", 0.3)):
         write(tmp_path / f"eval/{m}.json", run(0.7, pref))
     write(tmp_path / "ar-dpo/results.json", dict(heldout_reward_acc=0.99))

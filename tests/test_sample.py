@@ -71,7 +71,8 @@ def test_sample_helper_filters():
     tok, conf = S.sample(logits, ban=ban)
     want_conf, want_tok = greedy(logits)
     assert torch.equal(tok, want_tok) and torch.allclose(conf, want_conf)
-    g = lambda s: torch.Generator().manual_seed(s)  # noqa: E731
+    def g(s):
+        return torch.Generator().manual_seed(s)
     for kw in (dict(top_k=1), dict(top_p=1e-6)):  # both leave only the top token
         tok, conf = S.sample(logits, 1.0, generator=g(0), ban=ban, **kw)
         # the confidence is the raw softmax probability, not the filtered distribution's (which would be 1)
@@ -130,7 +131,8 @@ def test_ar_cache_equals_full_recomputation_ragged():
 
 
 def test_ar_eos_rows_stop():
-    f = lambda p: torch.where(p == 6, EOS, (3 * p + 2) % 40 + 2)  # noqa: E731  predicts eos at RoPE position 6
+    def f(p):
+        return torch.where(p == 6, EOS, (3 * p + 2) % 40 + 2)
     m = oracle(make(), f, by="pos")
     n = S.STOP_EVERY + 8
     gen = ar_generate(m, PROMPTS, n, eos_id=EOS)
@@ -261,7 +263,8 @@ def test_several_end_ids(name):
     defaults to the first id; per-row counts as with one id. The model predicts E2 at RoPE position 9 and EOS at
     11 (prompt lengths 3, 7, 1: each row meets them at its own generated index), confidently, so the threshold
     samplers commit a block per round."""
-    f = lambda p: torch.where(p == 9, E2, torch.where(p == 11, EOS, p % 40 + 3))  # noqa: E731
+    def f(p):
+        return torch.where(p == 9, E2, torch.where(p == 11, EOS, p % 40 + 3))
     m = oracle(make({"ar": "causal", "diffusion": "bidirectional", "block": "block"}[name], shift=True,
                     block_size=4), f, by="pos")
     run = {"ar": lambda e: ar_generate(m, PROMPTS, 16, eos_id=e),
@@ -303,7 +306,8 @@ def run_all(m_for, **kw):
 @pytest.mark.parametrize("shift", [True, False])
 def test_shift_convention(shift):
     """The prediction for slot i is read at slot i-1 when shifted, at i otherwise (a model that predicts f(i) at i)."""
-    f = lambda i: (3 * i + 2) % 40 + 2  # noqa: E731
+    def f(i):
+        return (3 * i + 2) % 40 + 2
     gens = run_all(lambda attn: oracle(make(attn, shift=shift, block_size=4), f))
     for name, gen in gens.items():
         slots = torch.arange(gen.start, gen.start + 8)
@@ -332,7 +336,8 @@ def test_seeds(name):
            "diffusion": lambda **kw: diffusion_generate(m, PROMPTS, 8, 4, steps=8, **kw),
            "block": lambda **kw: block_generate(m, PROMPTS, 8, **kw)}[name]
     assert torch.equal(run().tokens, run().tokens)  # greedy: deterministic (any generator)
-    seeded = lambda s: run(temperature=1.0, generator=torch.Generator().manual_seed(s)).tokens  # noqa: E731
+    def seeded(s):
+        return run(temperature=1.0, generator=torch.Generator().manual_seed(s)).tokens
     assert torch.equal(seeded(0), seeded(0)) and not torch.equal(seeded(0), seeded(1))
 
 

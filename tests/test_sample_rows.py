@@ -87,8 +87,9 @@ def check_rows(run, block, threshold, shift, steps_per_block=None, finish_block=
 def test_block_rows_counted_alone(shift, finish_block):
     m = positional(make("block", shift=shift, block_size=4))
     for thr in (0.5, 0.9):
-        run = lambda p: block_generate(m, p, 16, threshold=thr, eos_id=EOS, record=True,  # noqa: E731
-                                       finish_block=finish_block)
+        def run(p):
+            return block_generate(m, p, 16, threshold=thr, eos_id=EOS, record=True,
+                                  finish_block=finish_block)
         gen = check_rows(run, 4, thr, shift, finish_block=finish_block)
         assert gen.nfe > int(gen.row_nfe.min())  # the batch waited for its slowest row: per batch undercounts
         r = gen.rounds.view(3, 4, 4)
@@ -156,7 +157,8 @@ def test_done_at_the_end_token_keeps_the_tokens_and_charges_no_more(shift):
         assert (new.row_nfe <= old.row_nfe).all() and new.nfe <= old.nfe
         fewer += int((new.row_nfe < old.row_nfe).sum())
         for seed in range(3):
-            g = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+            def g():
+                return torch.Generator().manual_seed(seed)
             a = run(m, PROMPTS[:1], eos_id=eos, temperature=1.0, generator=g())
             b = run(m, PROMPTS[:1], eos_id=eos, temperature=1.0, generator=g(), finish_block=True)
             assert torch.equal(a.tokens, b.tokens) and int(a.row_nfe[0]) <= int(b.row_nfe[0]) == b.nfe

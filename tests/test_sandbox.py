@@ -80,9 +80,11 @@ def test_hostile_completions_are_contained(tmp_path, hook):
     unix.bind(str(tmp_path / "daemon.sock"))
     unix.listen()
     unix.setblocking(False)
-    top = lambda code: good + "\n" + code + "\n"  # after the (correct) function, at module level
+    def top(code):
+        return good + "\n" + code + "\n"  # after the (correct) function, at module level
     libc = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-    must = lambda call: f"assert {call} >= 0, os.strerror(ctypes.get_errno())"  # a refused call fails the program
+    def must(call):
+        return f"assert {call} >= 0, os.strerror(ctypes.get_errno())"  # a refused call fails the program
     hostile = {
         "read outside": top(f"print(open({str(home / 'secret.txt')!r}).read())"),
         "list outside": top(f"import os\nprint(os.listdir({str(home)!r}))"),

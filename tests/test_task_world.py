@@ -108,8 +108,9 @@ def test_align_with_tasks_resumes_exactly(world, tmp_path):
         assert run_script("align.py", *args, "--out_dir", cut).returncode == 3
     r = run_script("align.py", *args, "--out_dir", cut, "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
-    keep = lambda recs: [{k: v for k, v in x.items() if k in {"step", "loss", "diff_loss", "align_loss"} | TASK_KEYS}
-                         for x in recs]
+    def keep(recs):
+        return [{k: v for k, v in x.items() if k in {"step", "loss", "diff_loss", "align_loss"} | TASK_KEYS}
+                for x in recs]
     got, want = keep(log(cut)), keep(log(full))
     assert got == want[:2] + want[3:] and TASK_KEYS <= set(got[-1])  # step 2's own record went with the kill
 
