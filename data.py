@@ -41,7 +41,7 @@ import torch
 from tqdm import tqdm
 
 import cli
-from tokenizer import EOS, Tokenizer, atomic_write, fingerprint_of
+from tokenizer import EOS, Tokenizer, atomic_write, described, fingerprint_of, prepare_with, same_tokenizer
 
 STDLIB_SKIP = {"site-packages", "test", "tests", "idlelib", "__pycache__"}  # dirs left out of the default corpus
 
@@ -601,3 +601,22 @@ def unigram_entropy(ids):
     counts = np.bincount(np.asarray(ids, dtype=np.int64).reshape(-1))
     q = counts[counts > 0] / max(1, counts.sum())
     return float(-(q * np.log2(q)).sum())
+
+
+def load_splits(data_dir, who, *, like=None, seq_len=None):
+    """(train, val) token arrays of a prepared dataset, or a one-line exit naming the script and the problem: a
+    missing or inconsistent dataset, a split not longer than seq_len (a run's --seq_len), or data tokenized with
+    another tokenizer than the model `like` was trained with."""
+    try:
+        splits = load_split(data_dir, "train"), load_split(data_dir, "val")
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"{who}: {e}")
+    for name, split in zip(("train", "val"), splits):
+        if seq_len is not None and len(split) <= seq_len:
+            raise SystemExit(f"{who}: the {name} split of {data_dir} has {len(split):,} tokens, not more than "
+                             f"--seq_len {seq_len}; use a smaller --seq_len (or more data)")
+    if like is not None:
+        model, model_dir = described(like.config)
+        same_tokenizer(fingerprint_of(data_dir), f"{who}: the data {data_dir}", like.config.tokenizer_sha256, model,
+                       prepare_with(model_dir))
+    return splits

@@ -118,13 +118,15 @@ def likelihood(args):
 
 def load(path, device="auto", seed=1337, dtype=None):
     import torch
-    import training
+
+    import cli
     from model import Qwen3
-    device, ctx = training.setup(device, seed)
+    from tokenizer import load_tokenizer
+    device, ctx = cli.setup(device, seed)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     try:
         model = Qwen3.from_pretrained(path, device=device, dtype=dtype).eval()
-        tok = training.load_tokenizer(path, model.config)
+        tok = load_tokenizer(path, model.config)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"eval: {path}: {e}")
     return model, tok, device, ctx

@@ -43,7 +43,9 @@ from tqdm import tqdm
 
 import diffusion
 import sample
+import cli
 import training
+from tokenizer import load_tokenizer
 
 
 def seeded(seed, ids):
@@ -71,11 +73,11 @@ class AR2DLM(LM):
         super().__init__()
         if unused:
             raise ValueError(f"ar2dlm: unknown model arguments {sorted(unused)}; see python eval.py harness --help")
-        self._device, self.ctx = training.setup(str(device), int(seed))
+        self._device, self.ctx = cli.setup(str(device), int(seed))
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype) or (
             torch.bfloat16 if self._device.type == "cuda" else torch.float32)
         self.model = training.load_model(pretrained, self._device, "ar2dlm: pretrained", dtype=dtype).eval()
-        self.tok = training.load_tokenizer(pretrained, self.model.config)
+        self.tok = load_tokenizer(pretrained, self.model.config)
         c = self.model.config
         self.kind, self.mc_draws, self.seed, self.eps = c.attn, int(mc_draws), int(seed), float(eps)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8  # "auto" -> 8

@@ -106,7 +106,7 @@ def summarise(rows):
 
 
 def cmd_spectrum(args):
-    device, _ = training.setup(args.device)
+    device, _ = cli.setup(args.device)
     out = Path(args.ar_aligned) / "spectrum.json" if args.out is None else Path(args.out)
     summary = summarise(rows := spectrum(args.ar, args.ar_aligned, args.dlm, device))
     print(cli.table(["layer type", "count", "median ‖τ_diff‖₂", "median ‖τ_pref‖₂", "median ratio", "min ratio"],
@@ -202,7 +202,7 @@ def cmd_merge(args):
     if Path(args.pairs).resolve() == Path(args.heldout).resolve():
         raise SystemExit(f"merge: --pairs and --heldout are the same file ({args.pairs}): γ is chosen on training "
                          f"pairs and reported on held-out ones; pass both")
-    device, ctx = training.setup(args.device, args.seed)
+    device, ctx = cli.setup(args.device, args.seed)
     handles = Qwen3.open_weights([args.ar, args.ar_aligned, args.dlm])
     model = training.load_model(args.dlm, device, "merge: --dlm").requires_grad_(False).eval()
     training.require_dlm(model.config, f"--dlm {args.dlm}", "merge")

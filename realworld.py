@@ -128,7 +128,7 @@ def main():
         print(f"wrote {out}: {len(train)} train, {len(held)} held-out prompts")
     if args.ckpt:
         import training
-        device, _ = training.setup(args.device, args.seed)
+        device, _ = cli.setup(args.device, args.seed)
         model = training.load_model(args.ckpt, device, "realworld: --ckpt").eval()
         tok = training.load_tokenizer(args.ckpt, model.config)
         t0 = time.perf_counter()

@@ -432,7 +432,7 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
 
 def main():
     import chat
-    import training
+    from tokenizer import load_tokenizer
     p = cli.parser(__doc__)
     p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory; its config.attn picks the sampler")
     p.add_argument("--prompt", default=None, help="the text to continue (encoded with the checkpoint's tokenizer); "
@@ -469,11 +469,11 @@ def main():
     args = p.parse_args()
     if args.num_samples < 1 or args.max_new_tokens < 1:
         p.error("--num_samples and --max_new_tokens must be positive")
-    device, _ = training.setup(args.device, args.seed)
+    device, _ = cli.setup(args.device, args.seed)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
         model = Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
-        tok = training.load_tokenizer(args.ckpt, model.config)
+        tok = load_tokenizer(args.ckpt, model.config)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"sample: {e}")
     eos_id = None if args.ignore_eos else tok.end_ids(model.config)  # every end id the checkpoint declares
@@ -500,7 +500,7 @@ def main():
     rows = [ids] * args.num_samples
     if args.data:
         import data
-        val = training.load_splits(args.data, "sample: --data", like=model)[1]
+        val = data.load_splits(args.data, "sample: --data", like=model)[1]
         rows = data.code_prompts(val, tok, args.num_samples, 32)
     if args.show_rounds and model.config.attn != "block":
         raise SystemExit(f"sample: --show_rounds needs a block-diffusion checkpoint (config.attn 'block'), "

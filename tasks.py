@@ -40,8 +40,7 @@ import torch
 import cli
 import data
 import sample
-import training
-from tokenizer import EOS, fingerprint_of
+from tokenizer import EOS, fingerprint_of, same_tokenizer
 
 FAMILIES = ("sort", "rev", "add")
 
@@ -158,7 +157,7 @@ def heldout_items(data_dir, config, ckpt, who, per_family=None):
     path, data_dir = (path, path.parent) if path.suffix == ".jsonl" else (path / "heldout.jsonl", path)
     if not path.is_file():
         raise SystemExit(f"{who}: no {path}; write one with: python tasks.py --out_dir {data_dir}")
-    training.same_tokenizer(fingerprint_of(data_dir), f"{who}: the task data {data_dir}", config.tokenizer_sha256,
+    same_tokenizer(fingerprint_of(data_dir), f"{who}: the task data {data_dir}", config.tokenizer_sha256,
                             f"the checkpoint {ckpt}",
                             "score a checkpoint trained on this data (pretrain.py --data DIR) or converted from one")
     return load_items(path, per_family)

@@ -513,3 +513,40 @@ class Tokenizer:
 
     def __repr__(self):
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, nfc={self.nfc})"
+
+
+# ---- a checkpoint's or a dataset's tokenizer, checked against the model ------------------------------------
+
+def load_tokenizer(path, config):
+    """The tokenizer saved with a checkpoint (or a dataset), checked against the model: its embedding rows, its mask
+    token, and the tokenizer the model was trained with (config.tokenizer_sha256); a one-line exit otherwise."""
+    try:
+        tok = Tokenizer.from_pretrained(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"tokenizer: {e}")
+    if config.path is not None and Path(path).resolve() == Path(config.path).resolve():  # the checkpoint's own
+        same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", config.tokenizer_sha256,
+                       "its config.json", "they were replaced after the checkpoint was saved; restore them")
+    model, model_dir = described(config)
+    same_tokenizer(tok.fingerprint, str(path), config.tokenizer_sha256, model, prepare_with(model_dir))
+    if tok.vocab_size > config.vocab_size:
+        raise SystemExit(f"tokenizer in {path} uses {tok.vocab_size} ids but the model has only "
+                         f"{config.vocab_size} embedding rows: they do not belong together")
+    if config.mask_token_id is not None and config.mask_token_id < tok.vocab_size:
+        raise SystemExit(f"mask_token_id {config.mask_token_id} is an ordinary token of the tokenizer in {path}")
+    return tok
+
+
+def same_tokenizer(fp, where, want, want_where, fix):
+    """Exit with one line naming both sides when two tokenizer fingerprints differ (None: unknown, not refused)."""
+    if None not in (fp, want) and fp != want:
+        raise SystemExit(f"tokenizer mismatch: {where} (sha256 {fp[:12]}) vs {want_where} (sha256 {want[:12]}); {fix}")
+
+
+def described(config):
+    """-> ("the model DIR", DIR) for messages; DIR is a placeholder for a model not read from a directory."""
+    return (f"the model {config.path}", config.path) if config.path else ("the model", "MODEL_DIR")
+
+
+def prepare_with(model_dir):
+    return f"prepare the data with the model's tokenizer: python data.py --tokenizer {model_dir} --out_dir DIR"

@@ -17,8 +17,8 @@ The training machinery every training script shares (pretrain.py, align.py, dist
     run.results(dict(**run.final(evaluate), ...))  # results.json: the run finished
 
 Besides: run.task_eval(model, tok) (--tasks: exact match by eval.py in a child process), run_script (another
-script on a checkpoint), load_model / load_teacher (share_frozen) / load_tokenizer / require_dlm (checked
-loading), freeze (parameter groups), answers_only (--loss_after), flops_per_token.
+script on a checkpoint), load_model / load_teacher (share_frozen) / load_tokenizer (tokenizer.py's) / require_dlm
+(checked loading), freeze (parameter groups), answers_only (--loss_after), flops_per_token.
 
 What is notable here:
 - Precision: bf16 autocast on CUDA (run.ctx), fp32 on CPU, TF32 matmuls, seeded RNGs; frozen models (a teacher,
@@ -42,7 +42,6 @@ import contextlib
 import json
 import math
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -61,7 +60,9 @@ import cli
 import data
 from checkpoint import rows_with_mask
 from model import Qwen3, Qwen3Config
-from tokenizer import Tokenizer, atomic_write, fingerprint_of
+from data import load_splits
+from tokenizer import atomic_write, described, fingerprint_of, same_tokenizer
+from tokenizer import load_tokenizer  # noqa: F401 (the training scripts' checked loading: training.load_tokenizer)
 
 # Settings a resumed run may change: how long, where and how fast it runs, what it prints; not what a step computes.
 RESUMABLE = {"max_iters", "resume", "allow_changed_settings", "device", "compile", "grad_checkpoint", "seed",
@@ -152,57 +153,6 @@ def parse_loop_args(p):
     return args
 
 
-def setup(device="auto", seed=1337):
-    """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there); the RNGs seeded.
-    Ctrl-C prints one line instead of a traceback (a Run replaces it with its own, which names the checkpoint).
-    Under torchrun (WORLD_SIZE > 1) it joins the job: nccl on CUDA (the device cuda:LOCAL_RANK), gloo on a CPU;
-    every rank but 0 prints nothing; the process group is torn down at exit. One process: no process group."""
-    sys.excepthook = lambda kind, value, tb: interrupted(kind, value, tb, "")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if world_size > 1 and device == "cuda":
-        device = f"cuda:{os.environ['LOCAL_RANK']}"
-    try:
-        device = torch.device(device)
-    except RuntimeError:
-        raise SystemExit(f"--device {device}: not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type not in ("cpu", "cuda"):
-        raise SystemExit(f"--device {device}: not supported; use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda requested but no CUDA device is available")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise SystemExit(f"--device {device}: there are only {torch.cuda.device_count()} CUDA devices")
-    if world_size > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        atexit.register(dist.destroy_process_group)
-        if dist.get_rank() != 0:
-            sys.stdout = open(os.devnull, "w")  # rank 0 speaks for the job
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        return device, torch.autocast("cuda", dtype=torch.bfloat16)
-    return device, contextlib.nullcontext()
-
-
-def interrupted(kind, value, tb, rest):
-    """sys.excepthook: Ctrl-C ends a process with one line, `rest` saying where it stopped and how to continue, then
-    by SIGINT itself, as a shell expects: left to Python, the training scripts were seen to exit with status 1 after
-    the hook (Python 3.11.7, 2026-12-03; the cause not found), which a caller cannot tell from a failure."""
-    if not issubclass(kind, KeyboardInterrupt):
-        return sys.__excepthook__(kind, value, tb)
-    print(f"{Path(sys.argv[0]).name}: interrupted{rest}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-
-
 class Run:
     """One training run: its settings (args), device and autocast context (ctx), its place in a torchrun job (rank,
     world_size, fsdp), the generator of all its randomness (gen: batches, masks, rollouts), the model it trains, the
@@ -212,7 +162,7 @@ class Run:
 
     def __init__(self, args, who, *, generator="cpu"):
         self.args, self.who, self.out_dir = args, who, Path(args.out_dir)
-        self.device, self.ctx = setup(args.device, args.seed)
+        self.device, self.ctx = cli.setup(args.device, args.seed)
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.fsdp, self.is_main = args.fsdp, self.rank == 0
@@ -223,7 +173,7 @@ class Run:
         self.at, self.checkpoint, self.state, self.first = None, None, None, 0  # the next step; the last checkpoint
         self.last_eval, self.last_eval_step = {}, None
         self.tasks_child = (None, None)  # task_eval's eval.py process, and the thresholds it decodes at
-        sys.excepthook = lambda kind, value, tb: interrupted(kind, value, tb, self.where())
+        sys.excepthook = lambda kind, value, tb: cli.interrupted(kind, value, tb, self.where())
         frozen = getattr(args, "frozen_dtype", "auto")
         self.frozen_dtype = ((torch.bfloat16 if self.device.type == "cuda" else torch.float32) if frozen == "auto"
                              else getattr(torch, frozen))  # of a teacher or DPO's reference
@@ -744,60 +694,6 @@ def share_frozen(student, teacher, who="align"):
     if teacher.config.tie_word_embeddings:
         teacher.lm_head.weight = teacher.model.embed_tokens.weight
     return teacher
-
-
-def load_tokenizer(path, config):
-    """The tokenizer saved with a checkpoint (or a dataset), checked against the model: its embedding rows, its mask
-    token, and the tokenizer the model was trained with (config.tokenizer_sha256); a one-line exit otherwise."""
-    try:
-        tok = Tokenizer.from_pretrained(path)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"tokenizer: {e}")
-    if config.path is not None and Path(path).resolve() == Path(config.path).resolve():  # the checkpoint's own
-        same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", config.tokenizer_sha256,
-                       "its config.json", "they were replaced after the checkpoint was saved; restore them")
-    model, model_dir = described(config)
-    same_tokenizer(tok.fingerprint, str(path), config.tokenizer_sha256, model, prepare_with(model_dir))
-    if tok.vocab_size > config.vocab_size:
-        raise SystemExit(f"tokenizer in {path} uses {tok.vocab_size} ids but the model has only "
-                         f"{config.vocab_size} embedding rows: they do not belong together")
-    if config.mask_token_id is not None and config.mask_token_id < tok.vocab_size:
-        raise SystemExit(f"mask_token_id {config.mask_token_id} is an ordinary token of the tokenizer in {path}")
-    return tok
-
-
-def same_tokenizer(fp, where, want, want_where, fix):
-    """Exit with one line naming both sides when two tokenizer fingerprints differ (None: unknown, not refused)."""
-    if None not in (fp, want) and fp != want:
-        raise SystemExit(f"tokenizer mismatch: {where} (sha256 {fp[:12]}) vs {want_where} (sha256 {want[:12]}); {fix}")
-
-
-def described(config):
-    """-> ("the model DIR", DIR) for messages; DIR is a placeholder for a model not read from a directory."""
-    return (f"the model {config.path}", config.path) if config.path else ("the model", "MODEL_DIR")
-
-
-def prepare_with(model_dir):
-    return f"prepare the data with the model's tokenizer: python data.py --tokenizer {model_dir} --out_dir DIR"
-
-
-def load_splits(data_dir, who, *, like=None, seq_len=None):
-    """(train, val) token arrays of a prepared dataset, or a one-line exit naming the script and the problem: a
-    missing or inconsistent dataset, a split not longer than seq_len (a run's --seq_len), or data tokenized with
-    another tokenizer than the model `like` was trained with."""
-    try:
-        splits = data.load_split(data_dir, "train"), data.load_split(data_dir, "val")
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"{who}: {e}")
-    for name, split in zip(("train", "val"), splits):
-        if seq_len is not None and len(split) <= seq_len:
-            raise SystemExit(f"{who}: the {name} split of {data_dir} has {len(split):,} tokens, not more than "
-                             f"--seq_len {seq_len}; use a smaller --seq_len (or more data)")
-    if like is not None:
-        model, model_dir = described(like.config)
-        same_tokenizer(fingerprint_of(data_dir), f"{who}: the data {data_dir}", like.config.tokenizer_sha256, model,
-                       prepare_with(model_dir))
-    return splits
 
 
 def answers_only(text, tok, train_data, val_data, window, who):

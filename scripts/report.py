@@ -195,7 +195,7 @@ def distill_untrained(*args):
     import distill
     import training
     args = distill.p.parse_args(argv[2:])
-    device, ctx = training.setup(args.device, args.seed)
+    device, ctx = cli.setup(args.device, args.seed)
     student = training.load_model(args.init, device, "repro_distill: student")
     teacher = training.load_model(args.teacher, device, "repro_distill: teacher", attn="causal", like=student)
     tok = training.load_tokenizer(args.init, student.config)

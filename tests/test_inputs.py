@@ -26,7 +26,7 @@ from conftest import ROOT, killed_after_checkpoint, run_script, world_copy
 from convert import convert
 from checkpoint import safetensors_names, weight_files
 from model import Qwen3, Qwen3Config, preset
-from tokenizer import atomic_write
+from tokenizer import atomic_write, load_tokenizer
 from tokenizer import Tokenizer, fingerprint_of
 
 SMALL = ["--preset", "micro", "--batch_size", "4", "--seq_len", "32", "--eval_batches", "1", "--warmup", "2",
@@ -218,8 +218,8 @@ def test_training_helpers_refuse_other_tokenizers(world, tmp_path):
         training.load_model(world / "other", "cpu", "align: teacher", like=student)
     assert training.load_model(world / "ar", "cpu", "teacher", like=student, attn="causal").config.attn == "causal"
     with pytest.raises(SystemExit, match="tokenizer mismatch.*data.*other_dlm"):  # data of another tokenizer
-        training.load_splits(world / "data", "distill", like=Qwen3.from_pretrained(world / "other_dlm"))
-    training.load_splits(world / "data", "distill", like=student)
+        data.load_splits(world / "data", "distill", like=Qwen3.from_pretrained(world / "other_dlm"))
+    data.load_splits(world / "data", "distill", like=student)
     # a checkpoint's own tokenizer files replaced by another: refused, naming its config.json
     d = tmp_path / "replaced"
     d.mkdir()
@@ -227,7 +227,7 @@ def test_training_helpers_refuse_other_tokenizers(world, tmp_path):
         (d / f.name).write_bytes(f.read_bytes())
     Tokenizer.from_pretrained(world / "other").save_pretrained(d)
     with pytest.raises(SystemExit, match="config.json.*replaced"):
-        training.load_tokenizer(d, Qwen3Config.load(d))
+        load_tokenizer(d, Qwen3Config.load(d))
     # save_checkpoint never writes over another tokenizer: the model's, or one already in out_dir
     model = Qwen3(preset("micro")).init_weights(0)
     opt = training.configure_optimizer(model, 1e-3, 0.0)
@@ -390,7 +390,7 @@ def test_training_refuses_a_colliding_mask_id_and_a_tokenizer_larger_than_the_mo
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     assert "mask_token_id 65 is an ordinary token" in r.stderr and not (tmp_path / "a").exists()
     with pytest.raises(SystemExit, match="uses 259 ids but the model has only 200 embedding rows"):
-        training.load_tokenizer(world / "data", Qwen3Config(vocab_size=200))
+        load_tokenizer(world / "data", Qwen3Config(vocab_size=200))
 
 
 def test_resume_refuses_a_corrupt_or_mismatched_train_state(world, tmp_path):
