@@ -22,8 +22,7 @@ from benchmarks.bench_sample import bench_cache, bench_sample
 from benchmarks.bench_train import bench_align, bench_distill
 from benchmarks.common import SHAPES
 from benchmarks.gpu_check import gpu_check
-from cli import parser
-from training import setup
+from cli import parser, setup
 
 
 def main():
