@@ -5,14 +5,7 @@ AR model's (docs/methods.md §2).
     python align.py --init out/dlm-tiny --data data/stdlib --out_dir out/align            # λ = 10
     python align.py --init out/dlm-tiny --data data/stdlib --out_dir out/ar-ft --lambda_align 0
 
-Per step, for a batch x0 of clean sequences:
-    xt, M, t  = corrupt(x0)                       t ~ U(eps, 1-eps), each maskable token masked w.p. t
-    L_diff    = CE of x0 at the masked positions M, read from the student (bidirectional) on xt
-    h_s, h_t  = the student's hidden states on xt; the teacher's (causal, no grad) on the CLEAN x0
-    L_align   = 1 - mean over (layers ℓ, positions i ∈ S) of cos(h_s[ℓ, i], h_t[ℓ, i])
-    L         = L_diff + λ · L_align
-S: the rows that carry the denoising loss (shift: i-1 for masked i; no shift: i), or all. λ = 0 is the "AR
-fine-tuning" baseline, without a teacher in training.
+Notes on the design: docs/methods.md, "align.py" under §8.
 """
 import contextlib
 from pathlib import Path

@@ -10,9 +10,7 @@ subject; each lives in benchmarks/ with its own notes on how to read its tables:
     python bench.py --what real --batch_size 4 --seq_len 128 --compile       # SmolLM2-135M: ours vs transformers
     bash gpu_check.sh                                                         # --what gpu_check: one table, GPU
 
-model: benchmarks/bench_model.py; sample, cache: benchmarks/bench_sample.py; align, distill:
-benchmarks/bench_train.py; real: benchmarks/bench_real.py; gpu_check: benchmarks/gpu_check.py; the timers and
-models they share: benchmarks/common.py.
+Notes on the design: docs/methods.md, "bench.py" under §8.
 """
 import torch
 

@@ -3,16 +3,7 @@ Hugging Face checkpoint directories: config.json (+ generation_config.json) and 
 index), read and written the way transformers does, so that official Qwen3 weights load with strict names and
 our checkpoints load in transformers.
 
-Two mixins carry it, as transformers' PreTrainedModel and PretrainedConfig do: `ConfigFile` gives model.py's
-config dataclass from_dict / to_dict / load / save, and `WeightsFile` gives the model from_pretrained /
-save_pretrained. model.py keeps the network; everything about files is here.
-
-What is notable here:
-- Every file is written atomically (tokenizer.atomic_write): a killed save leaves the previous file or the new
-  one, never half of one; config.json is written last, so a directory that has it is complete.
-- Every safetensors header is checked against its file's size before a tensor is read (safetensors_names), and
-  a shard index against its shards (weight_files): a truncated or mismatched copy fails with one line naming it.
-- A tied checkpoint that also stores lm_head.weight (Qwen3-0.6B does) has it skipped unread.
+Notes on the design: docs/methods.md, "checkpoint.py" under §8.
 """
 import contextlib
 import copy

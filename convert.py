@@ -16,10 +16,7 @@ config.json, which every other script honours:
     python convert.py --ar out/ar-tiny --out_dir out/dlm-block --attn block --block_size 4
     python convert.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out_dir out/smollm2   # GGUF -> HF AR checkpoint
 
-Refused before anything is written: an --out_dir that is, or is inside, the AR checkpoint (or holds it), weights
-whose safetensors header does not match the file (a truncated copy), a GGUF of another architecture, tokenizer or
-quantization. Everything else a checkpoint comes with is carried through: the tokenizer fingerprint,
-generation_config.json, tokenizer_config.json (the chat template) and chat_template.jinja.
+Notes on the design: docs/methods.md, "convert.py" under §8.
 """
 import json
 import shutil

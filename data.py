@@ -5,27 +5,7 @@ Data: a text corpus in, flat token files out, and the readers the training scrip
     python data.py --out_dir data/mine --source notes/ --tokenizer path/to/Qwen3-0.6B
     python data.py --out_dir data/chat --source chats.jsonl --tokenizer path/to/Qwen3-0.6B   # {"messages": [...]}
 
-What is notable here:
-- The default corpus is the running Python's standard library (~11 MB of .py, tests left out),
-  so any machine that runs this code can make its training data, offline.
-- The train/val split is by document and stable: a document goes to val when a CRC32 of its name
-  (relative path, or line number in a JSONL file) falls under val_fraction, so adding, removing or
-  reordering files moves no other document (only a tiny corpus that hashes entirely to one side
-  gets its first document moved, so that both splits are non-empty).
-- Preparing streams: a batch of documents at a time is encoded and appended to the .bin files,
-  each document followed by eos. Files are written as *.tmp and renamed at the end, meta.json
-  last, so a directory with a meta.json always holds a complete dataset.
-- meta.json records the tokenizer's fingerprint (tokenizer_sha256, Tokenizer.fingerprint), as checkpoints do:
-  training refuses data tokenized otherwise than its model, and preparing into a directory that holds a dataset
-  of another tokenizer is refused unless --overwrite. A failed run removes the directories it created.
-- A JSONL whose records hold "messages" (Hugging Face's chat shape) is rendered through the tokenizer's own chat
-  template (chat_tokens), one conversation a document, and {split}.roles.bin marks each token of an assistant turn
-  (its content and the template's end of turn). A conversation that cannot be read so (no assistant turn, an
-  unknown role, a content the template does not render) is left out, counted in meta.json's skipped_conversations
-  and printed. align.py --assistant_only trains on the marked tokens (training.loss_targets, answer_batch);
-  prompt_pool gives distill.py the conversation before each assistant turn as a prompt.
-- get_batch returns windows of tokens only (no shifted targets): each loss picks its own targets.
-  eval_batches uses fixed offsets, no RNG, so every checkpoint is scored on identical tokens.
+Notes on the design: docs/methods.md, "data.py" under §8.
 """
 import json
 import os

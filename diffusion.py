@@ -6,34 +6,7 @@ block-diffusion (BD3-LM) forward that scores and trains block DLMs.
     loss = diffusion_loss(model, x0, xt, masked, t, norm="mean")   # or "elbo"
     nats = nelbo(model, x0, generator)                             # one draw of -ELBO/token (BD3-LM's for blocks)
 
-What is notable here:
-- The shift convention lives in one place, `denoiser_rows`: a shifted DLM's prediction for a masked
-  position i is read at i-1 (the AR head's meaning), an unshifted one's at i. Under shift, position 0 has
-  no prediction (there are no logits at -1), so it is never masked: it is context, like a prompt token.
-- `denoiser_ce` has the model apply lm_head only to the rows that denoise a masked token and return their
-  cross-entropy (Qwen3.forward's rows and targets): with Qwen3's 152k-row head, the full (B, T, V) logits
-  would dwarf everything else in memory, and without grad the model takes those rows a chunk at a time.
-- A block DLM (config.attn == "block") denoises block b given the CLEAN blocks before it: the state its
-  sampler and distill.py's training visit. So it is scored that way, not on the corrupted window at once.
-  By definition that is one forward per block over [x0_<b, xt_b] under the plain block rule
-  (`per_block_logits`); `block_logits` is the same in one forward over [x0, xt] (BD3-LM's vectorised
-  training): the clean stream is block-causal, the noisy copy of block b sees the clean blocks < b and
-  itself (`train_rule`, one FlexAttention mask_mod, also evaluated densely). distill.py trains with it over
-  [prompt, x0, xt]; diffusion_loss, nelbo and fixed_mask_eval use it with no prompt (P = 0).
-- The BD3-LM bound: -log p(x0) <= Σ_b E_{t_b, M_b}[Σ_{i∈M_b} CE_i / t_b], each block's term the
-  masked-diffusion ELBO of that block given the clean earlier ones. t is drawn per (sequence, block)
-  (corrupt(block_size=...)), as BD3-LM does. One t per sequence shared by its blocks is an equally valid
-  bound (each term keeps its expectation), but the blocks' terms then move together (a larger t raises the
-  masked CE of every block) and the sum has the larger variance; independent t_b keep them uncorrelated.
-- Every random draw comes from the generator passed in, so a reseeded generator gives identical masks
-  (evaluation scores every checkpoint on the same corruptions: `fixed_mask_eval`, with EVAL_SEED).
-- `corrupt` draws t per sequence, or per (sequence, block) with block_size (BD3-LM); `where` restricts the masks
-  further (an answer-only loss: data.after_separator). `diffusion_loss`'s extra_ce is the public REPR-ALIGN
-  code's exp(-CE)·CE per masked token, exp(-CE) detached (the probability of the true token): its gradient is
-  (1 + p)·grad CE, so confident tokens weigh up to twice.
-- In `block_logits`, under shift a block's first position is read at the clean slot before it (P + i - 1,
-  which sees the clean blocks < b, exactly what the sampler and the per-block forward read there), the others
-  at noisy slot i - 1.
+Notes on the design: docs/methods.md, "diffusion.py" under §8.
 """
 import contextlib
 

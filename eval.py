@@ -10,37 +10,7 @@ checkpoints alike. Each subcommand prints a short table and writes --out FILE (J
     python eval.py winrate    --ckpt out/dlm-merged --ref out/align --pairs data/pairs/heldout.jsonl
     python eval.py harness    --model_args pretrained=out/align --tasks T ...     # lm-eval (harness.py)
 
-What is notable here:
-- likelihood: an AR checkpoint gets perplexity and bits/token; a DLM the negative ELBO in bits/token (Monte
-  Carlo over t and masks from a fixed seed, n_draws passes over the same batches; the standard error is over
-  those passes, so it is the Monte Carlo error alone, the data being fixed) plus masked-token accuracy at
-  fixed ratios (diffusion.fixed_mask_eval, shared with align.py). The batches are data.eval_batches: fixed
-  offsets, the same tokens for every checkpoint. Bits/token of both kinds cover the same positions 1..T-1
-  (a shifted DLM cannot mask position 0; an unshifted one scores 0..T-1). A block checkpoint gets the BD3-LM
-  bound: the sum over blocks of the masked-diffusion ELBO of block b given the clean blocks before it (t drawn
-  per sequence and block), all blocks in one forward over [x0, xt] under the rule distill.py trains with; its
-  masked-token accuracy likewise reads block b's masked positions given the clean earlier blocks (diffusion.py).
-- generate: the checkpoint's own sampler (config.attn: AR, LLaDA/Fast-dLLM, block diffusion), every sampler
-  flag exposed, on prompts from the validation documents or a JSONL (--prompts); generative perplexity under
-  --ref, unigram entropy and the 4-gram repetition rate (each per completion, then the mean: low entropy and
-  high repetition flag the loops that a low generative perplexity can hide), tokens per forward counted per
-  row (each row's tokens up to its eos over the forwards it needed, as if decoded alone; mean, std, min, max
-  over rows), tokens/s up to each row's eos and raw (every generated slot of the batch). The results carry the
-  temperature (0: greedy). Here and in humaneval and tasks, "eos" is any of the checkpoint's end ids
-  (Tokenizer.end_ids: an instruct Qwen3 declares <|im_end|> and <|endoftext|>): a row stops at the first, and
-  its completion is cut there (with --ignore_eos too, which only keeps the sampler going).
-- tasks: exact match on tasks.py's held-out prompts (the prompt -> answer world with a checker per task), per
-  family and overall, with tokens per forward counted per row as in generate (mean ± std, min, max over rows).
-  A DLM is decoded once per --thresholds value (Fast-dLLM parallel decoding: the accuracy-versus-parallelism
-  curve), an AR model once; --cache prefix|dual decodes a masked-diffusion DLM with Fast-dLLM's approximate
-  KV cache (in one block, the default, the two are the same: nothing follows the block). The checkpoint must
-  have the task data's tokenizer.
-- winrate: the stdlib world's preference (data.rule_score: prefer single-quoted strings) on completions of the
-  prompts of a pairs file, each --ckpt against --ref: the share of prompts whose completion scores higher (ties
-  count half), all sampled at temperature 1.0 and threshold 0.9 from one seeded generator (merge.py's win rate).
-- humaneval: pass@1 / pass@10 of the checkpoint's completions (or given ones, --completions: no model), each
-  program run in sandbox.py's sandbox (an audit hook, Landlock, seccomp, a network namespace of its own, rlimits;
-  the whole design is that module's docstring).
+Notes on the design: docs/methods.md, "eval.py" under §8.
 """
 import contextlib
 import json

@@ -7,30 +7,7 @@ and lm-eval's own command line run with it (eval.py harness passes every flag th
     python eval.py harness --model_args pretrained=out/align,mc_draws=32 --tasks my_task --include_path my_tasks/
     python eval.py harness --model_args pretrained=out/distill,threshold=0.9 --tasks gsm8k --batch_size 8
 
-Model arguments (--model_args k=v,...): pretrained (the checkpoint directory), mc_draws (DLMs: Monte Carlo
-draws per log-likelihood, 16), seed (1337), device (auto), dtype (float32 | bfloat16; default bfloat16 on CUDA),
-max_length (context and generation together; default config.max_position_embeddings), and the sampler's settings,
-as sample.py names them: threshold, block_length, steps, remasking, block_size, cache, eos_rule, eos_penalty
-(eos_rule=penalty: default 3). Unless given, eval.py harness sets lm-eval's --device auto (cuda if available) and
---batch_size 8.
-
-What is notable here:
-- loglikelihood(context, continuation): an AR checkpoint's exact Σ_i log p(c_i | context, c_<i) in one causal
-  forward, and is_greedy (every c_i the argmax). A DLM's is the ELBO of log p(continuation | context): the mean
-  over mc_draws draws of -Σ_{i∈M} CE_i / t, t ~ U(eps, 1-eps) and M masking each continuation token with
-  probability t (diffusion.sequence_elbo; LLaDA's conditional likelihood). A block DLM is read as BD3-LM: block b
-  given the clean blocks before it. A DLM's is_greedy: every continuation token the argmax with the whole
-  continuation masked (one forward, the all-at-once reading).
-- The draws of a request come from a generator seeded by `seed` and the request's token ids, so a request gets
-  the same estimate in any batch, order or process.
-- Requests are batched by their length, one length a batch: nothing is padded, so every row scores exactly as
-  it would alone (a padded block DLM would need a pad-aware BD3-LM mask).
-- loglikelihood_rolling(text): the same, of the whole text after the end-of-text token (lm-eval's prefix). The
-  text must fit max_length: a longer one is refused, not windowed.
-- generate_until(context, {until, max_gen_toks, ...}): the checkpoint's own sampler (sample.generate) with the
-  settings above, greedy unless the request sets a temperature; every end id stops a row, and the text is cut
-  at the first `until` string. A DLM's generation length is max_gen_toks (its canvas), rounded up to its block.
-- An empty context is the end-of-text token alone, as lm-eval's own models do.
+Notes on the design: docs/methods.md, "harness.py" under §8.
 """
 import json
 import sys

@@ -1,25 +1,7 @@
 """
 Qwen3 in plain PyTorch, with the attention mask chosen per call.
 
-What is notable here:
-- One decoder serves the AR teacher and every diffusion student: `model(idx, attn=...)` takes
-  "causal" (AR), "bidirectional" (masked diffusion), "block" (block diffusion: position i sees j
-  when j // block_size <= i // block_size) or an explicit boolean mask. Converting AR -> DLM
-  changes no weights; the DLM fields (attn, block_size, mask_token_id, shift) live in config.json.
-- Module names are Hugging Face's (model.layers.{i}.self_attn.q_proj, ...), so official Qwen3
-  safetensors load with strict=True and no mapping table, and our checkpoints load in transformers.
-- A static KV cache written in place at given slots (gpt-fast style) serves all three samplers.
-- Attention is F.scaled_dot_product_attention; causal and bidirectional calls pass no mask tensor. A
-  FlexAttention BlockMask goes to flex_attention instead (distill.py's training mask on CUDA): only the
-  blocks the mask allows are computed, and no (T, T) mask exists.
-- `Qwen3.forward` is the one entry point of every loss, evaluation and sampler, so FSDP (which gathers the
-  sharded tensors around forward) sees every use. `rows` runs lm_head on the rows that need it only: with
-  Qwen3's 152k-row head the full (B, T, V) logits would dwarf everything else. With `targets` it returns each
-  row's cross-entropy instead; without grad CE_ROWS rows at a time, so the logits never exist at once.
-- The KV cache keeps one tensor per layer (gpt-fast): under torch.compile an in-place write into a view of one
-  (layers, ...) tensor makes the compiled step copy the whole cache every call.
-- Hidden states are Hugging Face's `hidden_states`: the embedding output, each block's output, and the last one
-  replaced by the final-norm output (REPR-ALIGN aligns all of them).
+Notes on the design: docs/methods.md, "model.py" under §8.
 """
 from dataclasses import dataclass, field
 

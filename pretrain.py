@@ -6,26 +6,7 @@ nanoGPT's train.py in miniature, on the shared machinery of training.py.
     python data.py --out_dir data/stdlib
     python pretrain.py --data data/stdlib --out_dir out/ar-tiny
 
-What is notable: the output is an ordinary Hugging Face Qwen3 directory (config.json,
-model.safetensors, tokenizer.json), so every later script treats it exactly like a real Qwen3
-checkpoint; `--init DIR` continues from any Qwen3 checkpoint instead of random weights.
-At the end it prints the validation loss next to the corpus's unigram entropy (the loss of a model
-that knows only token frequencies) and a few greedy and sampled (temperature 0.8) continuations.
-
-Prompt -> answer documents (tasks.py's exact-answer world) are learnt with an answer-only loss:
-
-    python tasks.py --out_dir data/tasks
-    python data.py --source data/tasks/train.jsonl --out_dir data/tasks
-    python pretrain.py --data data/tasks --out_dir out/ar-tasks --loss_after " =" --seq_len 16 --batch_size 64 \
-        --max_iters 1200 --eval_interval 300
-    python eval.py tasks --ckpt out/ar-tasks --data data/tasks
-
-`--loss_after TEXT` (one token of the data's tokenizer: " =" in the learnt BPE, "=" in the byte one) scores only
-the tokens after TEXT in their own document, the answer and its eos (data.after_separator), and every window
-begins at a document's start (data.document_starts), so each row opens with a whole prompt, as in minGPT's
-sorting demo. The prompt's digits are random: scoring them adds noise and no skill, and a window cut inside a
-prompt asks for an answer the model cannot know. The validation loss is then the answers' loss (0 for a model
-that knows the task), and the samples are validation prompts cut after TEXT.
+Notes on the design: docs/methods.md, "pretrain.py" under §8.
 """
 import math
 

@@ -9,26 +9,7 @@ as documents for data.py: one {"text": prompt + answer} per line of train.jsonl)
         --max_iters 1200 --eval_interval 300                             # answer-only loss, rows of whole prompts
     python eval.py tasks --ckpt out/ar-tasks --data data/tasks            # exact match on heldout.jsonl
 
-The families (digits are space-separated, so the learnt BPE gives each digit one token and the byte tokenizer
-two; the answer ends where the document does, at eos). Default sizes: lists of 2-4 digits, operands of 1-2.
-
-    sort 3 1 2 =        ->   1 2 3      every answer digit is fixed by the prompt alone: a DLM may commit
-    rev 3 1 2 =         ->   2 1 3      the whole answer in one forward
-    add 4 5 7 + 8 9 =   ->   5 4 6      most significant digit first: each digit waits on the carries from
-                                        its right, so a parallel decoder should struggle
-
-What is notable here:
-- The split is by construction: a prompt is held out when a stable hash of its text says so (data.is_val, the
-  rule data.py splits documents with), so no held-out prompt can occur in train.jsonl, whatever the seed or
-  the sizes. Train and held-out prompts come from separately seeded streams: --n_train leaves heldout.jsonl
-  as it is, and --n_heldout train.jsonl.
-- check(family, prompt, completion) solves the prompt itself (solve) and compares whitespace-normalised
-  digit strings up to the first eos text: exact, and independent of any stored answer.
-- exact_match scores a checkpoint with the sampler its config.attn picks (sample.generate: causal -> AR,
-  bidirectional -> masked diffusion, block -> block diffusion) and takes each row's tokens and forwards up to
-  its eos from the sampler's own per-row counts (Generation.row_tokens, row_nfe), as if it had been decoded
-  alone: tokens per forward is their ratio, per row, then summarised per family (sample.throughput).
-  `eval.py tasks` is its command line: the accuracy-versus-parallelism curve over decoding thresholds.
+Notes on the design: docs/methods.md, "tasks.py" under §8.
 """
 import json
 import random

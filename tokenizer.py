@@ -1,30 +1,6 @@
 """A byte-level BPE tokenizer on top of tiktoken, giving exactly Hugging Face's ids.
 
-What is notable here:
-- One class reads a Hugging Face `tokenizer.json` (byte-level BPE only: GPT-2's printable
-  "byte-to-unicode" strings are mapped back to raw bytes, and a token's id is its BPE rank, as
-  in tiktoken) or a bare `.tiktoken` rank file, which is read as Qwen's (Qwen's regex, NFC, and
-  Qwen3's 26 added tokens numbered from 151643). The regex and NFC come from the file. Its
-  `merges` are not read: tiktoken merges by rank, which gives the same ids for a vocabulary made
-  from tiktoken ranks, as Qwen's is (the tests check this against HF with ignore_merges=false).
-- Added tokens come in two kinds, as in Hugging Face. Those marked `special: true`
-  (`<|endoftext|>`, `<|im_start|>` ...) are never made from ordinary text unless named in
-  `allowed_special`; otherwise they are encoded as plain text (tiktoken-style safety, no error).
-  Those marked `special: false` (Qwen3's `<think>`, `<tool_call>`, `<|fim_prefix|>` ...) are
-  matched anywhere in the text, because Hugging Face's tokenizer does so.
-- `mask_id` is the first id past the last token (151669 for Qwen3, 1024 for the embedded default's BPE):
-  an unused embedding row, not a token. `decode` shows it as `<|mask|>`.
-- `Tokenizer.train(texts, vocab_size)` learns a byte-level BPE (the embedded default's 1024 ids, learnt by
-  data.py on the standard library); `Tokenizer.byte_level()` is the 259-id byte tokenizer (the tests' micro
-  models). `save_pretrained` writes Hugging Face files (atomically) that `transformers` loads unchanged,
-  with the merges a learnt vocabulary needs to give tiktoken's ids.
-- `fingerprint` is a sha256 of what decides the ids (not of a file); datasets and checkpoints record it, so that
-  training refuses a model and data tokenized differently.
-- A checkpoint's `tokenizer_config.json` (Qwen3's: the chat template, `<|im_end|>` as eos_token, the tokenizer
-  class) and `chat_template.jinja` are read and written back unchanged, so every converted and trained directory
-  keeps them. `apply_chat_template` renders the template as transformers does (jinja2, the same sandbox and
-  helpers) and `end_ids` lists every id that ends a generation: the tokenizer's eos tokens and the
-  model config's and generation_config.json's `eos_token_id`.
+Notes on the design: docs/methods.md, "tokenizer.py" under §8.
 """
 import collections
 import copy

@@ -16,26 +16,7 @@ The training machinery every training script shares (pretrain.py, align.py, dist
         run.log(rec)                               # log.jsonl and the bar
     run.results(dict(**run.final(evaluate), ...))  # results.json: the run finished
 
-Besides: run.task_eval(model, tok) (--tasks: exact match by eval.py in a child process), run_script (another
-script on a checkpoint), load_model / load_teacher (share_frozen) / load_tokenizer (tokenizer.py's) / require_dlm
-(checked loading), freeze (parameter groups), answers_only (--loss_after), flops_per_token.
-
-What is notable here:
-- Precision: bf16 autocast on CUDA (run.ctx), fp32 on CPU, TF32 matmuls, seeded RNGs; frozen models (a teacher,
-  DPO's reference) in --frozen_dtype (bf16 on CUDA). AdamW with decay on matrices only, warmup then cosine.
-- Checkpoints are a Hugging Face directory (config.json, model.safetensors in --save_dtype, tokenizer) plus
-  train_state.pt (optimizer, step, RNG states, and the fp32 value of every tensor --save_dtype rounds), every file
-  written atomically, so `--resume` continues a killed run and reaches the same losses as an uninterrupted one;
-  --weights_only writes the Hugging Face directory alone (at Qwen3-0.6B 1.2 GB instead of 8.4 GB).
-- Several processes under torchrun do not change the optimisation: every rank draws the same global batch (the
-  same generator, the same seed) and computes its share of the --grad_accum micro-batches; the gradients are
-  summed over the ranks before clipping, so a step is the one-process step up to float rounding. Rank 0 prints,
-  logs and saves; every rank evaluates. --fsdp shards the trained model with FSDP2 instead of replicating it.
-- Bad input ends a run with one line and loses nothing: a model and data (or a teacher and its student) tokenized
-  differently (the tokenizer fingerprints datasets and checkpoints record), a checkpoint of the wrong kind,
-  `--resume` with other settings than the checkpoint's (RESUMABLE ones aside; log.jsonl is cut back to the
-  checkpoint's step), a NaN loss (naming the last good checkpoint), Ctrl-C (naming the checkpoint to resume from;
-  during a save, after the save).
+Notes on the design: docs/methods.md, "training.py" under §8.
 """
 import atexit
 import contextlib
