@@ -85,8 +85,7 @@ def session(model, tok, max_new_tokens, answer, block_size=None):
     conversation, Ctrl-D or /quit ends the session. The oldest turns are dropped, and said so, when the
     conversation outgrows the model's positions."""
     c = model.config
-    ends = tok.end_ids(c)
-    ends += [i for t, i in tok.special_tokens.items() if t == "<|im_end|>" and i not in ends]  # the turn's end
+    ends = tok.end_ids(c, turn=True)  # and <|im_end|>, the turn's end
     live, bs = sys.stdout.isatty() and c.attn != "causal", block_size or c.block_size
     messages = []
     print("chat: Ctrl-C ends a turn, /reset forgets the conversation, Ctrl-D or /quit ends the session")

@@ -151,17 +151,24 @@ class WeightsFile:
                 raise ValueError(f"{f}: cannot read safetensors file ({e}); is it truncated or corrupt?") from None
         if not config.tie_word_embeddings and "lm_head.weight" not in state:
             raise ValueError(f"{path}: untied config (tie_word_embeddings=false) but no lm_head.weight")
+        return cls.from_state(config, state, source=str(path))
+
+    @classmethod
+    def from_state(cls, config, state, source="state"):
+        """The model of `config` holding the tensors of `state` (name -> tensor, assigned, not copied; a tied lm_head
+        is the embedding), after checking that the names and shapes are the config's: ValueError naming source."""
         with torch.device("meta"):
             model = cls(config)
         keys = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
         missing, unexpected = sorted(keys - set(state)), sorted(set(state) - keys)
         if missing or unexpected:
-            raise ValueError(f"{path}: weights do not match the config: missing {missing[:5]}, "
+            raise ValueError(f"{source}: weights do not match the config: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
         expected = {k: v.shape for k, v in model.state_dict().items()}
         for k, v in state.items():
             if v.shape != expected[k]:
-                raise ValueError(f"{path}: {k} has shape {tuple(v.shape)} but config.json implies {tuple(expected[k])}")
+                raise ValueError(f"{source}: {k} has shape {tuple(v.shape)} but config.json implies "
+                                 f"{tuple(expected[k])}")
         model.load_state_dict(state, strict=False, assign=True)
         if config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
@@ -178,12 +185,7 @@ class WeightsFile:
             w = state[k]  # (V, C) -> (rows, C)
             state[k] = torch.cat([w, w.mean(0, keepdim=True).expand(rows - w.shape[0], -1)])
         config.vocab_size = rows
-        with torch.device("meta"):
-            grown = type(self)(config)
-        grown.load_state_dict(state, strict=False, assign=True)
-        if config.tie_word_embeddings:
-            grown.lm_head.weight = grown.model.embed_tokens.weight
-        return grown.train(self.training)
+        return type(self).from_state(config, state, source="with_rows").train(self.training)
 
     def save_pretrained(self, path, metadata=None, *, dtype=None, state_dict=None):
         """Write config.json (and generation_config.json) + model.safetensors in Hugging Face's layout, each file

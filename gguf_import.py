@@ -180,12 +180,8 @@ def write(reader, out_dir, dtype="float32"):
     from model import Qwen3, Qwen3Config
     config = Qwen3Config.from_dict(config_of(reader, dtype), source="the GGUF file")
     tok_json, tok_config = tokenizer_files(reader)
-    state = {name: torch.from_numpy(w) for name, w in tensors(reader, config)}
-    with torch.device("meta"):
-        model = Qwen3(config)
-    model.load_state_dict(state, strict=not config.tie_word_embeddings, assign=True)  # tied: no lm_head tensor
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model = Qwen3.from_state(config, {name: torch.from_numpy(w) for name, w in tensors(reader, config)},
+                             source="the GGUF file")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, d in (("tokenizer.json", tok_json), ("tokenizer_config.json", tok_config)):

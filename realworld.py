@@ -95,8 +95,7 @@ def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, **sampler):
     import torch
 
     import sample
-    ends = tok.end_ids(model.config)
-    ends += [i for t, i in tok.special_tokens.items() if t == "<|im_end|>" and i not in ends]
+    ends = tok.end_ids(model.config, turn=True)
     g, out = torch.Generator(model.lm_head.weight.device).manual_seed(1337), []
     for s in range(0, len(items), batch_size):
         prompts = [tok.apply_chat_template([{"role": "user", "content": it["prompt"]}])

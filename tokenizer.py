@@ -427,16 +427,17 @@ class Tokenizer:
         t = self.config.get(key)
         return t.get("content") if isinstance(t, dict) else t
 
-    def end_ids(self, config=None):
+    def end_ids(self, config=None, turn=False):
         """Every id that ends a generation, first those the model declares: generation_config.json's eos_token_id
         (an id or a list: Qwen3's instruct models [151645, 151643], <|im_end|> and <|endoftext|>), then config.json's
-        (config: a Qwen3Config), then tokenizer_config.json's eos_token, then <|endoftext|>. Ids the tokenizer
-        does not have are left out."""
+        (config: a Qwen3Config), then tokenizer_config.json's eos_token, then <|endoftext|>; turn: then <|im_end|>,
+        the end of a chat turn, where the model does not declare it. Ids the tokenizer does not have are left out."""
         ids = []
         if config is not None:
             for e in ((getattr(config, "generation", None) or {}).get("eos_token_id"), config.eos_token_id):
                 ids += e if isinstance(e, list) else [e]
         ids += [self._special.get(self.special_token("eos_token")), self._special.get(EOS)]
+        ids += [self._special.get("<|im_end|>")] if turn else []
         ids = [i for i in ids if isinstance(i, int) and 0 <= i < self._vocab_size and i not in self._holes]
         return list(dict.fromkeys(ids))  # in order, each once
 
