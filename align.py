@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import cli
 import data
 import diffusion
+import runner
 import training
 
 p = cli.parser(__doc__)
@@ -33,8 +34,8 @@ p.add_argument("--align_metric", default="cos", choices=["cos", "l2"], help="l2:
 p.add_argument("--extra_ce", action="store_true", help="add the public code's sg(exp(-CE))·CE per masked token")
 p.add_argument("--freeze", default="", type=cli.comma_list(choices=("embed", "mlp", "attn", "lm_head"), what="groups"),
                help="comma list of groups (published: embed,lm_head)")
-training.add_loop_args(p, frozen="the AR teacher", tasks="threshold 0.9", answers="chat", max_iters=200, batch_size=8,
-                       seq_len=256, lr=1e-3, min_lr=1e-4, warmup=10, eval_interval=50, eval_batches=8)
+cli.add_loop_args(p, frozen="the AR teacher", tasks="threshold 0.9", answers="chat", max_iters=200, batch_size=8,
+                  seq_len=256, lr=1e-3, min_lr=1e-4, warmup=10, eval_interval=50, eval_batches=8)
 p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N steps (and at the last step)")
 p.add_argument("--samples", type=int, default=3, help="validation prompts continued at the end (by sample.py)")
 p.add_argument("--sample_len", type=int, default=64, help="tokens per sample")
@@ -119,12 +120,12 @@ class CosineEval:
 
 
 if __name__ == "__main__":
-    args = training.parse_loop_args(p)
+    args = cli.parse_loop_args(p)
     if not 0 <= args.eps < 0.5 or args.lambda_align < 0 or args.ckpt_interval <= 0:
         p.error("need 0 <= --eps < 0.5, --lambda_align >= 0 and --ckpt_interval > 0")
     run = training.Run(args, "align")  # its generator draws the batches, the t's and the masks
     device, ctx = run.device, run.ctx
-    train_data, val_data = run.load_splits(args.data)
+    train_data, val_data = data.load_splits(args.data, "align", seq_len=args.seq_len)
 
     # ---- the student, its frozen groups, and the teacher -----------------------------------------
     def fresh():
@@ -139,7 +140,7 @@ if __name__ == "__main__":
     if c.tie_word_embeddings and ({"embed", "lm_head"} & set(args.freeze)):
         print("tied embeddings: freezing embed or lm_head freezes both (the output head IS the embedding matrix)")
     n_frozen = sum(q.numel() for q in student.parameters() if not q.requires_grad)
-    answers, starts = training.loss_targets(args, tok, train_data, val_data, args.seq_len, "align")
+    answers, starts = data.loss_targets(args, tok, train_data, val_data, args.seq_len, "align")
     val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len, args.eval_batches, device,
                                     starts=starts["val"])
     teacher_path, teacher, cosines = args.teacher or c.converted_from, None, None
@@ -157,7 +158,7 @@ if __name__ == "__main__":
         print(f"λ = 0: AR fine-tuning baseline, no teacher in training "
               f"({'val_cos from ' + teacher_path if cosines else f'none found at {teacher_path}: no val_cos'})")
     layers = parse_layers(args.align_layers, c.num_hidden_layers + 1)
-    student = run.train(student, compile_too=[teacher] if teacher is not None else [])
+    student = run.prepare(student, compile_too=[teacher] if teacher is not None else [])
     print(f"student: {student.num_params() / 1e6:.2f}M parameters ({n_frozen / 1e6:.2f}M frozen: {args.freeze}), shift="
           f"{c.shift}{', from scratch' * args.scratch}; aligning {layers if args.lambda_align else '-'}; {device}")
 
@@ -201,7 +202,7 @@ if __name__ == "__main__":
                      trainable_params=student.num_params() - n_frozen,
                      tokens_seen=args.max_iters * args.batch_size * args.seq_len * args.grad_accum))
     if args.samples > 0 and run.is_main:  # masked diffusion, one token a step, blocks of 32 (or one block)
-        training.run_script("sample.py", "--ckpt", run.out_dir, "--data", args.data, "--num_samples", args.samples,
+        runner.run_script("sample.py", "--ckpt", run.out_dir, "--data", args.data, "--num_samples", args.samples,
                             "--max_new_tokens", args.sample_len, "--block_length",
                             32 if args.sample_len % 32 == 0 else args.sample_len, "--seed", args.seed,
                             "--device", device)

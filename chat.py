@@ -1,9 +1,12 @@
 """
 The terminal side of sampling, for sample.py: a multi-turn chat in a checkpoint's chat template (`session`), a DLM's
-answer redrawn before every forward (`live_view`), and the round of its block that committed each token of a block
-DLM's text (`show_rounds`). Nothing here samples: sample.py passes its sampler in.
+answer redrawn before every forward (`live_view`), the round of its block that committed each token of a block DLM's
+text (`show_rounds`), and sample.py's samples and speed (`print_samples`). Nothing here samples: sample.py passes
+its sampler, or its Generation, in.
 """
 import sys
+
+import cli
 
 MARKS = "0123456789abcdefghijklmnopqrstuvwxyz"
 COLOURS = (32, 33, 34, 35, 36, 31)  # ANSI foreground by round: green, yellow, blue, magenta, cyan, red, again
@@ -60,6 +63,64 @@ def show_rounds(pieces, rounds, *, width=100, colour=False):
             marks.append(m)
     flush()
     return "\n".join(out)
+
+
+def add_args(p):
+    """sample.py's flags: the checkpoint, the prompts, the sampler's (cli.sampler_args), the views, seed, device."""
+    p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory; its config.attn picks the sampler")
+    p.add_argument("--prompt", default=None, help="the text to continue (encoded with the checkpoint's tokenizer); "
+                   "default 'def ', with --chat: an interactive session")
+    p.add_argument("--num_samples", type=int, default=1, help="rows of one batch, all from --prompt")
+    p.add_argument("--data", default=None, help="a data.py directory: one prompt per row instead, the first "
+                   "--num_samples validation documents from their first def (32 tokens)")
+    cli.sampler_args(p, 64)
+    p.add_argument("--show_rounds", action="store_true",
+                   help="block: mark each generated token with the round that committed it (colours on a terminal)")
+    p.add_argument("--chat", action="store_true", help="the checkpoint's chat template: --prompt as one user turn, or "
+                   "without --prompt a multi-turn session (Ctrl-C ends a turn, Ctrl-D the session)")
+    p.add_argument("--seed", type=int, default=1337, help="seeds the sampler's generator (runs repeat exactly)")
+    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
+
+
+def prompt_rows(tok, args, attn):
+    """sample.py's --num_samples rows of --prompt (default 'def '; --chat: one user turn in the checkpoint's chat
+    template), or a one-line exit: a prompt of no tokens, a template that does not render, --show_rounds for a
+    checkpoint of attn other than "block"."""
+    if args.show_rounds and attn != "block":
+        raise SystemExit(f"sample: --show_rounds needs a block-diffusion checkpoint (config.attn 'block'), "
+                         f"{args.ckpt} has {attn!r}")
+    prompt = "def " if args.prompt is None else args.prompt
+    try:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}]) if args.chat else tok.encode(prompt)
+    except ValueError as e:  # no template, or one that does not render
+        raise SystemExit(f"sample: --chat: {e}")
+    if not ids:
+        raise SystemExit("sample: --prompt encodes to no tokens")
+    return [ids] * args.num_samples
+
+
+def print_samples(tok, prompts, gen, sampler, seconds, *, titled=False):
+    """sample.py's output: each row of gen (a sample.Generation of the token lists `prompts`) up to its first end
+    token, headed by its number or (titled) its prompt; with gen.rounds, in the round view (`show_rounds`, coloured
+    on a terminal) and its legend. Then one line: the sampler's name, the seconds, each row's tokens per forward
+    (mean, min, max: Generation.tokens_per_forward), forwards a row, and tokens per second."""
+    for b, ids in enumerate(prompts):
+        n = int(gen.row_tokens[b])  # the sample up to its first eos
+        seq = gen.sequence(b)[:len(ids) + n].tolist()
+        print(f"--- prompt: {tok.decode(ids)!r}" if titled else f"--- sample {b}")
+        if gen.rounds is None:
+            print(tok.decode(seq))
+        else:
+            rounds = [-1] * len(ids) + gen.rounds[b, :n].tolist()
+            print(show_rounds(token_pieces(tok, seq), rounds, colour=sys.stdout.isatty()))
+    if gen.rounds is not None:
+        print("(under each generated character: the round of its block that committed it, 0 = the block's first "
+              "forward)")
+    tpf, up_to_eos = gen.tokens_per_forward.double(), int(gen.row_tokens.sum()) / seconds
+    print(f"{sampler}: {len(prompts)} x {gen.generated.shape[1]} tokens in {seconds:.2f} s; per row "
+          f"{tpf.mean():.2f} tokens per forward (min {tpf.min():.2f}, max {tpf.max():.2f}; "
+          f"{gen.row_nfe.double().mean():.1f} forwards a row); {up_to_eos:.1f} tokens/s up to eos, "
+          f"{gen.generated.numel() / seconds:.1f} raw ({gen.nfe} batched forwards)")
 
 
 def live_view(tok, P, mask_id, width=100):

@@ -1,7 +1,8 @@
 """The command-line conventions every script shares: `--help` shows a short description (the docstring's first
 paragraph and its usage lines; the rest of the docstring is for readers of the code) and every flag with its
 default; what --device and --seed do and a script's place in a torchrun job (`setup`); Ctrl-C as one line
-(`interrupted`); the DLM samplers' end-token flags. torch is imported only inside `setup`."""
+(`interrupted`); the samplers' flags, shared by sample.py and eval.py (`sampler_args`, `sampler_kwargs`). torch
+is imported only inside `setup`."""
 import argparse
 import atexit
 import contextlib
@@ -13,7 +14,10 @@ import signal
 import sys
 from pathlib import Path
 
+SAVE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+FROZEN_DTYPES = ("auto", "float32", "bfloat16")
 EOS_RULES = ("free", "last", "penalty")  # the DLM samplers' rules for end tokens (sample.diffusion_generate)
+CACHES = ("none", "prefix", "dual")  # the masked-diffusion sampler's KV caches (sample.diffusion_generate)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -86,6 +90,145 @@ def eos_args(p):
                    "committed only where no slot before them is masked (last: LLaDA), or lose --eos_penalty from "
                    "their logits (penalty: Dream)")
     p.add_argument("--eos_penalty", type=non_negative, default=3.0, help="--eos_rule penalty: its strength")
+
+
+def cache_args(p):
+    """--cache, --compile, --finish_block and the end-token flags (eos_args): the sampler flags eval.py tasks takes."""
+    p.add_argument("--cache", default="none", choices=CACHES, help="masked diffusion: Fast-dLLM's approximate KV "
+                   "cache, refreshed once per block: prefix (the slots before the block), dual (and after it); none: "
+                   "exact")
+    p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile (CUDA: with "
+                   "CUDA graphs); the first steps of each shape include compiling")
+    p.add_argument("--finish_block", action="store_true", help="DLMs: a row is done once the block holding its end "
+                   "token is, not at that token (its forwards counted until then)")
+    eos_args(p)
+
+
+def sampler_args(p, max_new_tokens):
+    """The flags of sample.generate's arguments (sample.py, eval.py), --max_new_tokens defaulting to max_new_tokens;
+    sampler_kwargs turns them into its keyword arguments."""
+    p.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="AR: at most; DLMs: the generation "
+                   "length")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top_k", type=int, default=None, help="sample among the k most likely tokens only")
+    p.add_argument("--top_p", type=float, default=None, help="sample within the smallest set of mass >= p only")
+    p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
+    p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N, one token a step)")
+    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"],
+                   help="diffusion without threshold: commit the most confident predictions, or random ones")
+    p.add_argument("--threshold", type=float, default=None, help="in (0, 1]: commit every token whose raw "
+                   "probability reaches it; diffusion: Fast-dLLM parallel decoding (default off); block: default 0.9")
+    p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
+    p.add_argument("--no_cache", action="store_true", help="AR, block: recompute everything each step (reference)")
+    cache_args(p)
+    p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
+    p.add_argument("--ignore_eos", action="store_true", help="do not stop a row at the checkpoint's end ids (eval.py "
+                   "still scores its completion up to the first)")
+
+
+def sampler_kwargs(args):
+    """sampler_args' flags -> the sample.generate keyword arguments they set (eos_id, generator, vocab_limit and
+    record are the caller's)."""
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                shift=None if args.shift is None else args.shift == "true", block_length=args.block_length,
+                steps=args.steps, remasking=args.remasking, threshold=args.threshold, block_size=args.block_size,
+                use_cache=not args.no_cache, cache=args.cache, finish_block=args.finish_block, eos_rule=args.eos_rule,
+                eos_penalty=args.eos_penalty, compile=args.compile)
+
+
+# ---- a training script's loop flags -------------------------------------------------------------------------
+
+def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
+    """The training-loop flags every training script shares, with that script's defaults (max_iters, batch_size,
+    seq_len, lr, min_lr, warmup, eval_interval, eval_batches). frozen: what the script's frozen model is (e.g. "the
+    teacher"), for its --frozen_dtype flag (frozen_dtype); None: the script has none. tasks: the threshold the
+    --tasks evaluation decodes at, in words (Run.task_eval); None: no --tasks. answers: --loss_after (answers_only);
+    "chat": --assistant_only too (loss_targets)."""
+    d = dict(grad_accum=1, weight_decay=0.1, grad_clip=1.0, **defaults)
+    helps = dict(max_iters="optimizer steps in all", batch_size="sequences per micro-batch",
+                 seq_len="tokens per training sequence",
+                 grad_accum="micro-batches per optimizer step, over all processes (a multiple of their number)",
+                 warmup="steps of linear learning-rate warmup", eval_interval="steps between evaluations",
+                 eval_batches="batches per evaluation", lr="peak learning rate (AdamW)",
+                 min_lr="the cosine schedule's floor", weight_decay="AdamW weight decay (matrices only)",
+                 grad_clip="clip the gradient's global norm to this")
+    for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "warmup", "eval_interval", "eval_batches"):
+        p.add_argument(f"--{name}", type=int, default=d[name], help=helps[name])
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
+        p.add_argument(f"--{name}", type=float, default=d[name], help=helps[name])
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
+    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu; under torchrun "
+                   "cuda means cuda:LOCAL_RANK")
+    p.add_argument("--seed", type=int, default=1337, help="seeds the data order, masks and rollouts (CPU runs repeat)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun, shard the trained model over the processes (FSDP2: one unit per decoder "
+                        "layer, then the root) instead of replicating it; checkpoints are --weights_only")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
+    p.add_argument("--allow_changed_settings", action="store_true",
+                   help="--resume even where settings differ from the checkpoint's (the new values are used)")
+    p.add_argument("--save_dtype", default="auto", choices=SAVE_DTYPES,
+                   help="dtype of the saved weights; auto: the dtype the model was stored in (bfloat16 for Qwen3, "
+                        "float32 for the tiny presets); train_state.pt keeps fp32 weights for an exact --resume")
+    p.add_argument("--weights_only", action="store_true",
+                   help="checkpoints without train_state.pt (optimizer moments, fp32 weights, RNG states): much "
+                        "smaller and faster to write, but the run cannot be --resume'd")
+    if answers:
+        p.add_argument("--loss_after", default=None, metavar="TEXT",
+                       help="answer-only loss: train on the tokens after TEXT (one token) in each document, up to its "
+                       "eos, in windows that begin at a document's start (tasks.py's documents: ' ='); default every "
+                       "token of random windows")
+    if answers == "chat":
+        p.add_argument("--assistant_only", action="store_true",
+                       help="chat data (data.py on a JSONL of {\"messages\"}): train on the assistant turns' tokens "
+                       "only, in windows that begin at a conversation; longer conversations are left out, and counted")
+    if tasks:
+        p.add_argument("--tasks", default=None, metavar="FILE",
+                       help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
+                       f"{tasks}, greedy, by eval.py tasks (task_acc, task_tpf, task_pref in log.jsonl)")
+        p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
+        p.add_argument("--tasks_also", type=thresholds, default=[],
+                       help="with --tasks, DLMs: also at these thresholds in (0, 1], comma-separated (task_acc@T, "
+                       "task_tpf@T)")
+    if frozen:
+        p.add_argument("--frozen_dtype", default="auto", choices=FROZEN_DTYPES,
+                       help=f"dtype {frozen} is held in; auto: bfloat16 on CUDA (half the memory of fp32; the "
+                            f"training runs under bf16 autocast there anyway), float32 on CPU")
+
+
+def parse_loop_args(p):
+    """The parsed flags, with the loop flags checked (p.error on a bad one)."""
+    args = p.parse_args()
+    for name in ("max_iters", "batch_size", "seq_len", "grad_accum", "lr", "eval_interval", "eval_batches"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name} must be positive")
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if args.grad_accum % world_size:
+        p.error(f"--grad_accum {args.grad_accum} is not a multiple of the {world_size} processes (it counts the "
+                f"micro-batches of a step over all of them): use {-(-args.grad_accum // world_size) * world_size}")
+    if args.fsdp and not args.weights_only:
+        p.error("--fsdp writes no train_state.pt (the optimizer state is sharded): add --weights_only")
+    if args.fsdp and args.resume:
+        p.error("--resume continues from train_state.pt, which an --fsdp run does not write (its optimizer state is "
+                "sharded): start a new run, or train without --fsdp to be able to resume")
+    if getattr(args, "tasks_n", 1) <= 0:
+        p.error("--tasks_n must be > 0")
+    if getattr(args, "tasks", None) and not Path(args.tasks).is_file():
+        p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
+    return args
+
+
+def atomic_write(path, write):
+    """write(tmp_name), then rename over path: a crash or an error never leaves a half-written file under the real
+    name (nor the temporary one: it is removed on failure). The project's one atomic writer (weights, configs,
+    tokenizers, train state, logs)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # ---- a script's start: --device, --seed, its place in a torchrun job, Ctrl-C in one line ----------------

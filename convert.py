@@ -1,22 +1,17 @@
 """
-AR checkpoint -> DLM checkpoint. No weight changes and no new parameters: a diffusion LM converted
-from an AR model is the same network read differently, and all of that difference is metadata in
-config.json, which every other script honours:
+AR checkpoint -> DLM checkpoint: the same weights, no new parameters, read differently; the whole difference is
+metadata in config.json, which every other script honours (docs/methods.md §8, "convert.py"):
 
     attn           "bidirectional" (masked diffusion: REPR-ALIGN) or "block" (block diffusion: OPDLM)
     block_size     the block length for attn="block"
-    mask_token_id  an embedding row no token uses (Qwen3: 151669, the first padding row; the tiny
-                   model's learnt BPE: 1024; the byte tokenizer: 259). A vocabulary that uses every row
-                   (SmolLM2: 49152) gets rows appended up to a multiple of 64, each the mean embedding.
-    shift          True: the logits that denoise position i are read at position i-1, so the AR head
-                   keeps its meaning (Dream, REPR-ALIGN). False: read at i itself (OPDLM's block
-                   student, whose position i-1 may sit in an earlier block that cannot see block i)
+    mask_token_id  an embedding row no token uses (Qwen3: 151669; the learnt BPE: 1024; the byte tokenizer: 259);
+                   a vocabulary that uses every row (SmolLM2) gets 64-row-aligned rows appended, the mean embedding
+    shift          True: position i is denoised by the logits at i-1, as the AR head reads (Dream, REPR-ALIGN);
+                   False: at i itself (OPDLM's block student, whose i-1 may sit in a block that cannot see i's)
 
     python convert.py --ar out/ar-tiny --out_dir out/dlm-tiny --attn bidirectional
     python convert.py --ar out/ar-tiny --out_dir out/dlm-block --attn block --block_size 4
     python convert.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out_dir out/smollm2   # GGUF -> HF AR checkpoint
-
-Notes on the design: docs/methods.md, "convert.py" under §8.
 """
 import json
 import shutil
@@ -25,7 +20,8 @@ from pathlib import Path
 import cli
 from checkpoint import rows_with_mask, weight_files
 from model import Qwen3, Qwen3Config
-from tokenizer import Tokenizer, atomic_write
+from cli import atomic_write
+from tokenizer import Tokenizer, trained_with
 
 p = cli.parser(__doc__)
 p.add_argument("--ar", help="the AR (causal) Qwen3 or Llama checkpoint directory")
@@ -91,7 +87,8 @@ def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, 
 
     tok.save_pretrained(out_dir)
     fields = dict(attn=attn, block_size=block_size, mask_token_id=mask, converted_from=str(ar.resolve()),
-                  shift=(attn == "bidirectional") if shift is None else shift)
+                  shift=(attn == "bidirectional") if shift is None else shift,
+                  tokenizer_sha256=trained_with(config))  # the AR's record, else its tokenizer files' fingerprint
     if grow:
         model = Qwen3.from_pretrained(ar).with_rows(rows_with_mask(mask))
         vars(model.config).update(fields)

@@ -21,7 +21,8 @@ import torch
 from tqdm import tqdm
 
 import cli
-from tokenizer import EOS, Tokenizer, atomic_write, described, fingerprint_of, prepare_with, same_tokenizer
+from cli import atomic_write
+from tokenizer import EOS, Tokenizer, described, fingerprint_of, prepare_with, same_tokenizer, train_bpe, trained_with
 
 STDLIB_SKIP = {"site-packages", "test", "tests", "idlelib", "__pycache__"}  # dirs left out of the default corpus
 
@@ -186,7 +187,7 @@ def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=Non
         raise ValueError(f"{source} holds conversations: they are rendered through a checkpoint's chat template, so "
                          "pass --tokenizer DIR (the checkpoint you will train)")
     if tokenizer == "bpe":
-        tok = Tokenizer.train(bpe_texts(source, val_fraction, max_mb), vocab_size)
+        tok = train_bpe(bpe_texts(source, val_fraction, max_mb), vocab_size)
     else:
         tok = Tokenizer.byte_level() if tokenizer == "byte" else Tokenizer.from_pretrained(tokenizer)
     if chat and tok.chat_template is None:
@@ -399,6 +400,52 @@ def after_separator(x, sep_id, eos_id):
     return seps - is_sep > before_doc  # a sep of this document strictly before the token
 
 
+def answers_only(text, tok, train_data, val_data, window, who):
+    """--loss_after TEXT -> (sep_id, starts): the separator's id and, per split, the offsets at which a window of
+    `window` tokens begins a document (document_starts). TEXT None -> (None, no starts: any offset)."""
+    if text is None:
+        return None, dict(train=None, val=None)
+    sep = tok.encode(text)
+    if len(sep) != 1 or not (train_data == sep[0]).any():
+        raise SystemExit(f"{who}: --loss_after {text!r} is {len(sep)} tokens of the data's tokenizer and must be "
+                         f"one that occurs in the training data; pass one such token's text")
+    return sep[0], dict(train=document_starts(train_data, tok.eos_id, window),
+                        val=document_starts(val_data, tok.eos_id, window))
+
+
+def loss_targets(args, tok, train_data, val_data, window, who):
+    """--loss_after TEXT or --assistant_only -> (answers, starts): the training split's tokens to train on (a 0/1
+    array along it, for data.answer_batch; None: every token; evaluation masks every position) and, per split, the
+    offsets at which a window of `window` tokens may begin (None: any). --loss_after: answers_only's rule, applied
+    to the whole split at once (a window begins at a document, so it sees each answer's document from its start).
+    --assistant_only: a chat dataset's assistant marks (load_roles), windows beginning at a conversation that
+    fits whole in one (with its eos); the others are left out and counted."""
+    if not getattr(args, "assistant_only", False):
+        sep_id, starts = answers_only(args.loss_after, tok, train_data, val_data, window, who)
+        if sep_id is None:
+            return None, starts
+        x = torch.from_numpy(np.asarray(train_data, dtype=np.int64))[None]  # the split as one row
+        return after_separator(x, sep_id, tok.eos_id)[0].numpy(), starts
+    if args.loss_after is not None:
+        raise SystemExit(f"{who}: --assistant_only and --loss_after choose the trained tokens two ways: pass one")
+    answers, starts = load_roles(args.data, "train"), {}
+    if answers is None:
+        raise SystemExit(f"{who}: --assistant_only needs a chat dataset ({args.data} holds plain documents): "
+                         "python data.py --source CONVERSATIONS.jsonl --tokenizer CHECKPOINT --out_dir DIR")
+    for split, d in (("train", train_data), ("val", val_data)):
+        ends = np.flatnonzero(np.asarray(d) == tok.eos_id)  # each conversation's eos
+        first = np.concatenate([[0], ends[:-1] + 1])  # and its first token
+        fits = (ends - first + 1 <= window) & (first <= len(d) - window)
+        if not fits.all():
+            print(f"{who}: --assistant_only: {int((ends - first + 1 > window).sum())} of {len(first)} {split} "
+                  f"conversations are longer than --seq_len {window} and {int((first > len(d) - window).sum())} "
+                  f"begin in the split's last {window} tokens: left out")
+        if not fits.any():
+            raise SystemExit(f"{who}: --assistant_only: no {split} conversation fits --seq_len {window}")
+        starts[split] = first[fits]
+    return answers, starts
+
+
 # -----------------------------------------------------------------------------
 # JSONL inputs of the later scripts
 
@@ -509,12 +556,17 @@ def add_pairs_command(sub, who):
     s.set_defaults(fn=run)
 
 
-def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n):
+def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n, like=None, who="prompts"):
     """[(prompt ids, continuation ids)]: the last seq_len tokens of each record of the JSONL `prompts` (no
-    continuation), or about n windows of seq_len tokens and the span after them, spread over the val documents."""
-    if prompts:
-        return [(tok.encode(r["prompt"])[-seq_len:], []) for r in read_prompts(prompts)]
-    pool, val, roles = [], load_split(data_dir, "val"), load_roles(data_dir, "val")
+    continuation), or about n windows of seq_len tokens and the span after them, spread over the val documents
+    (whose tokenizer must be the model like's); a one-line exit naming `who` for bad input."""
+    try:
+        if prompts:
+            return [(tok.encode(r["prompt"])[-seq_len:], []) for r in read_prompts(prompts)]
+        val, roles = load_splits(data_dir, who, like=like)[1], load_roles(data_dir, "val")
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"{who}: {e}")
+    pool = []
     if roles is not None:  # a chat dataset: each assistant turn, with its conversation so far as the prompt
         conv = np.concatenate([[0], np.flatnonzero(np.asarray(val) == tok.eos_id) + 1])  # conversations' starts
         edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(roles, dtype=np.int8), [0]])))
@@ -526,7 +578,7 @@ def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n):
             for o in range(0, len(doc) - seq_len, seq_len + span):
                 pool.append((doc[o:o + seq_len].tolist(), doc[o + seq_len:o + seq_len + span].tolist()))
     if not pool:
-        raise ValueError("no prompts (the documents are shorter than --seq_len?)")
+        raise SystemExit(f"{who}: no prompts (the documents are shorter than --seq_len?)")
     return pool[::max(1, len(pool) // n)][:n]  # spread over all documents
 
 
@@ -597,6 +649,6 @@ def load_splits(data_dir, who, *, like=None, seq_len=None):
                              f"--seq_len {seq_len}; use a smaller --seq_len (or more data)")
     if like is not None:
         model, model_dir = described(like.config)
-        same_tokenizer(fingerprint_of(data_dir), f"{who}: the data {data_dir}", like.config.tokenizer_sha256, model,
+        same_tokenizer(fingerprint_of(data_dir), f"{who}: the data {data_dir}", trained_with(like.config), model,
                        prepare_with(model_dir))
     return splits

@@ -2,8 +2,7 @@
 OPDLM: on-policy distillation of a block-diffusion student from the frozen AR teacher (docs/methods.md §3).
 
     python distill.py --init out/dlm-block --teacher out/ar-tiny --data data/stdlib --out_dir out/distill
-    python distill.py ... --policy off     # ablation: the student's own rollouts, masked at random (other states)
-    python distill.py ... --policy data    # ablation: data windows, masked at random (other content and states)
+    python distill.py ... --policy off     # ablations: random states of its own rollouts (off), of data windows (data)
 
 Per optimizer step, for a batch of prompts (left-padded to P, a multiple of the block size, as block_generate does):
     x0, rounds = block_generate(student, prompts, L(step), record=True)   threshold 0.9, temperature 1.0
@@ -22,8 +21,8 @@ import torch
 import cli
 import training
 from diffusion import EVAL_SEED, block_logits
-from model import attend, left_padded
-from sample import block_generate, end_list, prepare
+from model import attend, canvas, left_padded
+from sample import block_generate, end_list
 
 p = cli.parser(__doc__)
 p.add_argument("--init", default="out/dlm-block", help="the student: a block DLM checkpoint (convert.py --attn block)")
@@ -43,8 +42,8 @@ p.add_argument("--temperature", type=float, default=1.0, help="rollout temperatu
 p.add_argument("--rollout_min", type=int, default=16, help="curriculum start, tokens (published: 100)")
 p.add_argument("--rollout_max", type=int, default=64, help="curriculum end, tokens; the evaluation's (published: 4000)")
 p.add_argument("--curriculum_steps", type=int, default=100, help="the ramp's optimizer steps (published: 100)")
-training.add_loop_args(p, frozen="the AR teacher", tasks="--threshold", max_iters=200, batch_size=8, seq_len=32,
-                       lr=1e-3, min_lr=1e-4, warmup=5, eval_interval=50, eval_batches=2)
+cli.add_loop_args(p, frozen="the AR teacher", tasks="--threshold", max_iters=200, batch_size=8, seq_len=32,
+                  lr=1e-3, min_lr=1e-4, warmup=5, eval_interval=50, eval_batches=2)
 
 
 def curriculum(step, lo, hi, steps, bs):
@@ -138,7 +137,7 @@ def make_batch(student, items, L, policy, gen, *, eos_id, vocab_limit, pad_id=No
     bs, prompts = student.config.block_size, [ids for ids, _ in items]
     if policy == "data":
         pad = end_list(eos_id)[0] if pad_id is None else pad_id
-        x, lens, P, _, _ = prepare(student, prompts, L, pad, pad, multiple=bs)
+        x, lens, P, _, _ = canvas(student, prompts, L, pad, pad, multiple=bs)
         for b, (_, tail) in enumerate(items):
             x[b, P:P + min(L, len(tail))] = torch.as_tensor(tail[:L], device=x.device)
         return x, lens, P, random_states(len(items), L, bs, gen, x.device), {}
@@ -175,7 +174,7 @@ def evaluate(student, teacher, items, L, *, batch_size, eos_id, vocab_size, pad_
     return res if "data" not in kl else dict(res, val_kl_data=kl["data"] / n)
 
 if __name__ == "__main__":
-    args = training.parse_loop_args(p)
+    args = cli.parse_loop_args(p)
     if not 0 < args.rollout_min <= args.rollout_max or args.curriculum_steps < 0 or args.num_prompts <= 0:
         p.error("need 0 < --rollout_min <= --rollout_max, --curriculum_steps >= 0, --num_prompts > 0")
     if args.teacher_top_k is not None and (args.teacher_top_k <= 0 or args.divergence != "fkl"):
@@ -192,7 +191,7 @@ if __name__ == "__main__":
     pool = run.prompt_pool(tok, args.rollout_max, prompts=args.prompts, data_dir=args.data, n=args.num_prompts,
                            like=student)
     # --compile: dynamic shapes, as the curriculum changes the length every step (one graph per kind of call)
-    student = run.train(student, compile_too=[teacher], dynamic=True)
+    student = run.prepare(student, compile_too=[teacher], dynamic=True)
     eval_items = pool[:args.eval_batches * args.batch_size]
     ends = tok.end_ids(c)  # every end id the student declares: rollouts stop at any, the loss ends at the first
 
@@ -237,5 +236,4 @@ if __name__ == "__main__":
     final = run.final(run_eval)
     print("\nfinal eval: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     run.results(dict(**final, eval_len=args.rollout_max, steps=args.max_iters, policy=args.policy,
-                     divergence=args.divergence, kl_reduction=args.kl_reduction,
-                     seconds=run.timing()["train_seconds_this_run"]))
+                     divergence=args.divergence, kl_reduction=args.kl_reduction))  # and the run's timing

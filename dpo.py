@@ -39,8 +39,8 @@ p.add_argument("--sft_weight", type=float, default=0.0, help="α: + α · the ch
 p.add_argument("--lora_rank", type=int, default=0, help="0: full fine-tuning; r > 0: LoRA, π_ref its base")
 p.add_argument("--dlm", action="store_true", help="--ar is a DLM: DPO on the ELBO (the DLM-only baseline)")
 p.add_argument("--lora_alpha", type=float, default=16.0, help="LoRA scale α (the update is (α/r)·BA)")
-training.add_loop_args(p, frozen="the reference model π_ref (full fine-tuning)", max_iters=30, batch_size=8,
-                       seq_len=512, lr=2e-4, min_lr=2e-5, warmup=3, eval_interval=10, eval_batches=16)  # unused
+cli.add_loop_args(p, frozen="the reference model π_ref (full fine-tuning)", max_iters=30, batch_size=8,
+                  seq_len=512, lr=2e-4, min_lr=2e-5, warmup=3, eval_interval=10, eval_batches=16)  # unused
 # decay would add -η·λ·W to τ_pref, which is not the preference; fp32 weights, as bf16 would round a small τ_pref away
 p.set_defaults(weight_decay=0.0, save_dtype="float32")
 
@@ -98,7 +98,7 @@ def merged_state(model):
 
 
 if __name__ == "__main__":
-    args = training.parse_loop_args(p)
+    args = cli.parse_loop_args(p)
     if args.beta <= 0 or args.lora_rank < 0 or args.sft_weight < 0:
         p.error("need --beta > 0, --lora_rank >= 0 and --sft_weight >= 0")
     if args.fsdp and args.lora_rank:
@@ -119,7 +119,7 @@ if __name__ == "__main__":
     ref = policy if args.lora_rank else load_ar(run.frozen_dtype).requires_grad_(False).eval()
     tok = training.load_tokenizer(args.ar, ref.config)
     train, heldout = (data.tokenized_pairs(f, tok, args.seq_len, "dpo") for f in (args.pairs, args.heldout))
-    policy = run.train(policy, dynamic=True)  # --compile: dynamic, as pairs differ in length from batch to batch
+    policy = run.prepare(policy, dynamic=True)  # --compile: dynamic, as pairs differ in length from batch to batch
     draws = draw_masks(len(heldout), N_DRAWS, args.seq_len, args.seed) if args.dlm else None  # as draw()'s: T = seq_len
     def held_logps(m):
         return all_logps(m, heldout, draws, args.batch_size, ctx)  # --dlm: the same draws every time

@@ -105,18 +105,14 @@ def load(path, device="auto", seed=1337, dtype=None):
 def draw(model, prompts, args, tok, generator):
     """The checkpoint's sampler (sample.generate) on a list of token lists -> (Generation, seconds). A row stops at
     the first of the checkpoint's end ids (Tokenizer.end_ids), or never with --ignore_eos."""
+    import cli
     import sample
     import torch
     t0 = time.perf_counter()
     try:
-        gen = sample.generate(model, prompts, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, eos_id=None if args.ignore_eos else tok.end_ids(model.config),
-                              generator=generator, vocab_limit=tok.vocab_size,
-                              shift=None if args.shift is None else args.shift == "true",
-                              block_length=args.block_length, steps=args.steps, remasking=args.remasking,
-                              threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
-                              cache=args.cache, finish_block=args.finish_block, eos_rule=args.eos_rule,
-                              eos_penalty=args.eos_penalty, compile=args.compile)
+        gen = sample.generate(model, prompts, args.max_new_tokens,
+                              eos_id=None if args.ignore_eos else tok.end_ids(model.config), generator=generator,
+                              vocab_limit=tok.vocab_size, **cli.sampler_kwargs(args))
     except ValueError as e:
         raise SystemExit(f"eval: sampler: {e}")
     if torch.cuda.is_available():
@@ -157,7 +153,7 @@ def gen_perplexity(ref, pairs, ctx):
 
 def generate(args):
     import data
-    import sample
+    import tasks
     import torch
     model, tok, device, ctx = load(args.ckpt, args.device, args.seed)
     if args.prompts:  # each record's last --prompt_len tokens
@@ -183,7 +179,7 @@ def generate(args):
                unigram_entropy_bits=sum(data.unigram_entropy(c) for _, c in pairs) / len(pairs),  # mean per sample
                pooled_entropy_bits=data.unigram_entropy([t for _, c in pairs for t in c]),
                repetition_4gram=sum(reps) / len(reps) if reps else float("nan"),  # mean per sample of >= 4 tokens
-               **sample.throughput(gens, secs), seconds=secs)
+               **tasks.throughput(gens, secs), seconds=secs)
     res["samples"] = [dict(prompt=tok.decode(p), completion=tok.decode(c)) for p, c in pairs[:args.show]]
     for s in res["samples"]:
         print(f"--- {s['prompt']!r}\n{s['completion']}")
@@ -319,7 +315,7 @@ def truncate(text):
 
 
 def model_completions(args, probs):
-    import sample
+    import tasks
     import torch
     model, tok, device, _ = load(args.ckpt, args.device, args.seed)
     g, ends = torch.Generator(device).manual_seed(args.seed), tok.end_ids(model.config)
@@ -331,7 +327,7 @@ def model_completions(args, probs):
         gens, secs = gens + [gen], secs + dt
         recs += [dict(task_id=t, completion=truncate(tok.decode(completion_ids(gen, b, ends))))
                  for b, t in enumerate(chunk)]
-    return recs, dict(gen_seconds=secs, **sample.throughput(gens, secs))
+    return recs, dict(gen_seconds=secs, **tasks.throughput(gens, secs))
 
 
 def humaneval(args):
@@ -372,38 +368,8 @@ def humaneval(args):
 
 # ---- CLI -----------------------------------------------------------------------------------------
 
-def cache_args(p):
-    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"],
-                   help="masked diffusion: Fast-dLLM's approximate KV cache, refreshed once per block (none: exact)")
-    p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile")
-    p.add_argument("--finish_block", action="store_true", help="DLMs: a row is done once the block holding its "
-                   "end token is, not at that token (its forwards counted until then)")
-    from cli import eos_args
-    eos_args(p)
-
-
-def sampler_args(p, max_new_tokens):
-    p.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="AR: at most; DLMs: the length")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top_k", type=int, default=None, help="sample among the k most likely tokens only")
-    p.add_argument("--top_p", type=float, default=None, help="sample within the smallest set of mass >= p only")
-    p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
-    p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N)")
-    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"],
-                   help="diffusion without threshold: commit the most confident predictions, or random ones")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="in (0, 1], on the raw probability; diffusion: Fast-dLLM (off); block: default 0.9")
-    p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
-    p.add_argument("--no_cache", action="store_true", help="AR, block: recompute every step (reference)")
-    cache_args(p)
-    p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
-    p.add_argument("--ignore_eos", action="store_true", help="do not stop a row at the checkpoint's end ids (its "
-                   "completion is still scored up to the first)")
-    p.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")
-
-
 def parser():
-    from cli import HelpFormatter, parser, thresholds
+    from cli import HelpFormatter, cache_args, parser, sampler_args, thresholds
     p = parser(__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     lk = sub.add_parser("likelihood", formatter_class=HelpFormatter,
@@ -425,6 +391,7 @@ def parser():
     gn.add_argument("--prompt_len", type=int, default=32, help="prompt tokens (of a record: its last ones)")
     gn.add_argument("--show", type=int, default=2, help="samples printed (and kept in --out)")
     sampler_args(gn, 64)
+    gn.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")
     he = sub.add_parser("humaneval", formatter_class=HelpFormatter,
                         help="HumanEval pass@1/pass@10 with sandboxed execution")
     he.add_argument("--ckpt", default=None, help="the checkpoint that writes the completions")
@@ -436,6 +403,7 @@ def parser():
     he.add_argument("--timeout", type=float, default=5.0, help="seconds of wall clock per program")
     he.add_argument("--memory_mb", type=int, default=1024, help="address-space limit per program")
     sampler_args(he, 256)
+    he.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")
     he.set_defaults(temperature=0.8)
     tk = sub.add_parser("tasks", formatter_class=HelpFormatter,
                         help="exact match on tasks.py's held-out prompts: accuracy versus parallelism")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenizer import QWEN_PATTERN, Tokenizer, atomic_write
+from cli import atomic_write
+from tokenizer import QWEN_PATTERN, Tokenizer
 
 ARCHS = ("llama", "qwen3")
 TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}

@@ -27,10 +27,10 @@ from tqdm import tqdm
 import cli
 import data
 import diffusion
+import runner
 import training
-from checkpoint import read_tensor
-from model import Qwen3
-from tokenizer import atomic_write
+from checkpoint import open_weights, read_tensor
+from model import Qwen3Config
 
 TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head",
          "norms")  # spectrum's rows, in this order
@@ -85,7 +85,7 @@ def layer_type(name):
 
 def spectrum(ar, aligned, dlm, device="cpu"):
     """Per tensor: ‖τ_diff‖₂, ‖τ_pref‖₂ and their ratio, one tensor of each checkpoint in memory at a time."""
-    h_ar, h_al, h_dlm = Qwen3.open_weights([ar, aligned, dlm])
+    h_ar, h_al, h_dlm = open_weights([ar, aligned, dlm], Qwen3Config)
     rows = []
     for name in tqdm(sorted(h_ar), desc="spectrum", leave=False):
         w = read_tensor(h_ar, name, device)
@@ -203,7 +203,7 @@ def cmd_merge(args):
         raise SystemExit(f"merge: --pairs and --heldout are the same file ({args.pairs}): γ is chosen on training "
                          f"pairs and reported on held-out ones; pass both")
     device, ctx = cli.setup(args.device, args.seed)
-    handles = Qwen3.open_weights([args.ar, args.ar_aligned, args.dlm])
+    handles = open_weights([args.ar, args.ar_aligned, args.dlm], Qwen3Config)
     model = training.load_model(args.dlm, device, "merge: --dlm").requires_grad_(False).eval()
     training.require_dlm(model.config, f"--dlm {args.dlm}", "merge")
     tok = training.load_tokenizer(args.dlm, model.config)
@@ -247,7 +247,7 @@ def cmd_merge(args):
         dirs = {g: out_dir if g == best else out_dir / f"gamma-{g:g}" for g in grid}
         for g in [g for g, d in dirs.items() if d != out_dir]:  # removed after
             save_at(g, dirs[g])
-        training.run_script("eval.py", "winrate", "--ckpt", *dirs.values(), "--ref", args.dlm, "--pairs", args.heldout,
+        runner.run_script("eval.py", "winrate", "--ckpt", *dirs.values(), "--ref", args.dlm, "--pairs", args.heldout,
                             "--samples", args.samples, "--seed", args.seed, "--device", device,
                             "--out", out_dir / "winrate.json", quiet=True)
         w = json.loads((out_dir / "winrate.json").read_text())["results"]
@@ -265,7 +265,7 @@ def cmd_merge(args):
                win_rates=[wins[g][0] if g in wins else None for g in gammas],
                rule_scores=[wins[g][1] if g in wins else None for g in gammas],
                rule_score_dlm=w["rule_score_ref"] if wins else None)
-    atomic_write(out_dir / "merge.json", lambda f: Path(f).write_text(json.dumps(res, indent=2) + "\n"))
+    cli.atomic_write(out_dir / "merge.json", lambda f: Path(f).write_text(json.dumps(res, indent=2) + "\n"))
 
 
 if __name__ == "__main__":

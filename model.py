@@ -212,6 +212,28 @@ def left_padded(lens, P, L):
     return rel >= 0, rel.clamp(min=0)
 
 
+def canvas(model, prompt, n_new, pad_id, fill, multiple=1):
+    """A sampler's canvas: prompt (B, T) or token lists, left-padded with pad_id to P (a multiple of `multiple`),
+    then n_new slots of `fill` -> x (B, P + n_new), prompt_lens (B,), P, and left_padded's real and positions."""
+    dev = model.model.embed_tokens.weight.device
+    if torch.is_tensor(prompt) and prompt.dim() != 2:
+        raise ValueError(f"a prompt tensor must be (B, T), got {tuple(prompt.shape)}")
+    rows = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in prompt]
+    if not rows or min(len(r) for r in rows) == 0:
+        raise ValueError("every prompt needs at least one token")
+    longest, limit = max(len(r) for r in rows), model.config.max_position_embeddings
+    if longest + n_new > limit:
+        raise ValueError(f"a prompt of {longest} tokens + {n_new} new tokens exceeds the model's {limit} positions "
+                         "(config.max_position_embeddings); shorten the prompt or generate fewer tokens")
+    P = -(-longest // multiple) * multiple
+    x = torch.full((len(rows), P + n_new), fill, dtype=torch.long, device=dev)
+    x[:, :P] = pad_id
+    for b, r in enumerate(rows):
+        x[b, P - len(r):P] = r.to(dev)
+    lens = torch.tensor([len(r) for r in rows], device=dev)
+    return x, lens, P, *left_padded(lens, P, P + n_new)
+
+
 class Qwen3Model(nn.Module):
     def __init__(self, config):
         super().__init__()

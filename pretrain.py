@@ -26,8 +26,8 @@ p.add_argument("--data", default="data/stdlib", help="a directory prepared by da
 p.add_argument("--out_dir", default="out/ar-tiny", help="checkpoints, log.jsonl and results.json go here")
 p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape when starting from scratch")
 p.add_argument("--init", default=None, help="start from this Qwen3 checkpoint instead of random weights")
-training.add_loop_args(p, answers=True, max_iters=600, batch_size=16, seq_len=256, lr=6e-3, min_lr=6e-4, warmup=20,
-                       eval_interval=100, eval_batches=16)
+cli.add_loop_args(p, answers=True, max_iters=600, batch_size=16, seq_len=256, lr=6e-3, min_lr=6e-4, warmup=20,
+                  eval_interval=100, eval_batches=16)
 p.add_argument("--samples", type=int, default=3, help="prompts continued at the end (greedy and sampled)")
 
 
@@ -60,10 +60,10 @@ def vocab_of(tok):
 
 
 if __name__ == "__main__":
-    args = training.parse_loop_args(p)
+    args = cli.parse_loop_args(p)
     run = training.Run(args, "pretrain")  # its generator draws the training batches
     device, ctx = run.device, run.ctx
-    train_data, val_data = run.load_splits(args.data)
+    train_data, val_data = data.load_splits(args.data, "pretrain", seq_len=args.seq_len)
 
     tok = Tokenizer.from_pretrained(args.data)
     vocab = vocab_of(tok)  # from scratch the preset gives the shape, the data's tokenizer the vocabulary
@@ -73,9 +73,9 @@ if __name__ == "__main__":
     if model.config.attn != "causal":
         raise SystemExit(f"pretrain.py trains AR models; this checkpoint has attn={model.config.attn!r}")
     # --loss_after: the answers of windows that begin at a document's start; else every token of random windows
-    sep_id, starts = training.answers_only(args.loss_after, tok, train_data, val_data, args.seq_len + 1, "pretrain")
+    sep_id, starts = data.answers_only(args.loss_after, tok, train_data, val_data, args.seq_len + 1, "pretrain")
     loss_kw = {} if sep_id is None else dict(sep_id=sep_id, eos_id=tok.eos_id)
-    model = run.train(model)
+    model = run.prepare(model)
     val_batches = data.eval_batches(val_data, args.batch_size, args.seq_len + 1, args.eval_batches, device,
                                     starts=starts["val"])
     print(f"model: {model.num_params() / 1e6:.2f}M parameters, {model.config.num_hidden_layers} layers; "

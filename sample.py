@@ -1,26 +1,20 @@
 """
-Samplers for the AR teacher and both kinds of diffusion student, and a CLI that picks one from the
-checkpoint's config (attn: causal -> AR, bidirectional -> masked diffusion, block -> block diffusion).
+The samplers: ar_generate (the AR teacher), diffusion_generate (LLaDA, with Fast-dLLM's threshold and caches) and
+block_generate (block diffusion), each one function returning a Generation (tokens, forwards and tokens counted per
+row); `generate` picks one by the checkpoint's config.attn. What each computes: docs/methods.md §5.
 
     python sample.py --ckpt out/ar-tiny --prompt "def fib(n):" --max_new_tokens 64
-    python sample.py --ckpt out/dlm-tiny --prompt "def fib(n):" --max_new_tokens 64 --block_length 32 --steps 64
-    python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --max_new_tokens 64 --threshold 0.9
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --show_rounds   # which round committed what
-    python sample.py --ckpt out/dlm-tiny --prompt "def fib(n):" --max_new_tokens 256 --cache dual  # Fast-dLLM
-    python sample.py --ckpt out/ar-tiny --prompt "def fib(n):" --max_new_tokens 256 --compile
     python sample.py --ckpt DIR --chat          # a multi-turn session in the checkpoint's chat template (chat.py)
-
-Each sampler is one function returning a Generation (tokens, forwards and tokens counted per row); `generate` picks
-one by config.attn. What each computes, the caches, the end-token rules, the counts: docs/methods.md §5.
 """
-import sys
 import time
 from dataclasses import dataclass
 
 import torch
+import chat
 import cli
 import compiling
-from model import Qwen3, attend, left_padded
+from model import Qwen3, attend, canvas
 
 STOP_EVERY = 32  # AR: how many tokens between the (host-syncing) "every row has produced eos" checks
 NEG_INF = float("-inf")
@@ -48,44 +42,9 @@ class Generation:
         return self.tokens[b, self.start - int(self.prompt_lens[b]):]
 
 
-def throughput(gens, seconds):
-    """One run's speed from its Generations (the batches) and the seconds they took in all -> dict:
-    tokens_per_forward, the mean over rows of row_tokens / row_nfe (the per-sequence figure papers report),
-    with its std, min and max over rows; forwards_per_row, the mean row_nfe; nfe, the batched forwards;
-    tokens_per_s, counting each row's tokens up to its first eos; raw_tokens_per_s, every generated slot."""
-    tpf = torch.cat([g.tokens_per_forward.double().cpu() for g in gens])  # (rows,)
-    return dict(tokens_per_forward=tpf.mean().item(), tokens_per_forward_std=tpf.std(correction=0).item(),
-                tokens_per_forward_min=tpf.min().item(), tokens_per_forward_max=tpf.max().item(),
-                forwards_per_row=torch.cat([g.row_nfe.double().cpu() for g in gens]).mean().item(),
-                nfe=sum(g.nfe for g in gens),
-                tokens_per_s=sum(int(g.row_tokens.sum()) for g in gens) / seconds,
-                raw_tokens_per_s=sum(g.generated.numel() for g in gens) / seconds)
-
-
-def forwards_split(gen, block):
-    """-> (answer, after), each (B,): a DLM row's forwards split into those that committed a slot of its answer (up to
-    and including its first end token: row_tokens) and those that committed only slots after it. gen: a DLM sampler's
-    Generation with rounds (record=True); block: its block (block_size, or the masked sampler's block_length). A
-    forward is (block, round); every forward a row is charged commits at least one of its slots, so the two add up
-    to row_nfe."""
-    B, N = gen.rounds.shape
-    slot = torch.arange(N, device=gen.rounds.device)
-    key = slot // block * block + gen.rounds  # (B, N): the forward that committed each slot
-    answer = slot < gen.row_tokens[:, None]
-
-    def forwards(where):  # distinct keys where `where` holds
-        hit = torch.zeros(B, N + 1, dtype=torch.bool, device=key.device)
-        return hit.scatter_(1, torch.where(where & (gen.rounds >= 0), key, N), True)[:, :N]
-
-    a = forwards(answer)
-    return a.sum(1), (forwards(~answer) & ~a).sum(1)
-
-
 def end_list(eos_id):
     """eos_id as the samplers take it (None, an id, or several) -> a list of ids, [] for None."""
-    if eos_id is None:
-        return []
-    return [eos_id] if isinstance(eos_id, int) else list(eos_id)
+    return [] if eos_id is None else [eos_id] if isinstance(eos_id, int) else list(eos_id)
 
 
 def until_end(ids, eos_id):
@@ -124,28 +83,6 @@ def choose(conf, masked, n=None, threshold=None):
     conf = conf.masked_fill(~masked, NEG_INF)
     rank = conf.argsort(dim=-1, descending=True, stable=True).argsort(-1)  # 0 = the most confident masked position
     return masked & ((rank < n) if threshold is None else (conf >= threshold) | (rank == 0))
-
-
-def prepare(model, prompt, n_new, pad_id, fill, multiple=1):
-    """prompt (B, T) or token lists, left-padded with pad_id to P (a multiple of `multiple`) -> x (B, P + n_new),
-    `fill` after the prompts, prompt_lens (B,), P, real (B, P + n_new) bool (not a pad), RoPE positions."""
-    dev = model.model.embed_tokens.weight.device
-    if torch.is_tensor(prompt) and prompt.dim() != 2:
-        raise ValueError(f"a prompt tensor must be (B, T), got {tuple(prompt.shape)}")
-    rows = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in prompt]
-    if not rows or min(len(r) for r in rows) == 0:
-        raise ValueError("every prompt needs at least one token")
-    longest, limit = max(len(r) for r in rows), model.config.max_position_embeddings
-    if longest + n_new > limit:
-        raise ValueError(f"a prompt of {longest} tokens + {n_new} new tokens exceeds the model's {limit} positions "
-                         "(config.max_position_embeddings); shorten the prompt or generate fewer tokens")
-    P = -(-longest // multiple) * multiple
-    x = torch.full((len(rows), P + n_new), fill, dtype=torch.long, device=dev)
-    x[:, :P] = pad_id
-    for b, r in enumerate(rows):
-        x[b, P - len(r):P] = r.to(dev)
-    lens = torch.tensor([len(r) for r in rows], device=dev)
-    return x, lens, P, *left_padded(lens, P, P + n_new)
 
 
 def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, eos_rule="free", eos_penalty=0.0):
@@ -216,7 +153,7 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
     the prompt's forward stays eager."""
     mask_id = model.config.mask_token_id if mask_token_id is None else mask_token_id
     ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
-    x, lens, P, real, pos = prepare(model, prompt, max_new_tokens, pad_id, pad_id)
+    x, lens, P, real, pos = canvas(model, prompt, max_new_tokens, pad_id, pad_id)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
     step = compiling.stepper(forward, model, compile)
@@ -242,36 +179,25 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
     return finish(x, lens, P, nfe, row_nfe, eos)
 
 
-CACHES = ("none", "prefix", "dual")
-
-
 @torch.no_grad()
 def diffusion_generate(model, prompt, gen_length, block_length, steps, temperature=0.0, top_k=None, top_p=None,
                        remasking="low_confidence", threshold=None, eos_id=None, pad_id=None, generator=None,
                        mask_token_id=None, shift=None, vocab_limit=None, *, cache="none", finish_block=False,
                        eos_rule="free", eos_penalty=0.0, record=False, compile=False):
-    """LLaDA: the response starts fully masked and is denoised block by block (block_length), `steps` spread
-    evenly over the blocks; each step commits the most confident predictions of the current block
-    ("low_confidence") or random ones ("random"). With `threshold` (Fast-dLLM), each step instead commits
-    every prediction with confidence >= threshold, plus the most confident, until the block is done (`steps`
-    unused; threshold <= 0 commits a whole block per forward, > 1 one token per forward). Confidence: the
-    raw softmax probability of the chosen token (see `sample`).
-
-    cache: "none" (every step a full forward: exact, LLaDA), "prefix" or "dual" (Fast-dLLM's approximate cache,
-    as many forwards: each block's first step writes every slot's keys/values, its later steps feed the block and
-    what follows it, or the block alone; approximate because a cached slot's keys would change as the block is
-    decided). A row is done, and charged no more forwards, once its first end token is committed with nothing
-    before it masked (finish_block: once the block holding it is done, as samplers that finish every block do;
-    the same tokens up to the end token, more forwards). eos_rule: "free" (end tokens compete as any other),
-    "last" (an end token is committed only where no slot before it is masked: LLaDA's rule, its confidence -inf
-    until then), "penalty" (eos_penalty off the end tokens' logits before choosing: Dream's). record:
-    Generation.rounds, the step of its block that committed each slot. compile: every forward through
-    torch.compile."""
+    """LLaDA: the answer starts fully masked and is denoised block by block (block_length), `steps` spread evenly
+    over the blocks, each step committing the most confident predictions of the block ("low_confidence") or random
+    ones ("random"); with `threshold` (Fast-dLLM) every prediction with confidence >= threshold plus the most
+    confident, until the block is done (`steps` unused). Confidence: the raw softmax probability (`sample`).
+    cache: "none" (exact), "prefix" or "dual" (Fast-dLLM's approximate KV cache, refreshed once per block). A row is
+    done once its first end token is committed with nothing before it masked (finish_block: once that block is).
+    eos_rule: "free", "last" (an end token waits until no slot before it is masked: LLaDA) or "penalty" (eos_penalty
+    off the end tokens' logits: Dream). record: Generation.rounds. compile: every forward through torch.compile.
+    What each choice computes: docs/methods.md §5."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     if remasking not in ("low_confidence", "random"):
         raise ValueError(f"remasking must be 'low_confidence' or 'random', got {remasking!r}")
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
+    if cache not in cli.CACHES:
+        raise ValueError(f"cache must be one of {', '.join(cli.CACHES)}, got {cache!r}")
     if gen_length % block_length:
         raise ValueError(f"gen_length {gen_length} is not a multiple of block_length {block_length}")
     n_blocks = gen_length // block_length
@@ -281,12 +207,12 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
         raise ValueError("threshold decoding needs remasking='low_confidence'")
     ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, eos_rule,
                                                 eos_penalty)
-    x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id)
+    x, lens, P, real, pos = canvas(model, prompt, gen_length, pad_id, mask_id)
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
     step = compiling.stepper(forward, model, compile)
     kv = None if cache == "none" else compiling.static_cache(model.new_cache(B, L), compile)
-    rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
+    rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device)  # returned with record=True
     # LLaDA's schedule: a block's block_length tokens over its steps, evenly, the remainder first. (spb,)
     spb = block_length if threshold is not None else steps // n_blocks
     n_commit = block_length // spb + (torch.arange(spb, device=x.device) < block_length % spb).long()
@@ -308,10 +234,9 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
                 conf = torch.rand(conf.shape, generator=generator, device=x.device)
             if eos_rule == "last" and eos is not None:  # no end token where a slot before it is still masked
                 masked = masked & ~(torch.isin(tok, eos) & (masked.cumsum(1) > masked.long()))
-            commit = choose(conf, masked, n_commit[min(i, spb - 1)], threshold)
-            x[:, s:e] = torch.where(commit, tok, x[:, s:e])
-            if record:
-                rounds[:, s - P:e - P] = torch.where(commit, i, rounds[:, s - P:e - P])
+            chosen = choose(conf, masked, n_commit[min(i, spb - 1)], threshold)  # (B, block_length)
+            x[:, s:e] = torch.where(chosen, tok, x[:, s:e])
+            rounds[:, s - P:e - P].masked_fill_(chosen, i)
             if eos is not None and not finish_block:
                 x[:, s:] = close_answered(x[:, s:], mask_id, eos)
             if not (x[:, s:e] == mask_id).any():  # block done (for every row): a host sync per forward
@@ -320,7 +245,7 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
             x[:, s:] = close_answered(x[:, s:], mask_id, eos)
             if not (x[:, e:] == mask_id).any():  # every row is done: a host sync per block
                 break
-    return finish(x, lens, P, nfe, row_nfe, eos, rounds)
+    return finish(x, lens, P, nfe, row_nfe, eos, rounds if record else None)
 
 
 @torch.no_grad()
@@ -338,13 +263,12 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
                          f"config.block_size), and a threshold set")
     ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id, eos_rule,
                                                 eos_penalty)
-    # the prompt left-padded to P, a multiple of bs: the block rule (slot // bs) holds in slot coordinates
-    x, lens, P, real, pos = prepare(model, prompt, gen_length, pad_id, mask_id, multiple=bs)
+    x, lens, P, real, pos = canvas(model, prompt, gen_length, pad_id, mask_id, multiple=bs)  # P: a multiple of bs
     B, L = x.shape
     slots = torch.arange(L, device=x.device)
     step = compiling.stepper(forward, model, compile)
     cache = compiling.static_cache(model.new_cache(B, L), compile) if use_cache else None
-    rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device) if record else None
+    rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device)  # returned with record=True
     row_nfe, nfe, edge = torch.zeros(B, dtype=torch.long, device=x.device), 0, None  # edge: slot s-1's logits
     for b in range(gen_length // bs):
         s, e = P + b * bs, P + (b + 1) * bs  # the block's slots
@@ -367,19 +291,18 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
             tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
             if eos_rule == "last" and eos is not None:  # no end token where a slot before it is still masked
                 masked = masked & ~(torch.isin(tok, eos) & (masked.cumsum(1) > masked.long()))
-            commit = choose(conf, masked, threshold=threshold)
-            x[:, s:e] = torch.where(commit, tok, x[:, s:e])
-            if record:
-                rounds[:, s - P:e - P] = torch.where(commit, r, rounds[:, s - P:e - P])
+            chosen = choose(conf, masked, threshold=threshold)  # (B, bs)
+            x[:, s:e] = torch.where(chosen, tok, x[:, s:e])
+            rounds[:, s - P:e - P].masked_fill_(chosen, r)
             if eos is not None and not finish_block:
                 x[:, s:] = close_answered(x[:, s:], mask_id, eos)
-            if not (x[:, s:e] == mask_id).any():  # block done: a host sync per forward
+            if not (x[:, s:e] == mask_id).any():  # block done (for every row): a host sync per forward
                 break
         if eos is not None:
             x[:, s:] = close_answered(x[:, s:], mask_id, eos)
             if not (x[:, e:] == mask_id).any():  # every row is done: a host sync per block
                 break
-    return finish(x, lens, P, nfe, row_nfe, eos, rounds)
+    return finish(x, lens, P, nfe, row_nfe, eos, rounds if record else None)
 
 
 SAMPLERS = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block diffusion"}
@@ -389,18 +312,15 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
              vocab_limit=None, shift=None, block_length=None, steps=None, remasking="low_confidence", threshold=None,
              block_size=None, use_cache=True, cache="none", finish_block=False, eos_rule="free", eos_penalty=0.0,
              record=False, compile=False):
-    """The checkpoint's own sampler, picked by model.config.attn (sample.py's CLI and eval.py both use this):
-    "causal" -> ar_generate (max_new_tokens at most); "bidirectional" -> diffusion_generate (block_length
-    default min(32, N), steps default N: one token a step; threshold: Fast-dLLM; cache: "none" | "prefix" |
-    "dual"); "block" -> block_generate (threshold default 0.9); record (DLMs: Generation.rounds), finish_block,
-    eos_rule and eos_penalty (DLMs): see diffusion_generate. compile: every sampler's steps through torch.compile.
-    Raises ValueError for an argument that sampler would ignore (a threshold for an AR model, ...), a threshold
-    outside (0, 1], an unknown eos_rule or a negative eos_penalty.
-    The arguments every sampler shares: `prompt`, a (B, T) LongTensor or a list of token lists (ragged: left-padded
-    with pad_id, default the first end id, else 0); temperature (0: greedy), top_k, top_p; eos_id (an id, or several:
-    a row stops at the first of any, and its later slots repeat it); generator (a torch.Generator on the model's
-    device; default: freshly seeded); mask_token_id and shift (default: the model's config); vocab_limit (ids >= it
-    are never emitted: the CLI passes the tokenizer's size, so unused embedding rows never come out)."""
+    """The checkpoint's own sampler, picked by model.config.attn: "causal" -> ar_generate (max_new_tokens at most),
+    "bidirectional" -> diffusion_generate (block_length default min(32, N), steps default N: a token a step),
+    "block" -> block_generate (threshold default 0.9). ValueError for an argument the sampler would ignore (a
+    threshold for an AR model, ...), a threshold outside (0, 1], an unknown eos_rule or a negative eos_penalty.
+    Every sampler takes `prompt`, a (B, T) LongTensor or a list of token lists (ragged: left-padded with pad_id,
+    default the first end id, else 0); temperature (0: greedy), top_k, top_p; eos_id (an id, or several: a row
+    stops at the first of any, its later slots repeating it); generator (on the model's device; default freshly
+    seeded); mask_token_id and shift (default the config's); vocab_limit (ids >= it never emitted: the tokenizer's
+    size, so unused embedding rows never come out)."""
     kind, N = model.config.attn, max_new_tokens
     if kind not in SAMPLERS:
         raise ValueError(f"config.attn {kind!r} has no sampler (one of {', '.join(SAMPLERS)})")
@@ -428,109 +348,44 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
                           **common)
 
 
-# ---- CLI -----------------------------------------------------------------------------------------
+# ---- the command line (its terminal side: chat.py) ------------------------------------------------------
 
 def main():
-    import chat
     from tokenizer import load_tokenizer
     p = cli.parser(__doc__)
-    p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory; its config.attn picks the sampler")
-    p.add_argument("--prompt", default=None, help="the text to continue (encoded with the checkpoint's tokenizer); "
-                   "default 'def ', with --chat: an interactive session")
-    p.add_argument("--num_samples", type=int, default=1, help="rows of one batch, all from --prompt")
-    p.add_argument("--data", default=None, help="a data.py directory: one prompt per row instead, the first "
-                   "--num_samples validation documents from their first def (32 tokens)")
-    p.add_argument("--max_new_tokens", type=int, default=64, help="AR: at most; DLMs: the generation length")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top_k", type=int, default=None, help="sample among the k most likely tokens only")
-    p.add_argument("--top_p", type=float, default=None, help="sample within the smallest set of mass >= p only")
-    p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
-    p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N, one token a step)")
-    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"], help="diffusion")
-    p.add_argument("--threshold", type=float, default=None, help="in (0, 1]: commit every token whose raw "
-                   "probability reaches it; diffusion: Fast-dLLM parallel decoding (default off); block: default 0.9")
-    p.add_argument("--block_size", type=int, default=None, help="block: default the checkpoint's")
-    p.add_argument("--no_cache", action="store_true", help="AR, block: recompute everything each step (reference)")
-    p.add_argument("--cache", default="none", choices=CACHES, help="diffusion: Fast-dLLM's approximate KV cache, "
-                   "refreshed once per block: prefix (the slots before the block), dual (and after it)")
-    p.add_argument("--shift", choices=["true", "false"], default=None, help="DLMs: override config.shift")
-    p.add_argument("--finish_block", action="store_true", help="DLMs: a row is done once the block holding its end "
-                   "token is, not at that token (its forwards counted until then)")
-    cli.eos_args(p)
-    p.add_argument("--show_rounds", action="store_true",
-                   help="block: mark each generated token with the round that committed it (colours on a terminal)")
-    p.add_argument("--ignore_eos", action="store_true", help="do not stop at the checkpoint's end ids")
-    p.add_argument("--chat", action="store_true", help="the checkpoint's chat template: --prompt as one user turn, or "
-                   "without --prompt a multi-turn session (Ctrl-C ends a turn, Ctrl-D the session)")
-    p.add_argument("--seed", type=int, default=1337, help="seeds the sampler's generator (runs repeat exactly)")
-    p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
-    p.add_argument("--compile", action="store_true", help="the sampler's steps through torch.compile (CUDA: with "
-                   "CUDA graphs); the first steps of each shape include compiling")
+    chat.add_args(p)
     args = p.parse_args()
     if args.num_samples < 1 or args.max_new_tokens < 1:
         p.error("--num_samples and --max_new_tokens must be positive")
     device, _ = cli.setup(args.device, args.seed)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
         tok = load_tokenizer(args.ckpt, model.config)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"sample: {e}")
-    eos_id = None if args.ignore_eos else tok.end_ids(model.config)  # every end id the checkpoint declares
-    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-              generator=torch.Generator(device).manual_seed(args.seed), vocab_limit=tok.vocab_size,
-              shift=None if args.shift is None else args.shift == "true", block_length=args.block_length,
-              steps=args.steps, remasking=args.remasking, threshold=args.threshold, block_size=args.block_size,
-              use_cache=not args.no_cache, cache=args.cache, finish_block=args.finish_block, compile=args.compile,
-              eos_rule=args.eos_rule, eos_penalty=args.eos_penalty)
+    kw = cli.sampler_kwargs(args) | dict(generator=torch.Generator(device).manual_seed(args.seed),
+                                         vocab_limit=tok.vocab_size)
     if args.chat and args.prompt is None:
         def answer(ids, ends):  # the reply up to its end token, and (block) the round of each token
-            gen = generate(model, [ids], args.max_new_tokens, eos_id=ends,
-                           **(kw | dict(record=model.config.attn == "block")))
+            gen = generate(model, [ids], args.max_new_tokens, eos_id=ends, **kw, record=model.config.attn == "block")
             reply = until_end(gen.generated[0].tolist(), ends)
             return reply, None if gen.rounds is None else gen.rounds[0, :len(reply)].tolist()
         return chat.session(model, tok, args.max_new_tokens, answer, args.block_size)
-    prompt = "def " if args.prompt is None else args.prompt
-    try:
-        ids = tok.apply_chat_template([{"role": "user", "content": prompt}]) if args.chat else tok.encode(prompt)
-    except ValueError as e:  # no template, or one that does not render
-        raise SystemExit(f"sample: --chat: {e}")
-    if not ids:
-        raise SystemExit("sample: --prompt encodes to no tokens")
-    rows = [ids] * args.num_samples
+    rows = chat.prompt_rows(tok, args, model.config.attn)
     if args.data:
         import data
-        val = data.load_splits(args.data, "sample: --data", like=model)[1]
-        rows = data.code_prompts(val, tok, args.num_samples, 32)
-    if args.show_rounds and model.config.attn != "block":
-        raise SystemExit(f"sample: --show_rounds needs a block-diffusion checkpoint (config.attn 'block'), "
-                         f"{args.ckpt} has {model.config.attn!r}")
-    prompt = rows if args.data else torch.tensor(rows, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        rows = data.code_prompts(data.load_splits(args.data, "sample: --data", like=model)[1], tok, len(rows), 32)
     t0 = time.perf_counter()
     try:
-        gen = generate(model, prompt, args.max_new_tokens, eos_id=eos_id, record=args.show_rounds, **kw)
+        gen = generate(model, rows if args.data else torch.tensor(rows, device=device), args.max_new_tokens,
+                       eos_id=None if args.ignore_eos else tok.end_ids(model.config), record=args.show_rounds, **kw)
     except ValueError as e:
         raise SystemExit(f"sample: {e}")
-    sync()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    for b, ids in enumerate(rows):
-        n = int(gen.row_tokens[b])  # the sample up to its first eos
-        seq = gen.sequence(b)[:len(ids) + n].tolist()
-        print(f"--- prompt: {tok.decode(ids)!r}" if args.data else f"--- sample {b}")
-        if args.show_rounds:
-            rounds = [-1] * len(ids) + gen.rounds[b, :n].tolist()
-            print(chat.show_rounds(chat.token_pieces(tok, seq), rounds, colour=sys.stdout.isatty()))
-        else:
-            print(tok.decode(seq))
-    if args.show_rounds:
-        print("(under each generated character: the round of its block that committed it, 0 = the block's first "
-              "forward)")
-    s = throughput([gen], dt)
-    print(f"{SAMPLERS[model.config.attn]}: {len(rows)} x {args.max_new_tokens} tokens in {dt:.2f} s; per row "
-          f"{s['tokens_per_forward']:.2f} tokens per forward (min {s['tokens_per_forward_min']:.2f}, max "
-          f"{s['tokens_per_forward_max']:.2f}; {s['forwards_per_row']:.1f} forwards a row); "
-          f"{s['tokens_per_s']:.1f} tokens/s up to eos, {s['raw_tokens_per_s']:.1f} raw ({gen.nfe} batched forwards)")
+    chat.print_samples(tok, rows, gen, SAMPLERS[model.config.attn], dt, titled=bool(args.data))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch
 import cli
 import data
 import sample
-from tokenizer import EOS, fingerprint_of, same_tokenizer
+from tokenizer import EOS, fingerprint_of, same_tokenizer, trained_with
 
 FAMILIES = ("sort", "rev", "add")
 
@@ -138,7 +138,7 @@ def heldout_items(data_dir, config, ckpt, who, per_family=None):
     path, data_dir = (path, path.parent) if path.suffix == ".jsonl" else (path / "heldout.jsonl", path)
     if not path.is_file():
         raise SystemExit(f"{who}: no {path}; write one with: python tasks.py --out_dir {data_dir}")
-    same_tokenizer(fingerprint_of(data_dir), f"{who}: the task data {data_dir}", config.tokenizer_sha256,
+    same_tokenizer(fingerprint_of(data_dir), f"{who}: the task data {data_dir}", trained_with(config),
                             f"the checkpoint {ckpt}",
                             "score a checkpoint trained on this data (pretrain.py --data DIR) or converted from one")
     return load_items(path, per_family)
@@ -158,6 +158,39 @@ def round_up(n, k):
     return -(-n // k) * k
 
 
+def throughput(gens, seconds):
+    """One run's speed from its Generations (the batches) and the seconds they took in all -> dict:
+    tokens_per_forward, the mean over rows of row_tokens / row_nfe (the per-sequence figure papers report),
+    with its std, min and max over rows; forwards_per_row, the mean row_nfe; nfe, the batched forwards;
+    tokens_per_s, counting each row's tokens up to its first eos; raw_tokens_per_s, every generated slot."""
+    tpf = torch.cat([g.tokens_per_forward.double().cpu() for g in gens])  # (rows,)
+    return dict(tokens_per_forward=tpf.mean().item(), tokens_per_forward_std=tpf.std(correction=0).item(),
+                tokens_per_forward_min=tpf.min().item(), tokens_per_forward_max=tpf.max().item(),
+                forwards_per_row=torch.cat([g.row_nfe.double().cpu() for g in gens]).mean().item(),
+                nfe=sum(g.nfe for g in gens),
+                tokens_per_s=sum(int(g.row_tokens.sum()) for g in gens) / seconds,
+                raw_tokens_per_s=sum(g.generated.numel() for g in gens) / seconds)
+
+
+def forwards_split(gen, block):
+    """-> (answer, after), each (B,): a DLM row's forwards split into those that committed a slot of its answer (up to
+    and including its first end token: row_tokens) and those that committed only slots after it. gen: a DLM sampler's
+    Generation with rounds (record=True); block: its block (block_size, or the masked sampler's block_length). A
+    forward is (block, round); every forward a row is charged commits at least one of its slots, so the two add up
+    to row_nfe."""
+    B, N = gen.rounds.shape
+    slot = torch.arange(N, device=gen.rounds.device)
+    key = slot // block * block + gen.rounds  # (B, N): the forward that committed each slot
+    answer = slot < gen.row_tokens[:, None]
+
+    def forwards(where):  # distinct keys where `where` holds
+        hit = torch.zeros(B, N + 1, dtype=torch.bool, device=key.device)
+        return hit.scatter_(1, torch.where(where & (gen.rounds >= 0), key, N), True)[:, :N]
+
+    a = forwards(answer)
+    return a.sum(1), (forwards(~answer) & ~a).sum(1)
+
+
 @torch.no_grad()
 def split(rows):
     """The mean forwards per row that committed answer tokens, and spent only after the answer; rows with any."""
@@ -172,7 +205,7 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     """Score items ({"prompt", "answer", "family"}) with the checkpoint's own sampler (sample.generate) -> dict(n,
     accuracy, families={family: dict(n, accuracy, **throughput)}, lengths={"family/digits": dict(n, accuracy,
     tokens_per_forward)} (by the answer's digits), rows=[dict(family, prompt, completion, correct, tokens,
-    forwards, digits)], **throughput), throughput being sample.throughput of those rows: tokens per forward per
+    forwards, digits)], **throughput), throughput being throughput() of those rows: tokens per forward per
     row (mean, std, min, max), forwards per row, tokens/s. A row's tokens and forwards are the sampler's own
     per-row counts (Generation.row_tokens, row_nfe: up to and including its eos, as if decoded alone). A row
     stops, and its completion is cut, at the first of the checkpoint's end ids (Tokenizer.end_ids).
@@ -182,7 +215,7 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
     cache (masked diffusion: "none" | "prefix" | "dual", Fast-dLLM's approximate KV cache), finish_block (DLMs: a
     row is done at the end of its end token's block), eos_rule, eos_penalty and compile as in sample.generate. Rows
     are scored by `check` (correct) and `preferred` (the answer with a full stop); `right` is either. canvas: N, the
-    slots a DLM decodes; each row's forwards are split (sample.forwards_split) into those that committed answer
+    slots a DLM decodes; each row's forwards are split (forwards_split) into those that committed answer
     tokens and those spent only on slots after the answer: forwards_answer, forwards_after (means per row),
     rows_after (the share of rows with any)."""
     c, dev, ends = model.config, model.model.embed_tokens.weight.device, tok.end_ids(model.config)
@@ -207,7 +240,7 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
                                   cache=cache, finish_block=finish_block, eos_rule=eos_rule, eos_penalty=eos_penalty,
                                   record=dlm, compile=compile)
             gens[f].append(gen)
-            answer, after = sample.forwards_split(gen, block) if dlm else (gen.row_nfe, 0 * gen.row_nfe)
+            answer, after = forwards_split(gen, block) if dlm else (gen.row_nfe, 0 * gen.row_nfe)
             for b, i in enumerate(batch):
                 text = tok.decode(sample.until_end(gen.generated[b].tolist(), ends))
                 rows[i] = dict(family=f, prompt=items[i]["prompt"], completion=text,
@@ -224,7 +257,7 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
         families[f] = dict(n=len(rs), accuracy=sum(r["correct"] for r in rs) / len(rs),
                            preferred=sum(r["preferred"] for r in rs) / len(rs),
                            right=sum(r["correct"] or r["preferred"] for r in rs) / len(rs), **split(rs),
-                           **sample.throughput(gens[f], secs[f]))
+                           **throughput(gens[f], secs[f]))
     lengths = {}
     for r in rows:
         lengths.setdefault(f"{r['family']}/{r['digits']}", []).append(r)
@@ -235,7 +268,7 @@ def exact_match(model, tok, items, *, batch_size=64, max_new_tokens=None, temper
                 preferred=sum(r["preferred"] for r in rows) / len(rows),
                 right=sum(r["correct"] or r["preferred"] for r in rows) / len(rows), families=families,
                 lengths=lengths, rows=rows, canvas=N, **split(rows),
-                **sample.throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
+                **throughput([g for gs in gens.values() for g in gs], sum(secs.values())))
 
 
 # ---- CLI -----------------------------------------------------------------------------------------

@@ -9,12 +9,13 @@ import hashlib
 import json
 import operator
 import re
-import os
 import unicodedata
 from base64 import b64decode
 from pathlib import Path
 
 import tiktoken
+
+from cli import atomic_write
 
 # Qwen's pre-tokenisation regex. Note the single \p{N}: every digit is its own piece.
 QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
@@ -24,7 +25,7 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 # Hugging Face's Digits(individual_digits) step, then GPT-2's regex within what it leaves (SmolLM2, StarCoder) is this
 # one regex: a digit alone (no leading space), and a digit ends a whitespace run as the end of a piece would.
 DIGITS_GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
-# The pieces BPE is learnt within (Tokenizer.train): GPT-2's rule with ASCII classes, so that Python's
+# The pieces BPE is learnt within (train_bpe): GPT-2's rule with ASCII classes, so that Python's
 # `re` (training) and tiktoken (encoding) read it alike; `_` joins words, as in Python identifiers.
 CODE_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z_]+| ?[0-9]+| ?[^\sA-Za-z0-9_]+|\s+(?!\S)|\s+"""
 QWEN_N_RANKS = 151643
@@ -56,19 +57,6 @@ def bytes_to_unicode():
             cs.append(256 + n)
             n += 1
     return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-def atomic_write(path, write):
-    """write(tmp_name), then rename over path: a crash or an error never leaves a half-written file under the real
-    name (nor the temporary one: it is removed on failure). The project's one atomic writer (weights, configs,
-    tokenizers, train state, logs); it lives here because this module does not import torch."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @functools.lru_cache(maxsize=4)
@@ -154,47 +142,6 @@ class Tokenizer:
         """The tiny models' tokenizer: ids 0..255 are the bytes, then three special tokens."""
         added = {EOS: (256, True), "<|im_start|>": (257, True), "<|im_end|>": (258, True)}
         return cls("byte", {bytes([b]): b for b in range(256)}, GPT2_PATTERN, added, nfc=False)
-
-    @classmethod
-    def train(cls, texts, vocab_size, name="bpe"):
-        """Byte-level BPE learnt from texts: the 256 bytes, then the most frequent adjacent pair merged
-        into a new token, again and again, within the pieces CODE_PATTERN cuts, until vocab_size ids
-        (with the three special tokens of byte_level() last). Pair counts are updated only for the
-        words a merge touches, so the standard library trains in well under a minute."""
-        words = collections.Counter(p for t in texts for p in re.findall(CODE_PATTERN, t))
-        seqs = [[bytes([b]) for b in w.encode("utf-8")] for w in words]  # each distinct piece as tokens
-        freq = list(words.values())
-        pairs, where = collections.Counter(), collections.defaultdict(set)  # pair -> count, -> word indices
-        for i, s in enumerate(seqs):
-            for pair in zip(s, s[1:]):
-                pairs[pair] += freq[i]
-                where[pair].add(i)
-        ranks = {bytes([b]): b for b in range(256)}
-        while len(ranks) < vocab_size - 3 and pairs:
-            (a, b), n = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))  # most frequent; ties by bytes
-            if n < 2:
-                break
-            ranks.setdefault(a + b, len(ranks))
-            for i in where.pop((a, b)):
-                s, f = seqs[i], freq[i]
-                for pair in zip(s, s[1:]):
-                    pairs[pair] -= f
-                j, new = 0, []
-                while j < len(s):
-                    if s[j] == a and j + 1 < len(s) and s[j + 1] == b:
-                        new.append(a + b)
-                        j += 2
-                    else:
-                        new.append(s[j])
-                        j += 1
-                seqs[i] = new
-                for pair in zip(new, new[1:]):
-                    pairs[pair] += f
-                    where[pair].add(i)
-            del pairs[(a, b)]
-        n = len(ranks)
-        added = {EOS: (n, True), "<|im_start|>": (n + 1, True), "<|im_end|>": (n + 2, True)}
-        return cls(name, ranks, CODE_PATTERN, added, nfc=False)
 
     @classmethod
     def from_pretrained(cls, path):
@@ -492,6 +439,47 @@ class Tokenizer:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, nfc={self.nfc})"
 
 
+def train_bpe(texts, vocab_size, name="bpe"):
+    """Byte-level BPE learnt from texts: the 256 bytes, then the most frequent adjacent pair merged
+    into a new token, again and again, within the pieces CODE_PATTERN cuts, until vocab_size ids
+    (with the three special tokens of Tokenizer.byte_level() last). Pair counts are updated only for the
+    words a merge touches, so the standard library trains in well under a minute."""
+    words = collections.Counter(p for t in texts for p in re.findall(CODE_PATTERN, t))
+    seqs = [[bytes([b]) for b in w.encode("utf-8")] for w in words]  # each distinct piece as tokens
+    freq = list(words.values())
+    pairs, where = collections.Counter(), collections.defaultdict(set)  # pair -> count, -> word indices
+    for i, s in enumerate(seqs):
+        for pair in zip(s, s[1:]):
+            pairs[pair] += freq[i]
+            where[pair].add(i)
+    ranks = {bytes([b]): b for b in range(256)}
+    while len(ranks) < vocab_size - 3 and pairs:
+        (a, b), n = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))  # most frequent; ties by bytes
+        if n < 2:
+            break
+        ranks.setdefault(a + b, len(ranks))
+        for i in where.pop((a, b)):
+            s, f = seqs[i], freq[i]
+            for pair in zip(s, s[1:]):
+                pairs[pair] -= f
+            j, new = 0, []
+            while j < len(s):
+                if s[j] == a and j + 1 < len(s) and s[j + 1] == b:
+                    new.append(a + b)
+                    j += 2
+                else:
+                    new.append(s[j])
+                    j += 1
+            seqs[i] = new
+            for pair in zip(new, new[1:]):
+                pairs[pair] += f
+                where[pair].add(i)
+        del pairs[(a, b)]
+    n = len(ranks)
+    added = {EOS: (n, True), "<|im_start|>": (n + 1, True), "<|im_end|>": (n + 2, True)}
+    return Tokenizer(name, ranks, CODE_PATTERN, added, nfc=False)
+
+
 # ---- a checkpoint's or a dataset's tokenizer, checked against the model ------------------------------------
 
 def load_tokenizer(path, config):
@@ -502,16 +490,35 @@ def load_tokenizer(path, config):
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"tokenizer: {e}")
     if config.path is not None and Path(path).resolve() == Path(config.path).resolve():  # the checkpoint's own
-        same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", config.tokenizer_sha256,
+        same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", trained_with(config),
                        "its config.json", "they were replaced after the checkpoint was saved; restore them")
     model, model_dir = described(config)
-    same_tokenizer(tok.fingerprint, str(path), config.tokenizer_sha256, model, prepare_with(model_dir))
+    same_tokenizer(tok.fingerprint, str(path), trained_with(config), model, prepare_with(model_dir))
     if tok.vocab_size > config.vocab_size:
         raise SystemExit(f"tokenizer in {path} uses {tok.vocab_size} ids but the model has only "
                          f"{config.vocab_size} embedding rows: they do not belong together")
     if config.mask_token_id is not None and config.mask_token_id < tok.vocab_size:
         raise SystemExit(f"mask_token_id {config.mask_token_id} is an ordinary token of the tokenizer in {path}")
     return tok
+
+
+def trained_with(config):
+    """The fingerprint of the tokenizer a model was trained with: config.tokenizer_sha256, or for a checkpoint that
+    records none (written before fingerprints were, or downloaded) that of the tokenizer files in its directory,
+    then kept in config; None when unknown."""
+    if config.tokenizer_sha256 is None and config.path is not None:
+        config.tokenizer_sha256 = fingerprint_of(config.path)
+    return config.tokenizer_sha256
+
+
+def check_saving(tok, config, out_dir):
+    """Exit with one line unless tok may be saved with a model of this config into out_dir: it must be the model's
+    own tokenizer (trained_with) and that of any checkpoint already in out_dir (never replaced). Then config records
+    it (a new model's)."""
+    fix = "a checkpoint keeps the tokenizer it was trained with; use data prepared with it, or another --out_dir"
+    same_tokenizer(tok.fingerprint, "the tokenizer being saved", trained_with(config), "the model", fix)
+    same_tokenizer(tok.fingerprint, "the tokenizer being saved", fingerprint_of(out_dir), str(out_dir), fix)
+    config.tokenizer_sha256 = tok.fingerprint
 
 
 def same_tokenizer(fp, where, want, want_where, fix):

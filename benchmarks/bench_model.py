@@ -7,7 +7,7 @@ so that noise from other processes on the machine hits both alike. How to read t
 - ms/step is the median over --iters steps after --warmup; tokens/s = batch * seq_len / that median;
 - "ours / HF (time)" below 1.00x means ours is faster; on a shared CPU, differences under ~10% are noise,
   so run it twice before believing one;
-- on CUDA: MFU against the GPU's dense bf16 peak (training.peak_flops), and peak GiB = the model's own
+- on CUDA: MFU against the GPU's dense bf16 peak (runner.peak_flops), and peak GiB = the model's own
   weights + the most memory a step allocated above what was resident before it (activations, gradients),
   i.e. about what that model alone would need. --grad_checkpoint shows the activation saving, e.g.
   `python bench.py --preset qwen3-0.6b --seq_len 4096 --batch_size 1 --grad_checkpoint` on a GPU.
@@ -19,7 +19,8 @@ import statistics
 
 import torch
 
-from training import mfu, model_flops_per_token
+from runner import mfu
+from training import model_flops_per_token
 from benchmarks.common import build_hf, build_ours, machine, measure, nbytes, train_step
 
 

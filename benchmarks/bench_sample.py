@@ -78,7 +78,8 @@ def random_prompts(vocab_size):
 
 
 def bench_sample(args, device, dtype):
-    from sample import ar_generate, block_generate, diffusion_generate, throughput
+    from sample import ar_generate, block_generate, diffusion_generate
+    from tasks import throughput
     model = sample_model(args, device, dtype)
     c, iters = model.config, args.iters or 3
     if args.data:  # real prompts: the first 16 tokens of validation documents, from their first function

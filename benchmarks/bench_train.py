@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from training import mfu
+from runner import mfu
 from benchmarks.common import build_ours, machine, measure, timeit
 
 

@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from training import mfu, model_flops_per_token, peak_flops
+from runner import mfu, peak_flops
+from training import model_flops_per_token
 from benchmarks.bench_sample import hf_generator, random_prompts
 from benchmarks.bench_train import DistillRun, align_step
 from benchmarks.common import (build_hf, build_ours, machine, measure, meta_model, nbytes, peak_memory, timeit,
@@ -96,7 +97,7 @@ def release():
 
 def check_model(table, s, device, dtype):
     """Part 1: forward + backward of ours against transformers' Qwen3ForCausalLM (the same weights), with and
-    without gradient checkpointing, and ours compiled. MFU: training.mfu with our FLOP count for both."""
+    without gradient checkpointing, and ours compiled. MFU: runner.mfu with our FLOP count for both."""
     (B, T), (warmup, iters) = s["train"], s["steps"]
     ours = build_ours(s["preset"], device, dtype)
     hf = build_hf(ours, device, dtype)

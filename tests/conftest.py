@@ -95,19 +95,19 @@ def tiny_world(root, ar=True):
 @contextlib.contextmanager
 def killed_after_checkpoint(step):
     """Inside the block, a training script "dies" (exit code 3) right after writing its step-`step` checkpoint."""
-    import training
-    orig = training.save_checkpoint
+    import checkpoint
+    orig = checkpoint.save_checkpoint
 
     def save_and_die(out_dir, model, tok, opt, s, *a, **kw):
         orig(out_dir, model, tok, opt, s, *a, **kw)
         if s == step:
             raise SystemExit(3)
 
-    training.save_checkpoint = save_and_die
+    checkpoint.save_checkpoint = save_and_die
     try:
         yield
     finally:
-        training.save_checkpoint = orig
+        checkpoint.save_checkpoint = orig
 
 
 # ---- tiny random Qwen3s: ours against transformers' (test_model.py, test_checkpoint.py) ----------------------

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import align
+import checkpoint
 import convert
 import diffusion
 import training
@@ -312,12 +313,12 @@ def test_published_freeze_embed_and_head_tied_and_untied(world, tmp_path, ckpt, 
 
 
 def test_evaluation_and_checkpoint_intervals_apart(world, tmp_path, monkeypatch):
-    saved, save = [], training.save_checkpoint
-    monkeypatch.setattr(training, "save_checkpoint", lambda *a, **kw: saved.append(a[4]) or save(*a, **kw))
+    saved, save = [], checkpoint.save_checkpoint
+    monkeypatch.setattr(checkpoint, "save_checkpoint", lambda *a, **kw: saved.append(a[4]) or save(*a, **kw))
     out = tmp_path / "iv"
     r = run(*common(world, out), "--max_iters", "7", "--eval_interval", "2", "--ckpt_interval", "4", "--samples", "0")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert saved == [0, 4, 6]  # every --ckpt_interval, and the last step
+    assert saved == [4, 6]  # every --ckpt_interval (step 0: the weights it started from, not written), the last
     recs = log(out)
     assert [x["step"] for x in recs if "val_acc@0.5" in x] == [0, 2, 4, 6]
     assert all(len(x["val_cos"]) == 3 for x in recs if "val_acc@0.5" in x)

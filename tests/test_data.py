@@ -310,13 +310,12 @@ def test_answer_batch_equals_get_batch_and_the_windowed_separator_rule():
     """answer_batch draws get_batch's windows (the same generator, the same offsets); with loss_targets' marks for
     --loss_after (the separator rule on the whole split) each window's marks equal after_separator on the window
     itself, for windows that begin at a document."""
-    import training
     from types import SimpleNamespace
     tok = Tokenizer.byte_level()
     docs = [f"sort {' '.join('312'[:k + 1])} = {' '.join(sorted('312'[:k + 1]))}" for k in range(3)] * 20
     arr = np.asarray([i for d in docs for i in tok.encode(d) + [tok.eos_id]], dtype=np.uint16)
     args = SimpleNamespace(loss_after="=", assistant_only=False)
-    answers, starts = training.loss_targets(args, tok, arr, arr, 12, "test")
+    answers, starts = data.loss_targets(args, tok, arr, arr, 12, "test")
     g1, g2 = (torch.Generator().manual_seed(3) for _ in range(2))
     x, where = data.answer_batch(arr, answers, 16, 12, generator=g1, starts=starts["train"])
     assert torch.equal(x, data.get_batch(arr, 16, 12, generator=g2, starts=starts["train"]))

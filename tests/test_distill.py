@@ -447,13 +447,19 @@ def test_script_rolls_out_and_pads_with_the_declared_end_ids(world, tmp_path, mo
     separator (a rollout's left pads are the sampler's: the first end id)."""
     import shutil
 
+    import model
     import sample
     student = tmp_path / "student"
     shutil.copytree(world / "block", student)
     (student / "generation_config.json").write_text(json.dumps({"eos_token_id": [258, EOS]}))
-    seen, gen, prep = [], sample.block_generate, sample.prepare
+    seen, gen, canvas = [], sample.block_generate, model.canvas
+
+    def spy(*a, **k):  # the canvas of a rollout (in sample.py) or of a data window (in distill.py)
+        seen.append(("pad", a[3:5]))
+        return canvas(*a, **k)
     monkeypatch.setattr(sample, "block_generate", lambda *a, **k: seen.append(("ends", k["eos_id"])) or gen(*a, **k))
-    monkeypatch.setattr(sample, "prepare", lambda *a, **k: seen.append(("pad", a[3:5])) or prep(*a, **k))
+    monkeypatch.setattr(sample, "canvas", spy)
+    monkeypatch.setattr(model, "canvas", spy)
     r = run_script("distill.py", *common(world, tmp_path / "out"), "--init", student, "--max_iters", "1")
     assert r.returncode == 0, r.stderr[-2000:]
     assert ("ends", [258, EOS]) in seen and all(v == [258, EOS] for k, v in seen if k == "ends")

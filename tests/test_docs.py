@@ -44,3 +44,11 @@ def test_every_name_in_the_reading_order_exists():
 
 def test_the_readme_is_one_page():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
+def test_module_docstrings_are_short():
+    """A module's docstring says what it is and how to run it, in at most 15 lines; the reasoning is in
+    docs/methods.md."""
+    for path in sorted(ROOT.glob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+        assert len(doc.strip("\n").splitlines()) <= 15, path.name

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import sample as S
+import tasks
 from conftest import run_script
 from sample import block_generate, diffusion_generate
 from test_sample import EOS, MASK, PROMPTS, V, make
@@ -138,11 +139,11 @@ def test_last_decodes_one_token_per_forward_at_threshold_one_where_free_wastes_f
     assert (free.tokens_per_forward <= 1).all() and (free.tokens_per_forward < 1).sum() >= 2
     block = 16 if kind == "bidirectional" else 4
     for g in (last, free):  # the split adds up to each row's forwards; only free spends forwards after the answer
-        answer, after = S.forwards_split(g, block)
+        answer, after = tasks.forwards_split(g, block)
         assert torch.equal(answer + after, g.row_nfe)
-    after = S.forwards_split(free, block)[1]
-    assert (S.forwards_split(last, block)[1] == 0).all() and torch.equal(after > 0, free.tokens_per_forward < 1)
-    assert torch.equal(S.forwards_split(free, block)[0], free.row_tokens)  # one answer token per answer forward
+    after = tasks.forwards_split(free, block)[1]
+    assert (tasks.forwards_split(last, block)[1] == 0).all() and torch.equal(after > 0, free.tokens_per_forward < 1)
+    assert torch.equal(tasks.forwards_split(free, block)[0], free.row_tokens)  # one answer token per answer forward
 
 
 @pytest.mark.parametrize("kind", ["bidirectional", "block"])
@@ -161,7 +162,7 @@ def test_split_adds_up_on_random_models_and_every_rule():
             m = make(kind, shift=False, block_size=4, seed=seed)
             for rule in ("free", "last", "penalty"):
                 g = batched(kind, m, PROMPTS, 16, 4, 0.6, eos_rule=rule)
-                answer, after = S.forwards_split(g, 4)
+                answer, after = tasks.forwards_split(g, 4)
                 assert torch.equal(answer + after, g.row_nfe) and (answer >= 1).all()
 
 

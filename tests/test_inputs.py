@@ -20,14 +20,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import checkpoint
 import data
 import training
 from conftest import ROOT, killed_after_checkpoint, run_script, world_copy
 from convert import convert
 from checkpoint import safetensors_names, weight_files
 from model import Qwen3, Qwen3Config, preset
-from tokenizer import atomic_write, load_tokenizer
-from tokenizer import Tokenizer, fingerprint_of
+from cli import atomic_write
+from tokenizer import load_tokenizer
+from tokenizer import Tokenizer, check_saving, fingerprint_of, train_bpe, trained_with
 
 SMALL = ["--preset", "micro", "--batch_size", "4", "--seq_len", "32", "--eval_batches", "1", "--warmup", "2",
          "--samples", "0"]
@@ -38,7 +40,7 @@ def world(base_world, tmp_path_factory):
     """tiny_world (byte-tokenized data, a micro AR model) plus its bidirectional DLM, and an AR model and DLM of the
     same shape whose tokenizer is a small learnt BPE instead (`other`, `other_dlm`)."""
     root = world_copy(base_world, tmp_path_factory, "inputs")
-    bpe = Tokenizer.train(["def f(x):\n    return x + 1\n" * 20], 280)
+    bpe = train_bpe(["def f(x):\n    return x + 1\n" * 20], 280)
     Qwen3(preset("micro")).init_weights(1).save_pretrained(root / "other")
     bpe.save_pretrained(root / "other")
     convert(root / "other", root / "other_dlm", "bidirectional")
@@ -158,7 +160,7 @@ def test_sharded_checkpoints_are_checked_too(world, tmp_path):
 # ---- tokenizer fingerprints --------------------------------------------------------------------------
 
 def test_fingerprint_follows_the_ids_not_the_file(tmp_path):
-    byte, bpe = Tokenizer.byte_level(), Tokenizer.train(["abcabcabd " * 50], 270)
+    byte, bpe = Tokenizer.byte_level(), train_bpe(["abcabcabd " * 50], 270)
     assert len({byte.fingerprint, bpe.fingerprint}) == 2 and re.fullmatch("[0-9a-f]{64}", bpe.fingerprint)
     bpe.save_pretrained(tmp_path / "a")
     assert Tokenizer.from_pretrained(tmp_path / "a").fingerprint == bpe.fingerprint  # a saved copy: the same
@@ -193,7 +195,8 @@ def test_data_and_checkpoints_record_the_fingerprint(world, tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     del cfg["tokenizer_sha256"]
     (out / "config.json").write_text(json.dumps(cfg))
-    assert Qwen3Config.load(out).tokenizer_sha256 == fp and Qwen3.from_pretrained(out).config.tokenizer_sha256 == fp
+    assert Qwen3Config.load(out).tokenizer_sha256 is None  # as recorded
+    assert trained_with(Qwen3Config.load(out)) == fp and trained_with(Qwen3.from_pretrained(out).config) == fp
     assert Qwen3Config.load(out).path == str(out) and "path" not in Qwen3.from_pretrained(out).config.to_dict()
 
 
@@ -228,18 +231,24 @@ def test_training_helpers_refuse_other_tokenizers(world, tmp_path):
     Tokenizer.from_pretrained(world / "other").save_pretrained(d)
     with pytest.raises(SystemExit, match="config.json.*replaced"):
         load_tokenizer(d, Qwen3Config.load(d))
-    # save_checkpoint never writes over another tokenizer: the model's, or one already in out_dir
+    # a checkpoint never gets another tokenizer than the model's, nor one over a checkpoint's own (Run.save checks)
     model = Qwen3(preset("micro")).init_weights(0)
-    opt = training.configure_optimizer(model, 1e-3, 0.0)
     out = tmp_path / "ckpt"
     Tokenizer.from_pretrained(world / "other").save_pretrained(out)
     kept = sha(out / "tokenizer.json")
     with pytest.raises(SystemExit, match="tokenizer mismatch"):
-        training.save_checkpoint(out, model, Tokenizer.byte_level(), opt, 5, torch.Generator())
-    assert sha(out / "tokenizer.json") == kept and not (out / "model.safetensors").exists()
+        check_saving(Tokenizer.byte_level(), model.config, out)
+    assert model.config.tokenizer_sha256 is None
     model.config.tokenizer_sha256 = Tokenizer.from_pretrained(world / "other").fingerprint
     with pytest.raises(SystemExit, match="tokenizer mismatch"):
-        training.save_checkpoint(tmp_path / "ckpt2", model, Tokenizer.byte_level(), opt, 5, torch.Generator())
+        check_saving(Tokenizer.byte_level(), model.config, tmp_path / "ckpt2")
+    model.config.tokenizer_sha256 = None  # a new model: the tokenizer saved with it becomes its own
+    check_saving(Tokenizer.byte_level(), model.config, tmp_path / "ckpt2")
+    assert model.config.tokenizer_sha256 == Tokenizer.byte_level().fingerprint
+    # and through a run: pretrain.py into a directory that holds another tokenizer leaves it as it was
+    r = run_script("pretrain.py", "--data", world / "data", "--out_dir", out, "--max_iters", "1", *SMALL)
+    assert r.returncode != 0 and "already holds" not in r.stderr and "tokenizer mismatch" in one_line(r)
+    assert sha(out / "tokenizer.json") == kept and not (out / "model.safetensors").exists()
 
 
 def test_data_py_does_not_replace_a_tokenizer_silently(world, tmp_path):
@@ -460,7 +469,6 @@ def test_ctrl_c_is_one_line_and_resume_continues_exactly(world, tmp_path):
 # ---- the one atomic writer -------------------------------------------------------------------------------
 
 def test_one_atomic_writer_without_torch_in_the_tokenizer(tmp_path):
-    import checkpoint
     import tokenizer
     import training
     assert checkpoint.atomic_write is training.atomic_write is tokenizer.atomic_write is atomic_write
@@ -488,17 +496,17 @@ def test_ctrl_c_while_saving_waits_for_the_whole_checkpoint():
     try:
         reached = []
         with pytest.raises(KeyboardInterrupt):
-            with training.interrupts_deferred():
+            with checkpoint.interrupts_deferred():
                 os.kill(os.getpid(), signal.SIGINT)  # delivered now, held by the block
                 time.sleep(0.05)
                 reached.append("the rest of the block")
         assert reached == ["the rest of the block"]
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        with training.interrupts_deferred():  # no signal: nothing raised
+        with checkpoint.interrupts_deferred():  # no signal: nothing raised
             pass
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            with training.interrupts_deferred():
+            with checkpoint.interrupts_deferred():
                 os.kill(os.getpid(), signal.SIGINT)  # ignored, as the process asked
                 time.sleep(0.05)
         except KeyboardInterrupt:

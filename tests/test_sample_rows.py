@@ -10,6 +10,7 @@ import torch
 
 import chat
 import sample as S
+import tasks
 from sample import Generation, ar_generate, block_generate, diffusion_generate
 from test_sample import EOS, PROMPTS, V, make
 from tokenizer import Tokenizer
@@ -170,7 +171,7 @@ def test_throughput_by_hand():
         return Generation(torch.zeros(len(row_nfe), 2 + N, dtype=torch.long), torch.ones(len(row_nfe)), 2, nfe,
                           torch.tensor(row_nfe), torch.tensor(row_tokens))
     gens = [gen([4, 8], [8, 8], 8, 8), gen([2], [3], 8, 2)]  # two batches of one run
-    s = S.throughput(gens, 0.5)
+    s = tasks.throughput(gens, 0.5)
     per_row = [8 / 4, 8 / 8, 3 / 2]
     mean = sum(per_row) / 3
     assert s["tokens_per_forward"] == pytest.approx(mean)

@@ -180,7 +180,7 @@ def test_align(w, aligned, data, dlm):
 
 
 def test_saved_checkpoint_loads_in_transformers_with_our_logits(w, aligned):
-    """The REPR-ALIGN output (bf16, written by training.save_checkpoint) in transformers: the same logits as ours
+    """The REPR-ALIGN output (bf16, written by checkpoint.save_checkpoint) in transformers: the same logits as ours
     (causal: transformers' Qwen3 is an AR model), its generation config's end ids, and its chat template."""
     import transformers
     from model import Qwen3

@@ -10,8 +10,8 @@ import torch
 import convert
 import data
 import diffusion
+import runner
 import tasks
-import training
 from conftest import killed_after_checkpoint, run_script
 from model import Qwen3, preset
 from tokenizer import Tokenizer
@@ -74,7 +74,7 @@ def test_align_and_distill_log_the_task_world(world, tmp_path):
     final = Qwen3.from_pretrained(tmp_path / "align").eval()  # the last step's weights: the last record's
     tok, items = Tokenizer.from_pretrained(tmp_path / "align"), tasks.load_items(heldout, 2)
     res = tasks.exact_match(final, tok, items, threshold=0.9)
-    assert {k: evals[-1][k] for k in TASK_KEYS} == pytest.approx(training.task_record(res))
+    assert {k: evals[-1][k] for k in TASK_KEYS} == pytest.approx(runner.task_record(res))
     for t in (1.0, 0.5):  # --tasks_also: the same prompts at each further threshold
         res = tasks.exact_match(final, tok, items, threshold=t)
         assert (evals[-1][f"task_acc@{t:g}"], evals[-1][f"task_tpf@{t:g}"]) == pytest.approx(

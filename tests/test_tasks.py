@@ -12,11 +12,11 @@ import torch
 
 import data
 import sample
+import runner
 import tasks
-import training
 from conftest import run_script
 from model import Qwen3Config
-from tokenizer import EOS, Tokenizer
+from tokenizer import EOS, Tokenizer, train_bpe
 
 SIZES = dict(min_len=2, max_len=6, max_digits=3)
 
@@ -148,7 +148,7 @@ def test_tokenization_splits_at_the_answer():
     """Each document tokenizes as its prompt's tokens then its answer's, so a model trained on documents is
     asked exactly the prompt; the learnt BPE gives every digit (with its space) one token."""
     train, items = tasks.build(seed=0, n_train=2000, n_heldout=20, **SIZES)
-    bpe = Tokenizer.train(train, 1024)
+    bpe = train_bpe(train, 1024)
     for tok in (Tokenizer.byte_level(), bpe):
         for it in items:
             assert tok.encode(it["prompt"] + it["answer"]) == tok.encode(it["prompt"]) + tok.encode(it["answer"])
@@ -161,7 +161,7 @@ def test_separator_marks_exactly_the_answers():
     """pretrain.py --loss_after: the separator (" =" in the learnt BPE, "=" in the byte tokenizer: one token each)
     marks, in packed documents, exactly each answer's tokens and its eos (data.after_separator)."""
     train, _ = tasks.build(seed=0, n_train=300, n_heldout=1, **SIZES)
-    for tok, sep in ((Tokenizer.train(train, 1024), " ="), (Tokenizer.byte_level(), "=")):
+    for tok, sep in ((train_bpe(train, 1024), " ="), (Tokenizer.byte_level(), "=")):
         assert len(tok.encode(sep)) == 1
         ids, want = [], []
         for t in train[:60]:
@@ -257,7 +257,7 @@ class Oracle(torch.nn.Module):
 def world():
     """A learnt BPE and held-out items whose answers differ in length (rows finish in different blocks)."""
     train, items = tasks.build(seed=0, n_train=2000, n_heldout=5, **SIZES)
-    return Tokenizer.train(train, 1024), items
+    return train_bpe(train, 1024), items
 
 
 def wrong(answer):
@@ -346,13 +346,13 @@ def test_exact_match_stops_and_cuts_at_every_end_id(world, attn, kw):
 
 
 def test_task_record_summarises_exact_match(world):
-    """The flat record the training scripts log (training.task_record of eval.py tasks' result): the same numbers as
+    """The flat record the training scripts log (runner.task_record of eval.py tasks' result): the same numbers as
     exact_match, and the full stop's share."""
     tok, items = world
     marked = {it["prompt"]: it["answer"] + (tasks.MARK if it["family"] == "sort" else "") for it in items}
     model = Oracle(tok, marked, "block", 4)
     res = tasks.exact_match(model, tok, items, batch_size=4, threshold=0.9)
-    rec = training.task_record(res)
+    rec = runner.task_record(res)
     assert rec["task_acc"] == res["accuracy"] and rec["task_tpf"] == pytest.approx(res["tokens_per_forward"])
     assert rec["task_acc_rev"] == rec["task_acc_add"] == 1.0 and rec["task_acc_sort"] == 0.0
     assert rec["task_pref"] == pytest.approx(1 / 3) and res["families"]["sort"]["preferred"] == 1.0

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from qwen_shape import QWEN3_ADDED, QWEN_TIKTOKEN, write_tokenizer  # noqa: E402
-from tokenizer import Tokenizer  # noqa: E402
+from tokenizer import Tokenizer, train_bpe  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SOURCES = ["json/decoder.py", "textwrap.py", "difflib.py", "email/_header_value_parser.py", "tokenize.py"]
@@ -412,7 +412,7 @@ def slow_bpe(texts, n_merges):
 
 def test_train_learns_the_most_frequent_pairs_first():
     texts = ["def f(self):\n    return self.x\n", "self.self = self  # self", "aaaa"] * 3
-    tok = Tokenizer.train(texts, 256 + 12 + 3)
+    tok = train_bpe(texts, 256 + 12 + 3)
     ranks = tok._ranks
     learnt = [b for b, _ in sorted(ranks.items(), key=lambda kv: kv[1]) if len(b) > 1]
     assert learnt == slow_bpe(texts, 12)
@@ -425,7 +425,7 @@ def test_trained_tokenizer_matches_hugging_face(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     corpus = [(STDLIB / s).read_text() for s in SOURCES]
-    tok = Tokenizer.train(corpus[:3], 600)
+    tok = train_bpe(corpus[:3], 600)
     tok.save_pretrained(tmp_path)
     back = Tokenizer.from_pretrained(tmp_path)
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
@@ -444,7 +444,7 @@ def test_a_file_is_parsed_once_per_content(qwen_dir, tmp_path):
     d = tmp_path / "t"
     Tokenizer.byte_level().save_pretrained(d)
     x = Tokenizer.from_pretrained(d)
-    Tokenizer.train(["def f(x): return x"] * 5, 264).save_pretrained(d)  # another tokenizer at the same path
+    train_bpe(["def f(x): return x"] * 5, 264).save_pretrained(d)  # another tokenizer at the same path
     y = Tokenizer.from_pretrained(d)
     assert y.fingerprint != x.fingerprint and y.vocab_size == 264 and x.vocab_size == 259
 
