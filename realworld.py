@@ -12,7 +12,9 @@ through its own sampler in its chat template: the families a teacher mostly answ
 A checker reads the reply: the last number (sums, letters), the words alone and in order (copy, reverse, sort), the
 capital named anywhere (capitals). Nothing here trains; run.sh's real world builds on it.
 """
+import collections
 import json
+import math
 import random
 import re
 import time
@@ -89,30 +91,99 @@ def build(*, seed=1337, n_train=2000, n_heldout=50, families=FAMILIES, heldout_f
     return train, [it for f in families for it in held[f]]
 
 
-def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, **sampler):
-    """Each item's prompt as one user turn in the checkpoint's chat template, answered by its own sampler (greedy
-    unless told) -> the replies' texts, cut at the first end id."""
+def prompt_ids(tok, item):
+    """The item's prompt as one user turn in the checkpoint's chat template, ready for its answer."""
+    return tok.apply_chat_template([{"role": "user", "content": item["prompt"]}])
+
+
+def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, counts=None, **sampler):
+    """Each item answered by the checkpoint's own sampler in its chat template (greedy unless told) -> the replies'
+    texts, cut at the first end id. counts: a list that gets, per reply, its tokens per forward (tokens up to and
+    including the end token / forwards) and, for a DLM, its forwards split into answer and after (forwards_split)."""
     import torch
 
     import sample
-    ends = tok.end_ids(model.config, turn=True)
+    import tasks
+    ends, dlm = tok.end_ids(model.config, turn=True), model.config.attn != "causal"
     g, out = torch.Generator(model.lm_head.weight.device).manual_seed(1337), []
     for s in range(0, len(items), batch_size):
-        prompts = [tok.apply_chat_template([{"role": "user", "content": it["prompt"]}])
-                   for it in items[s:s + batch_size]]
+        prompts = [prompt_ids(tok, it) for it in items[s:s + batch_size]]
         gen = sample.generate(model, prompts, max_new_tokens, eos_id=ends, generator=g, vocab_limit=tok.vocab_size,
-                              **sampler)
+                              record=dlm, **sampler)
         out += [tok.decode(sample.until_end(gen.generated[b].tolist(), ends)) for b in range(len(prompts))]
+        if counts is not None:
+            block = model.config.block_size if model.config.attn == "block" else min(32, max_new_tokens)
+            answer, after = tasks.forwards_split(gen, block) if dlm else (gen.row_nfe, 0 * gen.row_nfe)
+            counts += [dict(tokens_per_forward=float(gen.tokens_per_forward[b]), forwards_answer=int(answer[b]),
+                            forwards_after=int(after[b])) for b in range(len(prompts))]
     return out
+
+
+def token_f1(reply, reference):
+    """The F1 of two texts' lowercase words as multisets (SQuAD's answer F1): 1 for equal texts, 0 for none shared."""
+    a, b = re.findall(r"\w+", reply.lower()), re.findall(r"\w+", reference.lower())
+    common = sum((collections.Counter(a) & collections.Counter(b)).values())
+    if not a or not b:
+        return float(a == b)
+    return 0.0 if common == 0 else 2 * common / (len(a) + len(b))  # 2PR / (P + R), P = common/|a|, R = common/|b|
+
+
+def full_stop(reply):
+    """The preference a rule judges: the reply ends with a full stop."""
+    return reply.rstrip().endswith(".")
+
+
+def evaluate(model, tok, items, *, thresholds=(None,), teacher=None, max_new_tokens=32, batch_size=16):
+    """Every item answered at each threshold (None: the sampler's default; an AR model once, greedy) -> {threshold:
+    dict(accuracy, accuracy_<family>, agree (the reply is the teacher's, exactly), f1 (token_f1 with the teacher's),
+    full_stop (its share), tokens_per_forward (the mean over replies), forwards_answer, forwards_after, canvas N,
+    rows: one dict per item, for paired tests)}. teacher: the teacher's replies, one per item (None: not scored)."""
+    out = {}
+    for thr in [None] if model.config.attn == "causal" else thresholds:
+        counts = []
+        texts = replies(model, tok, items, batch_size=batch_size, max_new_tokens=max_new_tokens, counts=counts,
+                        **({} if thr is None else dict(threshold=thr)))
+        rows = [dict(family=it["family"], prompt=it["prompt"], reply=r, right=check(it, r), full_stop=full_stop(r),
+                     **c, **({} if teacher is None else dict(agree=r == teacher[k], f1=token_f1(r, teacher[k]))))
+                for k, (it, r, c) in enumerate(zip(items, texts, counts))]
+        summary = {k: sum(row[k] for row in rows) / len(rows) for k in ("right", "full_stop", "tokens_per_forward",
+                                                                        "forwards_answer", "forwards_after")}
+        summary["accuracy"] = summary.pop("right")
+        for f in sorted({it["family"] for it in items}):
+            fam = [row["right"] for row in rows if row["family"] == f]
+            summary[f"accuracy_{f}"] = sum(fam) / len(fam)
+        if teacher is not None:
+            summary.update(agree=sum(r["agree"] for r in rows) / len(rows), f1=sum(r["f1"] for r in rows) / len(rows))
+        out["greedy" if thr is None else f"{thr:g}"] = dict(summary, canvas=max_new_tokens, rows=rows)
+    return out
+
+
+def nelbo_bits(model, tok, items, answers, *, n_draws=4, seed=1337, batch_size=16):
+    """The answers' (e.g. the teacher's replies, each closed by <|im_end|>) negative log-likelihood given their
+    prompts, in bits per answer token: exact for an AR model; for a DLM its ELBO bound (the BD3-LM bound for a block
+    DLM) estimated from n_draws fixed draws of (t, mask) per answer, the same draws for every model."""
+    import diffusion
+    end = tok.special_tokens.get("<|im_end|>", tok.eos_id)
+    pairs = [(prompt_ids(tok, it), tok.encode(a) + [end], tok.encode(a) + [end]) for it, a in zip(items, answers)]
+    longest = max(len(x) + len(y) for x, y, _ in pairs)
+    draws = None if model.config.attn == "causal" else diffusion.draw_masks(len(pairs), n_draws, longest, seed)
+    logp = diffusion.all_logps(model, pairs, draws, batch_size)[:, 0]  # a pair's two answers are the same one here
+    return -logp.sum().item() / sum(len(y) for _, y, _ in pairs) / math.log(2)
 
 
 def main():
     p = cli.parser(__doc__)
-    p.add_argument("--ckpt", default=None, help="measure this checkpoint's accuracy per family (held-out prompts)")
+    p.add_argument("--ckpt", default=None, help="measure this checkpoint on the held-out prompts")
     p.add_argument("--out_dir", default=None, help="write train.jsonl and heldout.jsonl (the prompts and answers)")
     p.add_argument("--per_family", type=int, default=40, help="held-out prompts per family")
     p.add_argument("--families", type=cli.comma_list(choices=FAMILIES, what="families"), default=list(FAMILIES))
-    p.add_argument("--max_new_tokens", type=int, default=32, help="the replies' length (at most, for an AR model)")
+    p.add_argument("--max_new_tokens", type=int, default=32, help="the replies' length: at most (AR), the canvas N "
+                   "(DLMs)")
+    p.add_argument("--thresholds", type=cli.thresholds, default=None, help="DLMs: decode at each of these confidence "
+                   "thresholds (default: the sampler's own setting)")
+    p.add_argument("--teacher", default=None, help="a --out file of the AR teacher on the same prompts: agreement with "
+                   "its replies (exact, token F1) and the negative ELBO of them under --ckpt, in bits per token")
+    p.add_argument("--out", default=None, help="write the results here (JSON, with every reply)")
     p.add_argument("--show", type=int, default=2, help="replies printed per family")
     p.add_argument("--chats", type=int, default=0, help="with --ckpt and --out_dir: also write chats.jsonl, the "
                    "checkpoint's own greedy replies to the first N training prompts (instruction data it already "
@@ -132,30 +203,53 @@ def main():
             (out / f"{name}.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
         print(f"wrote {out}: {len(train)} train, {len(held)} held-out prompts")
     if args.ckpt:
-        import training
-        device, _ = cli.setup(args.device, args.seed)
-        model = training.load_model(args.ckpt, device, "realworld: --ckpt").eval()
-        tok = training.load_tokenizer(args.ckpt, model.config)
-        t0 = time.perf_counter()
-        texts = replies(model, tok, held, max_new_tokens=args.max_new_tokens)
-        print(f"{args.ckpt}: {len(held)} held-out prompts in {time.perf_counter() - t0:.0f} s, greedy\n")
-        rows = []
-        for f in args.families:
-            got = [(it, r) for it, r in zip(held, texts) if it["family"] == f]
-            rows.append([f, len(got), f"{sum(check(it, r) for it, r in got) / len(got):.2f}"])
-            for it, r in got[:args.show]:
-                print(f"{f}: {it['prompt']!r} -> {r!r} ({'right' if check(it, r) else 'wrong'})")
-        print("\n" + cli.table(["family", "prompts", "accuracy"], rows))
-        if args.chats:
-            items = train[:args.chats]
-            texts = replies(model, tok, items, max_new_tokens=args.max_new_tokens)
-            with open(Path(args.out_dir) / "chats.jsonl", "w") as f:
-                for it, r in zip(items, texts):
-                    f.write(json.dumps(dict(messages=[dict(role="user", content=it["prompt"]),
-                                                      dict(role="assistant", content=r)],
-                                            family=it["family"], right=check(it, r))) + "\n")
-            print(f"wrote {args.out_dir}/chats.jsonl: {len(items)} replies of {args.ckpt}, "
-                  f"{sum(check(it, r) for it, r in zip(items, texts)) / len(items):.2f} of them right")
+        measure(args, held, train)
+
+
+def measure(args, held, train):
+    """realworld.py --ckpt: the checkpoint on the held-out prompts (evaluate), a table, --out, --chats."""
+    import training
+    device, _ = cli.setup(args.device, args.seed)
+    model = training.load_model(args.ckpt, device, "realworld: --ckpt").eval()
+    tok = training.load_tokenizer(args.ckpt, model.config)
+    teacher = None
+    if args.teacher:
+        rows = next(iter(json.loads(Path(args.teacher).read_text())["runs"].values()))["rows"]
+        if [r["prompt"] for r in rows] != [it["prompt"] for it in held]:
+            raise SystemExit(f"realworld: --teacher {args.teacher} answered other prompts (run both with the same "
+                             f"--families, --per_family and --seed)")
+        teacher = [r["reply"] for r in rows]
+    t0 = time.perf_counter()
+    runs = evaluate(model, tok, held, thresholds=args.thresholds or [None], teacher=teacher,
+                    max_new_tokens=args.max_new_tokens)
+    res = dict(ckpt=str(args.ckpt), prompts=len(held), seconds=time.perf_counter() - t0, runs=runs)
+    if teacher is not None:
+        res["nelbo_bits"] = nelbo_bits(model, tok, held, teacher)
+    print(f"{args.ckpt}: {len(held)} held-out prompts in {res['seconds']:.0f} s\n")
+    first = next(iter(runs.values()))["rows"]
+    for f in args.families:
+        for r in [r for r in first if r["family"] == f][:args.show]:
+            print(f"{f}: {r['prompt']!r} -> {r['reply']!r} ({'right' if r['right'] else 'wrong'})")
+    cols = [f"accuracy_{f}" for f in args.families] + ["accuracy", "full_stop"]
+    cols += ["agree", "f1"] if teacher is not None else []
+    rows = [[k, *(f"{run[c]:.2f}" for c in cols), f"{run['tokens_per_forward']:.2f} (N {run['canvas']}; "
+             f"{run['forwards_answer']:.2f} + {run['forwards_after']:.2f})"] for k, run in runs.items()]
+    print("\n" + cli.table(["threshold", *cols, "tokens per forward (canvas; forwards: answer + after)"], rows))
+    if teacher is not None:
+        print(f"negative ELBO of the teacher's replies: {res['nelbo_bits']:.3f} bits per token")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    if args.chats:
+        items = train[:args.chats]
+        texts = replies(model, tok, items, max_new_tokens=args.max_new_tokens)
+        with open(Path(args.out_dir) / "chats.jsonl", "w") as f:
+            for it, r in zip(items, texts):
+                f.write(json.dumps(dict(messages=[dict(role="user", content=it["prompt"]),
+                                                  dict(role="assistant", content=r)],
+                                        family=it["family"], right=check(it, r))) + "\n")
+        print(f"wrote {args.out_dir}/chats.jsonl: {len(items)} replies of {args.ckpt}, "
+              f"{sum(check(it, r) for it, r in zip(items, texts)) / len(items):.2f} of them right")
 
 
 if __name__ == "__main__":

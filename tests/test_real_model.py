@@ -130,10 +130,22 @@ def test_conversions_train_two_steps_and_load_again(smollm2, tmp_path, kind):
 def test_realworld_measures_the_real_model_and_writes_its_replies(smollm2, tmp_path):
     """realworld.py --ckpt on the real model: a reply per held-out prompt through its chat template, judged and
     tabled; --chats: its replies to training prompts as a chat JSONL, which data.py prepares in its template."""
-    r = run_script("realworld.py", "--ckpt", smollm2 / "ar", "--per_family", 2, "--families", "capital,sum",
-                   "--max_new_tokens", 12, "--device", "cpu", "--out_dir", tmp_path, "--chats", 5)
+    few = ["--per_family", 2, "--families", "capital,sum", "--device", "cpu"]
+    r = run_script("realworld.py", "--ckpt", smollm2 / "ar", *few, "--max_new_tokens", 12, "--out_dir", tmp_path,
+                   "--chats", 5, "--out", tmp_path / "ar.json")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "| capital | 2 |" in r.stdout and "| sum | 2 |" in r.stdout and "wrote" in r.stdout
+    assert "| greedy |" in r.stdout and "accuracy_capital | accuracy_sum |" in r.stdout and "wrote" in r.stdout
+    ar = json.loads((tmp_path / "ar.json").read_text())["runs"]["greedy"]
+    assert len(ar["rows"]) == 4 and ar["tokens_per_forward"] == 1.0
+    # a DLM against the teacher's replies: agreement, and the negative ELBO of those replies under the DLM
+    r = run_script("realworld.py", "--ckpt", smollm2 / "dlm", *few, "--max_new_tokens", 8, "--thresholds", "0.9",
+                   "--teacher", tmp_path / "ar.json", "--out", tmp_path / "dlm.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "dlm.json").read_text())
+    assert set(res["runs"]) == {"0.9"} and 0 <= res["runs"]["0.9"]["f1"] <= 1 and 0 < res["nelbo_bits"] < 40
+    r = run_script("realworld.py", "--ckpt", smollm2 / "dlm", "--per_family", 1, "--families", "capital,sum",
+                   "--teacher", tmp_path / "ar.json")
+    assert r.returncode == 1 and "answered other prompts" in r.stderr
     chats = [json.loads(line) for line in (tmp_path / "chats.jsonl").read_text().splitlines()]
     train = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert [c["messages"][0]["content"] for c in chats] == [t["prompt"] for t in train[:5]]

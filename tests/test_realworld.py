@@ -1,10 +1,16 @@
 """realworld.py: each family's checker on replies written here (right and wrong ones: the words alone, in order),
-the split by prompt hash, and the prompts' files."""
+the split by prompt hash, the prompts' files, and evaluate's scores and counts on tiny chat models."""
 import json
+import math
+
+import pytest
+import torch
 
 import data
 import realworld as R
-from conftest import run_script
+from conftest import run_script, world_copy
+from model import Qwen3
+from tokenizer import Tokenizer
 
 
 def item(family, prompt, answer):
@@ -53,3 +59,56 @@ def test_split_is_by_prompt_hash_and_the_files_are_written(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "heldout.jsonl").read_text().splitlines()]
     assert len(rows) == 3 * len(R.FAMILIES) and set(rows[0]) == {"family", "prompt", "answer"}
     assert run_script("realworld.py").returncode == 2  # neither --ckpt nor --out_dir
+
+
+# ---- evaluate: every reply scored, counted and compared with the teacher's ---------------------------------------
+
+@pytest.fixture(scope="module")
+def chat_world(base_world, tmp_path_factory):
+    from test_chat_data import with_template
+    root = world_copy(base_world, tmp_path_factory, "realworld")
+    for name in ("ar", "block_shift"):
+        with_template(root / name, root / f"{name}_chat")
+    return root
+
+
+def test_token_f1_by_hand():
+    assert R.token_f1("Paris", "paris.") == 1.0 and R.token_f1("The capital is Paris", "Paris") == 2 / 5
+    assert R.token_f1("a a b", "a b b") == 2 * 2 / 6 and R.token_f1("x", "y") == 0.0
+    assert R.token_f1("", "") == 1.0 and R.token_f1("", "Paris") == 0.0 and R.token_f1("...", "") == 1.0
+
+
+def test_evaluate_scores_counts_and_agrees_with_a_slow_reference(chat_world):
+    """evaluate on a tiny AR model and a block DLM in a chat template: accuracy is the checker's share, an AR reply
+    costs one forward a token, a model agrees with its own replies, each DLM row's forwards split into answer and
+    after; nelbo_bits of the AR model is the plain sum of -log2 p over the answers' tokens (and <|im_end|>)."""
+    items = R.build(seed=0, n_train=0, n_heldout=2, families=("sum", "capital"))[1]
+    ar = Qwen3.from_pretrained(chat_world / "ar_chat").eval()
+    tok = Tokenizer.from_pretrained(chat_world / "ar_chat")
+    run = R.evaluate(ar, tok, items, max_new_tokens=8)["greedy"]
+    texts = [r["reply"] for r in run["rows"]]
+    assert run["accuracy"] == sum(R.check(it, t) for it, t in zip(items, texts)) / 4 and run["canvas"] == 8
+    assert run["tokens_per_forward"] == 1.0 and run["forwards_after"] == 0 and "agree" not in run
+    assert run["full_stop"] == sum(t.rstrip().endswith(".") for t in texts) / 4
+    own = R.evaluate(ar, tok, items, teacher=texts, max_new_tokens=8)["greedy"]
+    assert own["agree"] == own["f1"] == 1.0 and [r["reply"] for r in own["rows"]] == texts
+    other = R.evaluate(ar, tok, items, teacher=["Paris."] * 4, max_new_tokens=8)["greedy"]
+    assert other["agree"] == sum(t == "Paris." for t in texts) / 4
+    assert other["f1"] == pytest.approx(sum(R.token_f1(t, "Paris.") for t in texts) / 4)
+    blk = Qwen3.from_pretrained(chat_world / "block_shift_chat").eval()
+    runs = R.evaluate(blk, tok, items, thresholds=[0.5, 1.0], teacher=texts, max_new_tokens=8)
+    assert set(runs) == {"0.5", "1"}
+    for run in runs.values():
+        assert all(r["forwards_answer"] >= 1 and r["forwards_answer"] + r["forwards_after"] <= 8 for r in run["rows"])
+        assert run["tokens_per_forward"] == pytest.approx(sum(r["tokens_per_forward"] for r in run["rows"]) / 4)
+    assert all(r["tokens_per_forward"] <= 1.0 for r in runs["1"]["rows"])  # at most one token a forward at 1.0
+    end, want, n = tok.special_tokens["<|im_end|>"], 0.0, 0
+    with torch.no_grad():
+        for it, t in zip(items, texts):
+            x, y = R.prompt_ids(tok, it), tok.encode(t) + [end]
+            logp = ar(torch.tensor([x + y]))[0].float().log_softmax(-1)  # (T, V), causal
+            want -= sum(logp[len(x) + i - 1, j].item() for i, j in enumerate(y))
+            n += len(y)
+    assert R.nelbo_bits(ar, tok, items, texts) == pytest.approx(want / n / math.log(2), rel=1e-4)
+    bound = R.nelbo_bits(blk, tok, items, texts)
+    assert bound > 0 and bound == R.nelbo_bits(blk, tok, items, texts)  # fixed draws: the same number again
