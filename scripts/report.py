@@ -562,9 +562,62 @@ def repro_align_tasks(*args):
               + f" | {fmt([e[last]['task_acc@1'] for e in ev])} | {fmt([e[last]['val_nelbo'] for e in ev])} |")
 
 
+def real_world(*args):
+    """run.sh real: the real model's tables (out/real/results.md). args: OUT, then the model names."""
+    O, models = Path(args[0]), args[1:]
+    what = {"ar": "AR teacher (SmolLM2-135M-Instruct)", "ar-dpo": "AR after DPO (`dpo.py`)",
+            "dlm": "bidirectional conversion, untrained", "align0": "masked diffusion, λ = 0 (`align.py`)",
+            "align0-time": "masked diffusion, λ = 0, as long as λ = 10 takes", "align": "REPR-ALIGN, λ = 10",
+            "block": "block conversion, untrained", "distill-off": "OPDLM, off-policy (`distill.py --policy off`)",
+            "distill": "OPDLM (`distill.py`)", "merged": "REPR-ALIGN + AR-MAP (`merge.py merge`)",
+            "dlm-dpo": "REPR-ALIGN + DPO on its ELBO (`dpo.py --dlm`)"}
+    res = {m: json.loads((O / f"eval/{m}.json").read_text()) for m in models}
+    runs = {m: r["runs"] for m, r in res.items()}
+    fams = sorted(k.removeprefix("accuracy_") for k in next(iter(runs["ar"].values())) if k.startswith("accuracy_"))
+    canvas = next(iter(runs["ar"].values()))["canvas"]
+    n = res["ar"]["prompts"]
+
+    def at(m, thr="0.9"):  # an AR model's greedy run, a DLM's at thr
+        return runs[m].get("greedy") or runs[m][thr]
+
+    def trained(m):  # steps and seconds of a training run, when there was one
+        f = O / m / "results.json"
+        if not f.exists():
+            return "—"
+        r = json.loads(f.read_text())
+        return f"{r.get('steps', r.get('max_iters', '?'))} / {r['train_seconds_this_run']:.0f} s"
+
+    print(f"{n} held-out prompts ({', '.join(fams)}), each answered in the chat template, greedy, at threshold "
+          f"0.9 for the DLMs; a checker judges each reply; agreement: the reply equals the teacher's, F1: their "
+          f"words' overlap; tokens per forward on a canvas of N = {canvas} slots, each row's forwards split into "
+          f"those that committed its answer and those spent only on slots after it; −ELBO: the teacher's replies "
+          f"under the model, bits per token (exact for the AR models, the bound for DLMs).\n")
+
+    def row(m):
+        r = at(m)
+        return [what[m], *(f"{r[f'accuracy_{f}']:.2f}" for f in fams), f"{r['accuracy']:.2f}",
+                f"{r.get('agree', 1.0):.2f}", f"{r.get('f1', 1.0):.2f}", f"{r['full_stop']:.2f}",
+                f"{r['tokens_per_forward']:.2f} ({r['forwards_answer']:.2f} + {r['forwards_after']:.2f})",
+                f"{res[m]['nelbo_bits']:.3f}" if "nelbo_bits" in res[m] else "—", trained(m)]
+    print(cli.table(["model", *fams, "all", "agree", "F1", "full stop", "tokens per forward (answer + after)",
+                     "−ELBO", "steps / train time"], [row(m) for m in models]))
+    dlms = [m for m in models if "greedy" not in runs[m]]
+    ts = list(runs[dlms[0]]) if dlms else []
+    print("\nAccuracy against parallelism: accuracy / tokens per forward at each threshold\n")
+    print(cli.table(["model", *(f"threshold {t}" for t in ts)],
+                    [[m, *(f"{runs[m][t]['accuracy']:.2f} / {runs[m][t]['tokens_per_forward']:.2f}" for t in ts)]
+                     for m in dlms]))
+    if (O / "merged/merge.json").exists():
+        merge = json.loads((O / "merged/merge.json").read_text())
+        k = merge["gammas"].index(merge["best_gamma"])
+        print(f"\nAR-MAP: γ = {merge['best_gamma']:g} chosen on {merge['train']['n_pairs']} training pairs (reward "
+              f"accuracy {merge['train']['reward_accuracy'][k]:.3f}); held-out reward accuracy "
+              f"{merge['heldout']['reward_accuracy'][k]:.3f}")
+
+
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
-                                  repro_mark)}
+                                  repro_mark, real_world)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

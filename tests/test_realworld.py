@@ -112,3 +112,18 @@ def test_evaluate_scores_counts_and_agrees_with_a_slow_reference(chat_world):
     assert R.nelbo_bits(ar, tok, items, texts) == pytest.approx(want / n / math.log(2), rel=1e-4)
     bound = R.nelbo_bits(blk, tok, items, texts)
     assert bound > 0 and bound == R.nelbo_bits(blk, tok, items, texts)  # fixed draws: the same number again
+
+
+def test_full_stop_pairs_in_the_chat_template(chat_world, tmp_path):
+    """stop_pairs: a reply with and without its closing full stop, the rest the model's own; data.tokenized_pairs
+    reads such a chat pair as the user turn in the template and each response closed by <|im_end|>."""
+    items = [item("sum", "What is 1 + 2?", "3"), item("capital", "Capital of Peru?", "Lima"), item("sum", "x", "1")]
+    pairs = R.stop_pairs(items, ["3", "It is Lima. ", "."])
+    assert pairs == [dict(prompt="What is 1 + 2?", chosen="3.", rejected="3", chat=True),
+                     dict(prompt="Capital of Peru?", chosen="It is Lima.", rejected="It is Lima", chat=True)]
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    tok = Tokenizer.from_pretrained(chat_world / "ar_chat")
+    (x, yw, yl), _ = data.tokenized_pairs(f, tok, 200)
+    end = tok.special_tokens["<|im_end|>"]
+    assert x == R.prompt_ids(tok, items[0]) and yw == tok.encode("3.") + [end] and yl == tok.encode("3") + [end]
