@@ -167,7 +167,7 @@ if __name__ == "__main__":
         out = diffusion.fixed_mask_eval(student, val_batches, ctx)
         out = out if cosines is None else dict(out, val_cos=cosines(student).tolist())
         student.train()
-        return dict(out, **run.task_eval(student, tok))  # --tasks: exact match, by eval.py
+        return dict(out, **training.task_eval(run, student, tok))  # --tasks: exact match, by eval.py
 
     # ---- training --------------------------------------------------------------------------------
     fpt = training.flops_per_token(student, args.seq_len, forward_only=teacher)

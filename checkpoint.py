@@ -228,7 +228,8 @@ def safetensors_names(f):
 def open_weights(paths, config_class, who="merge"):
     """-> one {tensor name: safe_open handle} per checkpoint directory (nothing read yet; the stored lm_head of a
     checkpoint whose config (config_class, e.g. model.Qwen3Config) is tied left out: it is the embedding), after
-    checking that all hold the same names and shapes; a one-line exit naming `who` otherwise."""
+    checking that all hold the same names and shapes (an embedding's rows up to those convert.py appends for a mask
+    token: rows_with_mask); a one-line exit naming `who` otherwise."""
     from safetensors import SafetensorError, safe_open
     handles = []
     for path in paths:
@@ -241,9 +242,11 @@ def open_weights(paths, config_class, who="merge"):
         except (FileNotFoundError, OSError, ValueError, SafetensorError) as e:
             raise SystemExit(f"{who}: {path}: {e}")
         handles.append(h)
+    def same(a, b):  # equal, or an embedding with convert.py's mask rows appended to the other's (rows_with_mask)
+        return a == b or len(a) == 2 and a[1:] == b[1:] and rows_with_mask(min(a[0], b[0])) == max(a[0], b[0])
     shapes = [{k: tuple(sf.get_slice(k).get_shape()) for k, sf in h.items()} for h in handles]
     for path, sh in zip(paths[1:], shapes[1:]):
-        if sh != shapes[0]:
+        if sh.keys() != shapes[0].keys() or not all(same(s, shapes[0][k]) for k, s in sh.items()):
             diff = sorted(set(sh.items()) ^ set(shapes[0].items()))[:2]
             raise SystemExit(f"{who}: {path} and {paths[0]} hold different tensors (names or shapes), e.g. {diff}: "
                              f"they are not the same model")

@@ -142,7 +142,7 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
     """The training-loop flags every training script shares, with that script's defaults (max_iters, batch_size,
     seq_len, lr, min_lr, warmup, eval_interval, eval_batches). frozen: what the script's frozen model is (e.g. "the
     teacher"), for its --frozen_dtype flag (frozen_dtype); None: the script has none. tasks: the threshold the
-    --tasks evaluation decodes at, in words (Run.task_eval); None: no --tasks. answers: --loss_after (answers_only);
+    --tasks evaluation decodes at, in words (task_eval); None: no --tasks. answers: --loss_after (answers_only);
     "chat": --assistant_only too (loss_targets)."""
     d = dict(grad_accum=1, weight_decay=0.1, grad_clip=1.0, **defaults)
     helps = dict(max_iters="optimizer steps in all", batch_size="sequences per micro-batch",

@@ -195,10 +195,10 @@ if __name__ == "__main__":
     eval_items = pool[:args.eval_batches * args.batch_size]
     ends = tok.end_ids(c)  # every end id the student declares: rollouts stop at any, the loss ends at the first
 
-    def run_eval():  # at the final length --rollout_max; --tasks: exact match, by eval.py
+    def run_eval():  # at the final length --rollout_max; --tasks: exact match, by eval.py, at --threshold
         return dict(evaluate(student, teacher, eval_items, args.rollout_max, batch_size=args.batch_size, ctx=ctx,
-                             vocab_size=tok.vocab_size, eos_id=ends, pad_id=tok.eos_id, threshold=args.threshold,
-                             temperature=args.temperature), **run.task_eval(student, tok, threshold=args.threshold))
+                             vocab_size=tok.vocab_size, eos_id=ends, pad_id=tok.eos_id, temperature=args.temperature,
+                             threshold=args.threshold), **training.task_eval(run, student, tok))
     print(f"student: {student.num_params() / 1e6:.2f}M parameters, block {c.block_size}, shift={c.shift}; teacher "
           f"{teacher.config.path} ({str(teacher.lm_head.weight.dtype).removeprefix('torch.')}); {len(pool)} prompts")
 

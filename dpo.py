@@ -106,8 +106,7 @@ if __name__ == "__main__":
     run = training.Run(args, "dpo")  # its generator draws the batches
     device, ctx = run.device, run.ctx
     def load_ar(dtype=torch.float32):
-        return training.load_model(args.ar, device, "dpo: --ar", dtype=dtype,
-                                   attn=None if args.dlm else "causal")
+        return training.load_model(args.ar, device, "dpo: --ar", dtype=dtype, attn=None if args.dlm else "causal")
     policy = run.start(load_ar)
     if args.dlm:
         training.require_dlm(policy.config, f"--ar {args.ar}", "dpo --dlm")

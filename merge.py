@@ -90,7 +90,7 @@ def spectrum(ar, aligned, dlm, device="cpu"):
     for name in tqdm(sorted(h_ar), desc="spectrum", leave=False):
         w = read_tensor(h_ar, name, device)
         pref = spectral_norm(read_tensor(h_al, name, device) - w)  # τ_pref = W_AR_aligned − W_AR
-        diff = spectral_norm(w - read_tensor(h_dlm, name, device))  # τ_diff = W_AR − W_DLM
+        diff = spectral_norm(w - read_tensor(h_dlm, name, device)[:len(w)])  # τ_diff = W_AR − W_DLM, the AR's rows
         rows.append(dict(name=name, type=layer_type(name), diff=diff, pref=pref,
                          ratio=diff / pref if pref else math.inf))
     return rows
@@ -138,11 +138,12 @@ def dare(delta, drop, generator):
     return delta * keep / (1 - drop)  # τ̃ = m ⊙ τ / (1 − p), m_i ~ Bernoulli(1 − p)
 
 
-def task_deltas(handles, names, *, method, density, drop, seed, device):
-    """{name: Δ} of τ_pref = W_AR_aligned − W_AR per tensor: linear (τ_pref), ties (density) or dare (drop, seed)."""
+def task_deltas(handles, shapes, *, method, density, drop, seed, device):
+    """{name: Δ} of τ_pref = W_AR_aligned − W_AR per DLM tensor (shapes): linear, ties or dare; 0 on its mask rows."""
     (h_ar, h_al), g, delta = handles, torch.Generator().manual_seed(seed), {}
-    for name in tqdm(names, desc=f"task vector ({method})", leave=False):
+    for name, shape in tqdm(shapes.items(), desc=f"task vector ({method})", leave=False):
         tau = read_tensor(h_al, name) - read_tensor(h_ar, name)  # τ_pref = W_AR_aligned − W_AR
+        tau = torch.cat([tau, tau.new_zeros(shape[0] - len(tau), *shape[1:])])  # 0 on the appended rows, if any
         delta[name] = (ties([tau], density) if method == "ties" else dare(tau, drop, g)
                        if method == "dare" else tau).to(device)  # linear: Δ = τ_pref
     return delta
@@ -209,7 +210,7 @@ def cmd_merge(args):
     tok = training.load_tokenizer(args.dlm, model.config)
     train, heldout = (data.tokenized_pairs(f, tok, SEQ_LEN, "merge") for f in (args.pairs, args.heldout))
     train = random.Random(args.seed).sample(train, min(args.n_select, len(train)))  # the γ search's sample
-    delta = task_deltas(handles[:2], [n for n, _ in model.named_parameters()], method=args.method,
+    delta = task_deltas(handles[:2], {n: q.shape for n, q in model.named_parameters()}, method=args.method,
                         density=args.density, drop=args.drop, seed=args.seed, device=device)
     W0 = {n: q.detach().clone() for n, q in model.named_parameters()}  # W_DLM, the one saved copy
     gammas = args.gammas

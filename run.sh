@@ -135,15 +135,20 @@ stage corpus    $D/chat/meta.json       "$PYTHON" data.py --source $D/chats.json
                                           --val_fraction 0.1
 stage convert   $O/dlm/config.json      "$PYTHON" convert.py --ar $AR --out_dir $O/dlm --attn bidirectional
 stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir $O/block --attn block --block_size 4
-# the arms see the same number of sequences (batch 8 x steps); λ = 10 costs about 1.25 λ = 0 steps (the teacher's
-# forward), so align0-time trains λ = 0 for as long as λ = 10 takes
+# the arms see the same number of sequences (batch 8 x steps); a λ = 10 step also runs the teacher, so align0-time
+# trains λ = 0 for as long as λ = 10 took: its steps from the two runs' median step times
 LOOP=(--seq_len $SEQ --batch_size 8 --eval_interval $EVERY --eval_batches 2 --weights_only)
 ALIGN=(--init $O/dlm --data $D/chat --assistant_only "${LOOP[@]}" --samples 0 --ckpt_interval 1000)
 stage align-λ0  $O/align0/results.json  "$PYTHON" align.py "${ALIGN[@]}" --max_iters $STEPS --lambda_align 0 \
                                           --out_dir $O/align0
 stage align     $O/align/results.json   "$PYTHON" align.py "${ALIGN[@]}" --max_iters $STEPS --out_dir $O/align
-stage align-λ0-time $O/align0-time/results.json "$PYTHON" align.py "${ALIGN[@]}" --max_iters $((STEPS * 5 / 4)) \
-                                          --lambda_align 0 --out_dir $O/align0-time
+steps_like() {  # steps_like RUN OTHER STEPS: the steps of OTHER that take as long as STEPS of RUN
+  "$PYTHON" -c 'import json, sys; a, b = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[1:3])
+print(max(1, round(int(sys.argv[3]) * a / b)))' "$@"
+}
+stage align-λ0-time $O/align0-time/results.json "$PYTHON" align.py "${ALIGN[@]}" \
+                                          --max_iters "$(steps_like $O/align $O/align0 $STEPS)" --lambda_align 0 \
+                                          --out_dir $O/align0-time
 DISTILL=(--init $O/block --teacher $AR --data $D/chat "${LOOP[@]}" --rollout_min $N --rollout_max $N
          --curriculum_steps 0 --max_iters $DSTEPS)
 stage distill   $O/distill/results.json "$PYTHON" distill.py "${DISTILL[@]}" --out_dir $O/distill

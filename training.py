@@ -52,7 +52,7 @@ class Run:
                              "--nproc_per_node=N, or drop --fsdp")
         self.gen = torch.Generator(self.device if generator == "device" else "cpu").manual_seed(args.seed)
         self.at, self.checkpoint, self.state, self.first = None, None, None, 0  # the next step; the last checkpoint
-        self.last_eval, self.last_eval_step, self.tasks = {}, None, None  # tasks: the --tasks child (task_eval)
+        self.last_eval, self.last_eval_step, self.tasks = {}, None, None  # tasks: task_eval's --tasks child
         sys.excepthook = lambda kind, value, tb: cli.interrupted(kind, value, tb, self.where())
         frozen = getattr(args, "frozen_dtype", "auto")
         self.frozen_dtype = ((torch.bfloat16 if self.device.type == "cuda" else torch.float32) if frozen == "auto"
@@ -218,21 +218,6 @@ class Run:
             text = json.dumps(dict(results, **self.timing(), world_size=self.world_size), indent=2) + "\n"
             (self.out_dir / "results.json").write_text(text)
 
-    def task_eval(self, model, tokenizer, *, threshold=0.9):
-        """--tasks: runner.TaskEval's record of this step's weights (--tasks_n prompts a family, at `threshold` and
-        each --tasks_also); {} without --tasks and on ranks but 0."""
-        if not getattr(self.args, "tasks", None):
-            return {}
-        full = runner.full_state_dict(model) if self.fsdp else None  # every rank takes part; rank 0 receives
-        rec = {}
-        if self.is_main:
-            if self.tasks is None:
-                self.tasks = runner.TaskEval(self.args.tasks, self.args.tasks_n, [threshold, *self.args.tasks_also],
-                                             self.out_dir, self.device, self.who)
-            rec = self.tasks(model, tokenizer, save_dtype(model.config, self.args.save_dtype), full)
-        runner.barrier()
-        return rec
-
     def where(self):
         """The Ctrl-C message's end: the step the run is at, and the checkpoint --resume would continue from."""
         at = "" if self.at is None else f" at step {self.at}"
@@ -240,6 +225,23 @@ class Run:
             return at + (", before the first checkpoint: nothing to resume" if self.at is not None else "")
         last = f"{at}; the last checkpoint is step {self.checkpoint} in {self.out_dir}"
         return last + (" (weights only: not resumable)" if self.args.weights_only else ": rerun with --resume")
+
+
+def task_eval(run, model, tokenizer):
+    """--tasks: runner.TaskEval's record of this step's weights (--tasks_n prompts a family, at the run's --threshold,
+    0.9 without one, and each --tasks_also), its child process started once per run; {} without --tasks and on ranks
+    but 0."""
+    if not getattr(run.args, "tasks", None):
+        return {}
+    full = runner.full_state_dict(model) if run.fsdp else None  # every rank takes part; rank 0 receives
+    rec = {}
+    if run.is_main:
+        if run.tasks is None:
+            thresholds = [getattr(run.args, "threshold", 0.9), *run.args.tasks_also]
+            run.tasks = runner.TaskEval(run.args.tasks, run.args.tasks_n, thresholds, run.out_dir, run.device, run.who)
+        rec = run.tasks(model, tokenizer, save_dtype(model.config, run.args.save_dtype), full)
+    runner.barrier()
+    return rec
 
 
 def model_flops_per_token(model, seq_len):

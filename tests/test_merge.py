@@ -388,3 +388,30 @@ def test_bad_inputs_give_one_line_errors(world, tmp_path):
     assert r.returncode == 1 and "merge pairs:" in r.stderr and not (tmp_path / "p").exists()  # no empty directory
     r = run("pairs", "--data", world / "data", "--out_dir", tmp_path / "p2")  # a corpus without quotes
     assert r.returncode == 1 and "quotes" in r.stderr and not (tmp_path / "p2").exists()
+
+
+def test_a_dlm_with_appended_mask_rows_merges_on_the_ar_rows(tmp_path):
+    """A vocabulary that uses every embedding row (SmolLM2's) gets mask rows appended by convert.py: open_weights
+    takes the AR pair and that DLM as one model, task_deltas gives τ_pref on the AR's rows and 0 on the appended
+    ones, and any other difference in shape is still refused."""
+    from checkpoint import open_weights
+    from model import Qwen3Config
+    ar = Qwen3(preset("micro", vocab_size=259)).init_weights(0)  # the byte tokenizer's 259 ids: every row used
+    tok = Tokenizer.byte_level()
+    for name, m in (("ar", ar), ("aligned", Qwen3(preset("micro", vocab_size=259)).init_weights(1))):
+        m.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    convert.convert(tmp_path / "ar", tmp_path / "dlm", "bidirectional")
+    dlm = Qwen3.from_pretrained(tmp_path / "dlm")
+    assert dlm.config.vocab_size == 320 and dlm.config.mask_token_id == 259
+    handles = open_weights([tmp_path / "ar", tmp_path / "aligned", tmp_path / "dlm"], Qwen3Config)
+    shapes = {n: q.shape for n, q in dlm.named_parameters()}
+    delta = merge.task_deltas(handles[:2], shapes, method="linear", density=1, drop=0, seed=0, device="cpu")
+    al = Qwen3.from_pretrained(tmp_path / "aligned")
+    for n, q in al.named_parameters():
+        want = q.detach() - ar.get_parameter(n).detach()
+        assert delta[n].shape == shapes[n] and torch.allclose(delta[n][:len(want)], want, atol=1e-6), n
+    assert (delta["model.embed_tokens.weight"][259:] == 0).all()
+    Qwen3(preset("micro", vocab_size=384)).init_weights(0).save_pretrained(tmp_path / "other")
+    with pytest.raises(SystemExit, match="different tensors"):
+        open_weights([tmp_path / "ar", tmp_path / "other"], Qwen3Config)

@@ -2,6 +2,7 @@
 the split by prompt hash, the prompts' files, and evaluate's scores and counts on tiny chat models."""
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -127,3 +128,31 @@ def test_full_stop_pairs_in_the_chat_template(chat_world, tmp_path):
     (x, yw, yl), _ = data.tokenized_pairs(f, tok, 200)
     end = tok.special_tokens["<|im_end|>"]
     assert x == R.prompt_ids(tok, items[0]) and yw == tok.encode("3.") + [end] and yl == tok.encode("3") + [end]
+
+
+def test_run_sh_real_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
+    """bash run.sh real, two steps a stage, on the tiny chat AR model in place of SmolLM2 (REAL_AR): every stage
+    runs, each model is scored, and the table names every model with its numbers."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT, randomise
+    ar = tmp_path / "ar"  # larger random weights than init_weights': replies of varied bytes, not an end token at once
+    shutil.copytree(chat_world / "ar_chat", ar)
+    randomise(Qwen3.from_pretrained(ar), seed=1).save_pretrained(ar)
+    env = dict(os.environ, PYTHON=sys.executable, REAL_AR=str(ar), REAL_DATA=str(tmp_path / "d"),
+               REAL_OUT=str(tmp_path / "o"), REAL_PER_FAMILY="2", REAL_CHATS="24", REAL_CANVAS="8", REAL_STEPS="2",
+               REAL_DISTILL_STEPS="2", REAL_DPO_STEPS="2", REAL_SEQ_LEN="160", REAL_EVAL_INTERVAL="1",
+               REAL_THRESHOLDS="0.9,1")
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    table = (tmp_path / "o" / "results.md").read_text()
+    for name in ("AR teacher", "REPR-ALIGN, λ = 10", "as long as λ = 10 takes", "OPDLM (`distill.py`)",
+                 "off-policy", "AR-MAP", "DPO on its ELBO", "threshold 0.9 | threshold 1", "AR-MAP: γ ="):
+        assert name in table, name
+    ar = json.loads((tmp_path / "o" / "eval" / "ar.json").read_text())
+    assert ar["prompts"] == 4 and len((tmp_path / "d" / "pairs_heldout.jsonl").read_text().splitlines()) <= 4
+    for m in ("align", "distill", "merged", "dlm-dpo"):
+        res = json.loads((tmp_path / "o" / "eval" / f"{m}.json").read_text())
+        assert set(res["runs"]) == {"0.9", "1"} and res["nelbo_bits"] > 0
