@@ -175,7 +175,8 @@ def nelbo_bits(model, tok, items, answers, *, n_draws=4, seed=1337, batch_size=1
     DLM) estimated from n_draws fixed draws of (t, mask) per answer, the same draws for every model."""
     import diffusion
     end = tok.special_tokens.get("<|im_end|>", tok.eos_id)
-    pairs = [(prompt_ids(tok, it), tok.encode(a) + [end], tok.encode(a) + [end]) for it, a in zip(items, answers)]
+    ys = [tok.encode(a) + [end] for a in answers]
+    pairs = [(prompt_ids(tok, it), y, y) for it, y in zip(items, ys)]
     longest = max(len(x) + len(y) for x, y, _ in pairs)
     draws = None if model.config.attn == "causal" else diffusion.draw_masks(len(pairs), n_draws, longest, seed)
     logp = diffusion.all_logps(model, pairs, draws, batch_size)[:, 0]  # a pair's two answers are the same one here
