@@ -91,6 +91,14 @@ def build(*, seed=1337, n_train=2000, n_heldout=50, families=FAMILIES, heldout_f
     return train, [it for f in families for it in held[f]]
 
 
+def validation(train, families, n):
+    """The validation prompts: per family the first n of the training prompts' second half, which no chat data
+    reaches (--chats takes the first training prompts, at most half of them). Learning rates are chosen on these,
+    never on the held-out prompts."""
+    half = train[len(train) // 2:]
+    return [it for f in families for it in [it for it in half if it["family"] == f][:n]]
+
+
 def prompt_ids(tok, item):
     """The item's prompt as one user turn in the checkpoint's chat template, ready for its answer."""
     return tok.apply_chat_template([{"role": "user", "content": item["prompt"]}])
@@ -144,16 +152,17 @@ def stop_pairs(items, replies):
     return out
 
 
-def evaluate(model, tok, items, *, thresholds=(None,), teacher=None, max_new_tokens=32, batch_size=16):
-    """Every item answered at each threshold (None: the sampler's default; an AR model once, greedy) -> {threshold:
+def evaluate(model, tok, items, *, thresholds=(None,), teacher=None, max_new_tokens=32, batch_size=16, cache="none"):
+    """Every item answered at each threshold (None: the sampler's default; an AR model once, greedy; cache: the
+    masked-diffusion sampler's KV cache, sample.diffusion_generate) -> {threshold:
     dict(accuracy, accuracy_<family>, agree (the reply is the teacher's, exactly), f1 (token_f1 with the teacher's),
     full_stop (its share), tokens_per_forward (the mean over replies), forwards_answer, forwards_after, canvas N,
     rows: one dict per item, for paired tests)}. teacher: the teacher's replies, one per item (None: not scored)."""
-    out = {}
+    out, kw = {}, dict(cache=cache) if model.config.attn == "bidirectional" else {}
     for thr in [None] if model.config.attn == "causal" else thresholds:
         counts = []
         texts = replies(model, tok, items, batch_size=batch_size, max_new_tokens=max_new_tokens, counts=counts,
-                        **({} if thr is None else dict(threshold=thr)))
+                        **kw, **({} if thr is None else dict(threshold=thr)))
         rows = [dict(family=it["family"], prompt=it["prompt"], reply=r, right=check(it, r), full_stop=full_stop(r),
                      **c, **({} if teacher is None else dict(agree=r == teacher[k], f1=token_f1(r, teacher[k]))))
                 for k, (it, r, c) in enumerate(zip(items, texts, counts))]
@@ -185,9 +194,14 @@ def nelbo_bits(model, tok, items, answers, *, n_draws=4, seed=1337, batch_size=1
 
 def main():
     p = cli.parser(__doc__)
-    p.add_argument("--ckpt", default=None, help="measure this checkpoint on the held-out prompts")
+    p.add_argument("--ckpt", default=None, help="measure this checkpoint on the held-out (or --split validation) prompts")
     p.add_argument("--out_dir", default=None, help="write train.jsonl and heldout.jsonl (the prompts and answers)")
-    p.add_argument("--per_family", type=int, default=40, help="held-out prompts per family")
+    p.add_argument("--per_family", type=int, default=40, help="held-out (or validation) prompts per family")
+    p.add_argument("--split", default="heldout", choices=("heldout", "validation"), help="--ckpt answers the "
+                   "held-out prompts (the test) or the validation ones (training prompts no chat data reaches: "
+                   "learning rates are chosen there)")
+    p.add_argument("--cache", default="none", choices=cli.CACHES, help="masked diffusion: the sampler's KV cache "
+                   "(dual: Fast-dLLM's approximate cache; none: exact)")
     p.add_argument("--families", type=cli.comma_list(choices=FAMILIES, what="families"), default=list(FAMILIES))
     p.add_argument("--max_new_tokens", type=int, default=32, help="the replies' length: at most (AR), the canvas N "
                    "(DLMs)")
@@ -208,7 +222,12 @@ def main():
         p.error("give --ckpt (measure a checkpoint) or --out_dir (write the prompts), or both")
     if args.chats and not (args.ckpt and args.out_dir):
         p.error("--chats needs --ckpt (whose replies) and --out_dir (where chats.jsonl goes)")
+    if args.chats and args.split != "heldout":
+        p.error("--chats writes the held-out preference pairs: run it with --split heldout")
     train, held = build(seed=args.seed, n_heldout=args.per_family, families=args.families)
+    if args.chats > len(train) // 2:
+        p.error(f"--chats {args.chats}: at most {len(train) // 2} (the second half of the training prompts is the "
+                f"validation split)")
     if args.out_dir:
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -216,7 +235,8 @@ def main():
             (out / f"{name}.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
         print(f"wrote {out}: {len(train)} train, {len(held)} held-out prompts")
     if args.ckpt:
-        measure(args, held, train)
+        measure(args, validation(train, args.families, args.per_family) if args.split == "validation" else held,
+                train)
 
 
 def measure(args, held, train):
@@ -234,11 +254,11 @@ def measure(args, held, train):
         teacher = [r["reply"] for r in rows]
     t0 = time.perf_counter()
     runs = evaluate(model, tok, held, thresholds=args.thresholds or [None], teacher=teacher,
-                    max_new_tokens=args.max_new_tokens)
-    res = dict(ckpt=str(args.ckpt), prompts=len(held), seconds=time.perf_counter() - t0, runs=runs)
+                    max_new_tokens=args.max_new_tokens, cache=args.cache)
+    res = dict(ckpt=str(args.ckpt), split=args.split, cache=args.cache, prompts=len(held), seconds=time.perf_counter() - t0, runs=runs)
     if teacher is not None:
         res["nelbo_bits"] = nelbo_bits(model, tok, held, teacher)
-    print(f"{args.ckpt}: {len(held)} held-out prompts in {res['seconds']:.0f} s\n")
+    print(f"{args.ckpt}: {len(held)} {args.split} prompts in {res['seconds']:.0f} s\n")
     first = next(iter(runs.values()))["rows"]
     for f in args.families:
         for r in [r for r in first if r["family"] == f][:args.show]:

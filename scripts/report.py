@@ -614,10 +614,56 @@ def real_world(*args):
               f"accuracy {merge['train']['reward_accuracy'][k]:.3f}); held-out reward accuracy "
               f"{merge['heldout']['reward_accuracy'][k]:.3f}")
 
+SWEEP_ARMS = {"align0": "nelbo", "align": "nelbo", "distill": "nelbo", "distill-off": "nelbo", "ar-dpo": "stop",
+              "dlm-dpo": "stop"}  # each arm's rule, named before the sweep ran (scripts/repro_real.sh)
+
+
+def sweep_choice(S, arm, rates, start=None):
+    """The rate a sweep chooses: "nelbo", the lowest −ELBO of the teacher's validation replies; "stop", the highest
+    full-stop share among the rates whose −ELBO is at most 0.5 bits per token above the start model's (ties: the
+    lower −ELBO; none within: the lowest −ELBO). -> (rate, {rate: validation results})."""
+    val = {r: json.loads((Path(S) / f"eval/{arm}-{r}.json").read_text()) for r in rates}
+    nelbo = {r: v["nelbo_bits"] for r, v in val.items()}
+    ok = [r for r in rates if start is not None and nelbo[r] <= start + 0.5]
+    if SWEEP_ARMS[arm] == "stop" and ok:
+        stop = {r: next(iter(val[r]["runs"].values()))["full_stop"] for r in ok}
+        return max(ok, key=lambda r: (stop[r], -nelbo[r])), val
+    return min(rates, key=nelbo.get), val
+
+
+def real_sweep(*args):
+    """repro_real.sh: the rate an arm's sweep chooses, printed. args: S, ARM, START (an eval/ file's stem: the
+    model DPO starts from; - for none), RATES (space-separated)."""
+    S, arm, start, rates = args[0], args[1], args[2], args[3].split()
+    start = None if start == "-" else json.loads((Path(S) / f"eval/{start}.json").read_text())["nelbo_bits"]
+    print(sweep_choice(S, arm, rates, start)[0])
+
+
+def real_sweep_table(*args):
+    """repro_real.sh: the sweep's table. args: S, RATES, DPO_RATES."""
+    S = Path(args[0])
+    starts = {"ar-dpo": "ar-self", "dlm-dpo": "dlm-dpo-start"}
+    print("Validation prompts (realworld.py --split validation), seed 1337: −ELBO of the teacher's replies (bits per "
+          "token), accuracy, full-stop share (threshold 0.9 for DLMs, dual cache); * the chosen rate.\n")
+    rows = []
+    for arm, rule in SWEEP_ARMS.items():
+        rates = (args[2] if rule == "stop" else args[1]).split()
+        if not all((S / f"eval/{arm}-{r}.json").exists() for r in rates):
+            continue
+        start = starts.get(arm)
+        start = json.loads((S / f"eval/{start}.json").read_text())["nelbo_bits"] if start else None
+        best, val = sweep_choice(S, arm, rates, start)
+        for r in rates:
+            run = next(iter(val[r]["runs"].values()))
+            rows.append([arm, rule + ("" if start is None else f" (start {start:.3f})"), r + " *" * (r == best),
+                         f"{val[r]['nelbo_bits']:.3f}", f"{run['accuracy']:.2f}", f"{run['full_stop']:.2f}",
+                         f"{run['f1']:.2f}"])
+    print(cli.table(["arm", "rule", "rate", "−ELBO", "accuracy", "full stop", "F1"], rows))
+
 
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
-                                  repro_mark, real_world)}
+                                  repro_mark, real_world, real_sweep, real_sweep_table)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:
