@@ -194,7 +194,8 @@ def nelbo_bits(model, tok, items, answers, *, n_draws=4, seed=1337, batch_size=1
 
 def main():
     p = cli.parser(__doc__)
-    p.add_argument("--ckpt", default=None, help="measure this checkpoint on the held-out (or --split validation) prompts")
+    p.add_argument("--ckpt", default=None, help="measure this checkpoint on the held-out (or --split validation) "
+                   "prompts")
     p.add_argument("--out_dir", default=None, help="write train.jsonl and heldout.jsonl (the prompts and answers)")
     p.add_argument("--per_family", type=int, default=40, help="held-out (or validation) prompts per family")
     p.add_argument("--split", default="heldout", choices=("heldout", "validation"), help="--ckpt answers the "
@@ -255,7 +256,8 @@ def measure(args, held, train):
     t0 = time.perf_counter()
     runs = evaluate(model, tok, held, thresholds=args.thresholds or [None], teacher=teacher,
                     max_new_tokens=args.max_new_tokens, cache=args.cache)
-    res = dict(ckpt=str(args.ckpt), split=args.split, cache=args.cache, prompts=len(held), seconds=time.perf_counter() - t0, runs=runs)
+    res = dict(ckpt=str(args.ckpt), split=args.split, cache=args.cache, prompts=len(held),
+               seconds=time.perf_counter() - t0, runs=runs)
     if teacher is not None:
         res["nelbo_bits"] = nelbo_bits(model, tok, held, teacher)
     print(f"{args.ckpt}: {len(held)} {args.split} prompts in {res['seconds']:.0f} s\n")

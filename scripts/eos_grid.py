@@ -12,14 +12,13 @@ needed), the paired t-test over prompts; Holm's correction across the six tests 
 metrics). Writes OUT/eos_grid.json (every row, every prompt's outcome) and prints the tables (markdown).
 """
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules
 import cli  # noqa: E402
-from scripts.report import t_two_sided  # noqa: E402
+from scripts.report import holm, mcnemar, paired_t  # noqa: E402
 
 RULES = [("free", 0.0), ("last", 0.0), ("penalty", 1.0), ("penalty", 3.0)]
 THRESHOLDS = (0.5, 0.7, 0.9, 1.0)
@@ -28,36 +27,6 @@ CANVASES = (6, 16)
 
 def name(rule):
     return rule[0] if rule[0] != "penalty" else f"penalty {rule[1]:g}"
-
-
-def mcnemar(a, b):
-    """Two-sided exact McNemar p of paired booleans a, b (lists): the binomial test on the discordant pairs."""
-    n01 = sum(x and not y for x, y in zip(a, b))
-    n10 = sum(y and not x for x, y in zip(a, b))
-    n, k = n01 + n10, min(n01, n10)
-    if n == 0:
-        return 1.0
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
-
-
-def paired_t(a, b):
-    """Two-sided p of the paired t-test of b - a (lists of numbers); 1 when every difference is 0."""
-    d = [y - x for x, y in zip(a, b)]
-    n, m = len(d), sum(d) / len(d)
-    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
-    if sd == 0:
-        return 1.0 if m == 0 else 0.0
-    return t_two_sided(m / (sd / math.sqrt(n)), n - 1)
-
-
-def holm(ps):
-    """Holm-adjusted p-values, in the order given."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    out, run = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
-        out[i] = run
-    return out
 
 
 def summary(rows):

@@ -33,6 +33,36 @@ def t_two_sided(t, df):
     return max(0.0, 1 - 2 * area)
 
 
+def mcnemar(a, b):
+    """Two-sided exact McNemar p of paired booleans a, b (lists): the binomial test on the discordant pairs."""
+    n01 = sum(x and not y for x, y in zip(a, b))
+    n10 = sum(y and not x for x, y in zip(a, b))
+    n, k = n01 + n10, min(n01, n10)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def paired_t(a, b):
+    """Two-sided p of the paired t-test of b - a (lists of numbers); 1 when every difference is 0."""
+    d = [y - x for x, y in zip(a, b)]
+    n, m = len(d), sum(d) / len(d)
+    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
+    if sd == 0:
+        return 1.0 if m == 0 else 0.0
+    return t_two_sided(m / (sd / math.sqrt(n)), n - 1)
+
+
+def holm(ps):
+    """Holm-adjusted p-values, in the order given."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, run = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = run
+    return out
+
+
 def paired(a, b):
     """b against a, seed by seed (the same seeds in the same order) -> "mean ± sd of b - a, t, p (two-sided, paired
     t-test), ahead in k/n" (ahead: b > a)."""
@@ -651,7 +681,8 @@ def real_sweep_table(*args):
         if not all((S / f"eval/{arm}-{r}.json").exists() for r in rates):
             continue
         start = starts.get(arm)
-        start = json.loads((S / f"eval/{start}.json").read_text())["nelbo_bits"] if start else None
+        start = start and S / f"eval/{start}.json"
+        start = json.loads(start.read_text())["nelbo_bits"] if start and start.exists() else None
         best, val = sweep_choice(S, arm, rates, start)
         for r in rates:
             run = next(iter(val[r]["runs"].values()))
@@ -661,9 +692,47 @@ def real_sweep_table(*args):
     print(cli.table(["arm", "rule", "rate", "−ELBO", "accuracy", "full stop", "F1"], rows))
 
 
+# The real world's tests, named before the seeds ran (docs/results.md, "The verdict protocol"): per claims row, the
+# comparisons (baseline, arm) and per comparison the metrics: a boolean by McNemar's exact test, a number by the
+# paired t-test, over every held-out prompt of every seed (threshold 0.9; Holm across the row's tests).
+VERDICT_ROWS = [("REPR-ALIGN converges faster than λ = 0", [("align0", "align"), ("align0-time", "align")],
+                 ["right", "f1"]),
+                ("OPDLM: on-policy beats off-policy", [("distill-off", "distill")], ["right", "f1"]),
+                ("AR-MAP: the preference transfers to the DLM", [("align", "merged")], ["full_stop"]),
+                ("AR-MAP beats DPO on the DLM itself", [("dlm-dpo", "merged")], ["full_stop", "right", "f1"])]
+
+
+def real_verdicts(*dirs):
+    """repro_real.sh: the claims rows' paired tests over seeds. args: the seeds' run.sh real output folders."""
+    def rows(d, m):  # one row per held-out prompt: the DLM's run at threshold 0.9, an AR model's greedy one
+        runs = json.loads((Path(d) / f"eval/{m}.json").read_text())["runs"]
+        return (runs.get("greedy") or runs["0.9"])["rows"]
+
+    print(f"{len(dirs)} seeds ({', '.join(Path(d).name for d in dirs)}), every held-out prompt of each, threshold 0.9; "
+          f"right and full stop: McNemar's exact test; F1 with the teacher: the paired t-test; p adjusted by Holm "
+          f"across the row's tests; ahead: seeds whose mean is higher for the arm (ties counted apart)\n")
+    out = []
+    for claim, pairs, metrics in VERDICT_ROWS:
+        tests = []
+        for a, b in pairs:
+            for k in metrics:
+                xa, xb, seeds = [], [], []
+                for d in dirs:
+                    ra, rb = [r[k] for r in rows(d, a)], [r[k] for r in rows(d, b)]
+                    xa, xb = xa + ra, xb + rb
+                    seeds.append(statistics.mean(rb) - statistics.mean(ra))
+                p = mcnemar(xa, xb) if isinstance(xa[0], bool) else paired_t(xa, xb)
+                ahead = f"{sum(s > 0 for s in seeds)} ahead, {sum(s == 0 for s in seeds)} tied of {len(seeds)}"
+                tests.append([claim, f"{b} against {a}", k, f"{statistics.mean(xa):.3f}", f"{statistics.mean(xb):.3f}",
+                              ahead, p])
+        for row, q in zip(tests, holm([row[-1] for row in tests])):
+            out.append([*row[:-1], f"{row[-1]:.3f}", f"{q:.3f}"])
+    print(cli.table(["claim", "comparison", "metric", "baseline", "arm", "seeds", "p", "p (Holm)"], out))
+
+
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
-                                  repro_mark, real_world, real_sweep, real_sweep_table)}
+                                  repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

@@ -62,6 +62,21 @@ def test_split_is_by_prompt_hash_and_the_files_are_written(tmp_path):
     assert run_script("realworld.py").returncode == 2  # neither --ckpt nor --out_dir
 
 
+def test_validation_prompts_are_training_prompts_no_chat_reaches():
+    """--split validation: per family the first n prompts of the training list's second half, so neither the
+    held-out prompts nor the chat data (the first --chats training prompts, at most half) are among them."""
+    train, held = R.build(seed=1, n_train=300, n_heldout=5)
+    val = R.validation(train, R.FAMILIES, 4)
+    assert [it["family"] for it in val] == [f for f in R.FAMILIES for _ in range(4)]
+    assert all(it in train[150:] for it in val) and not any(it in train[:150] or it in held for it in val)
+    for f in R.FAMILIES:
+        assert [it for it in val if it["family"] == f] == [it for it in train[150:] if it["family"] == f][:4]
+    r = run_script("realworld.py", "--ckpt", "x", "--out_dir", "y", "--chats", 1001)
+    assert r.returncode == 2 and "--chats 1001: at most 1000" in r.stderr
+    r = run_script("realworld.py", "--ckpt", "x", "--out_dir", "y", "--chats", 5, "--split", "validation")
+    assert r.returncode == 2 and "--split heldout" in r.stderr
+
+
 # ---- evaluate: every reply scored, counted and compared with the teacher's ---------------------------------------
 
 @pytest.fixture(scope="module")
@@ -144,7 +159,7 @@ def test_run_sh_real_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, REAL_AR=str(ar), REAL_DATA=str(tmp_path / "d"),
                REAL_OUT=str(tmp_path / "o"), REAL_PER_FAMILY="2", REAL_CHATS="24", REAL_CANVAS="8", REAL_STEPS="2",
                REAL_DISTILL_STEPS="2", REAL_DPO_STEPS="2", REAL_SEQ_LEN="160", REAL_EVAL_INTERVAL="1",
-               REAL_THRESHOLDS="0.9,1")
+               REAL_THRESHOLDS="0.9,1", REAL_LR_SFT="3e-4", REAL_SEED="7")
     r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     table = (tmp_path / "o" / "results.md").read_text()
@@ -156,3 +171,10 @@ def test_run_sh_real_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
     for m in ("align", "distill", "merged", "dlm-dpo"):
         res = json.loads((tmp_path / "o" / "eval" / f"{m}.json").read_text())
         assert set(res["runs"]) == {"0.9", "1"} and res["nelbo_bits"] > 0
+    peak = {m: max(json.loads(line)["lr"] for line in (tmp_path / "o" / m / "log.jsonl").read_text().splitlines())
+            for m in ("align0", "align0-time", "align")}  # REAL_LR_SFT: both λ = 0 arms; λ = 10 keeps 1e-3
+    assert peak == pytest.approx({"align0": 3e-4, "align0-time": 3e-4, "align": 1e-3})
+    r = run_script("scripts/report.py", "real_verdicts", tmp_path / "o")
+    assert r.returncode == 0, r.stderr
+    assert "| REPR-ALIGN converges faster than λ = 0 | align against align0-time | right |" in r.stdout
+    assert "| AR-MAP beats DPO on the DLM itself | merged against dlm-dpo | full_stop |" in r.stdout

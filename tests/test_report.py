@@ -238,16 +238,38 @@ def test_repro_mark(tmp_path, capsys):
     assert "| AR-MAP, γ = 1 | 0.70 | 0.30 | 1.25 | 0.800 |" in out and "| DLM-only" in out
 
 
-def test_eos_grid_statistics_by_hand():
-    """McNemar's exact test, the paired t-test and Holm's correction of scripts/eos_grid.py, against values worked
+def test_paired_statistics_by_hand():
+    """McNemar's exact test, the paired t-test and Holm's correction (scripts/report.py), against values worked
     out here."""
-    from scripts import eos_grid
     a, b = [True, True, False, False, True], [False, True, True, True, True]  # discordant: 1 and 2
-    assert eos_grid.mcnemar(a, b) == pytest.approx(2 * (1 + 3) / 8)  # capped at 1
-    assert eos_grid.mcnemar([False] * 6, [True] * 6) == pytest.approx(2 / 64)
-    assert eos_grid.mcnemar([True, False], [True, False]) == 1.0
-    assert eos_grid.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert report.mcnemar(a, b) == pytest.approx(2 * (1 + 3) / 8)  # capped at 1
+    assert report.mcnemar([False] * 6, [True] * 6) == pytest.approx(2 / 64)
+    assert report.mcnemar([True, False], [True, False]) == 1.0
+    assert report.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     d = [0.5, 0.25, 0.0, 0.75]  # b - a
     t = (sum(d) / 4) / (math.sqrt(sum((x - 0.375) ** 2 for x in d) / 3) / 2)
-    assert eos_grid.paired_t([1, 1, 1, 1], [1 + x for x in d]) == pytest.approx(report.t_two_sided(t, 3))
-    assert eos_grid.paired_t([1, 2], [1, 2]) == 1.0
+    assert report.paired_t([1, 1, 1, 1], [1 + x for x in d]) == pytest.approx(report.t_two_sided(t, 3))
+    assert report.paired_t([1, 2], [1, 2]) == 1.0
+
+
+def test_real_sweep_rules_choose_as_named(tmp_path, capsys):
+    """repro_real.sh's rules: "nelbo" the lowest −ELBO; "stop" the highest full-stop share among the rates within
+    0.5 bits per token of the start (ties: the lower −ELBO), none within: the lowest −ELBO."""
+    (tmp_path / "eval").mkdir()
+
+    def val(arm, rate, nelbo, stop):
+        run = dict(accuracy=0.5, full_stop=stop, f1=0.5)
+        (tmp_path / f"eval/{arm}-{rate}.json").write_text(json.dumps(dict(nelbo_bits=nelbo, runs={"0.9": run})))
+
+    for rate, nelbo in (("1e-3", 3.1), ("3e-4", 2.9), ("1e-4", 3.0)):
+        val("align", rate, nelbo, 0.0)
+    assert report.sweep_choice(tmp_path, "align", ["1e-3", "3e-4", "1e-4"])[0] == "3e-4"
+    for rate, nelbo, stop in (("2e-4", 9.0, 1.0), ("2e-5", 1.4, 0.8), ("2e-6", 1.1, 0.8), ("2e-7", 1.0, 0.6)):
+        val("ar-dpo", rate, nelbo, stop)
+    rates = ["2e-4", "2e-5", "2e-6", "2e-7"]
+    assert report.sweep_choice(tmp_path, "ar-dpo", rates, start=1.0)[0] == "2e-6"  # 2e-4 too far; 0.8 tie: lower
+    assert report.sweep_choice(tmp_path, "ar-dpo", rates, start=0.2)[0] == "2e-7"  # none within 0.5 bits
+    report.real_sweep(str(tmp_path), "ar-dpo", "-", " ".join(rates))
+    assert capsys.readouterr().out.strip() == "2e-7"  # no start: the lowest −ELBO
+    report.real_sweep_table(str(tmp_path), "1e-3 3e-4 1e-4", " ".join(rates))
+    assert "| align | nelbo | 3e-4 * | 2.900 |" in capsys.readouterr().out
