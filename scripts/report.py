@@ -661,24 +661,30 @@ def sweep_choice(S, arm, rates, start=None):
     return min(rates, key=nelbo.get), val
 
 
+def sweep_rates(S, arm, given=None):
+    """The rates an arm's sweep ran: given (space-separated), else its ARM.rates file (repro_real.sh writes it)."""
+    f = Path(S) / f"{arm}.rates"
+    return (given or (f.read_text() if f.exists() else "")).split()
+
+
 def real_sweep(*args):
     """repro_real.sh: the rate an arm's sweep chooses, printed. args: S, ARM, START (an eval/ file's stem: the
-    model DPO starts from; - for none), RATES (space-separated)."""
-    S, arm, start, rates = args[0], args[1], args[2], args[3].split()
+    model DPO starts from; - for none), and RATES (space-separated; default the arm's ARM.rates)."""
+    S, arm, start, rates = args[0], args[1], args[2], sweep_rates(args[0], args[1], args[3] if len(args) > 3 else None)
     start = None if start == "-" else json.loads((Path(S) / f"eval/{start}.json").read_text())["nelbo_bits"]
     print(sweep_choice(S, arm, rates, start)[0])
 
 
 def real_sweep_table(*args):
-    """repro_real.sh: the sweep's table. args: S, RATES, DPO_RATES."""
+    """repro_real.sh: the sweep's table. args: S (each arm's rates from its ARM.rates; else RATES, DPO_RATES)."""
     S = Path(args[0])
     starts = {"ar-dpo": "ar-self", "dlm-dpo": "dlm-dpo-start"}
     print("Validation prompts (realworld.py --split validation), seed 1337: −ELBO of the teacher's replies (bits per "
           "token), accuracy, full-stop share (threshold 0.9 for DLMs, dual cache); * the chosen rate.\n")
     rows = []
     for arm, rule in SWEEP_ARMS.items():
-        rates = (args[2] if rule == "stop" else args[1]).split()
-        if not all((S / f"eval/{arm}-{r}.json").exists() for r in rates):
+        rates = sweep_rates(S, arm, None if len(args) < 3 else args[2] if rule == "stop" else args[1])
+        if not rates or not all((S / f"eval/{arm}-{r}.json").exists() for r in rates):
             continue
         start = starts.get(arm)
         start = start and S / f"eval/{start}.json"

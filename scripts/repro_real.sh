@@ -6,8 +6,8 @@
 #      (realworld.py --split validation: training prompts no chat data reaches) by the rule named in advance:
 #      λ = 0, REPR-ALIGN (λ = 10), OPDLM on and off: the lowest −ELBO of the teacher's validation replies;
 #      DPO on the teacher and DPO on the DLM: the highest full-stop share among the rates whose −ELBO stays within
-#      0.5 bits per token of the model they start from (none: the lowest −ELBO). DPO on the DLM starts from λ = 10
-#      at its chosen rate.
+#      0.5 bits per token of the model they start from (none: the lowest −ELBO). A best at the lowest rate gets one
+#      more rate below it. DPO on the DLM starts from λ = 10 at its chosen rate.
 #   2. seeds SEEDS: run.sh real at the chosen rates in out/real-s<seed> (seed 1337 reuses the sweep's runs).
 #   3. the paired tests over the seeds: scripts/report.py real_verdicts, out/real-seeds.md.
 # About 120 minutes on 2 cores (the sweep ~60, each further seed ~45); finished stages are reused.
@@ -34,40 +34,55 @@ DPO=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --seq_len 96 
 lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
 peak() { "$PYTHON" -c 'import json, sys; print(max(json.loads(l).get("lr", 0) for l in open(sys.argv[1])))' "$1/log.jsonl"; }
 same() { awk "BEGIN { exit !($1 > 0.999 * $2 && $1 < 1.001 * $2) }"; }
-sweep() {  # sweep ARM "RATES" SCRIPT FLAGS...: a run per rate, each scored on the validation prompts; run.sh's own run
-  local arm=$1 rates=$2; shift 2  # ($O/ARM, seed 1337) stands for the rate it ran at, unless REUSE=no
-  for r in $rates; do
-    if [ "${REUSE:-yes}" = yes ] && [ ! -e $S/$arm-$r ] && [ -e $O/$arm/log.jsonl ] && same "$(peak $O/$arm)" $r; then
-      ln -s "$PWD/$O/$arm" $S/$arm-$r
-    fi
-    stage "$arm $r" $S/$arm-$r/results.json "$PYTHON" "$@" $(lr $r) --out_dir $S/$arm-$r
-    stage "validate $arm $r" $S/eval/$arm-$r.json "$PYTHON" realworld.py --ckpt $S/$arm-$r "${VAL[@]}" \
-      --out $S/eval/$arm-$r.json
+sweep() {  # sweep ARM START "RATES" SCRIPT FLAGS...: a run per rate, each scored on the validation prompts (run.sh's
+  local arm=$1 start=$2 rates=$3; shift 3  # own, $O/ARM, stands for the rate it ran at unless REUSE=no); a best at the
+  for r in $rates; do                      # lowest rate gets one more below it, as the protocol asks
+    train_rate "$arm" "$r" "$@"
   done
+  local best low=${rates##* } prev
+  prev=$(echo "$rates" | awk '{ print $(NF - 1) }')
+  best=$(chosen "$arm" "$start" "$rates")
+  if [ "$best" = "$low" ]; then
+    r=$("$PYTHON" -c 'import sys; a, b = map(float, sys.argv[1:]); print(f"{a * a / b:.0e}".replace("e-0", "e-"))' $low $prev)
+    rates="$rates $r"
+    train_rate "$arm" "$r" "$@"
+  fi
+  echo "$rates" > $S/$arm.rates
 }
-chosen() { "$PYTHON" scripts/report.py real_sweep $S "$@"; }  # chosen ARM START "RATES": the rate, printed
+train_rate() {  # train_rate ARM RATE SCRIPT FLAGS...
+  local arm=$1 r=$2; shift 2
+  if [ "${REUSE:-yes}" = yes ] && [ ! -e $S/$arm-$r ] && [ -e $O/$arm/log.jsonl ] && same "$(peak $O/$arm)" $r; then
+    ln -s "$PWD/$O/$arm" $S/$arm-$r
+  fi
+  stage "$arm $r" $S/$arm-$r/results.json "$PYTHON" "$@" $(lr $r) --out_dir $S/$arm-$r
+  stage "validate $arm $r" $S/eval/$arm-$r.json "$PYTHON" realworld.py --ckpt $S/$arm-$r "${VAL[@]}" \
+    --out $S/eval/$arm-$r.json
+}
+chosen() { "$PYTHON" scripts/report.py real_sweep $S "$@"; }  # chosen ARM START ["RATES"]: the rate, printed
+rates() { cat $S/$1.rates; }
 
 mkdir -p $S/eval
 stage "validate ar" $S/eval/ar.json "$PYTHON" realworld.py --ckpt $O/ar "${PROMPTS[@]}" --split validation \
   --out $S/eval/ar.json
 # the teacher's own replies under itself: the start for DPO's −ELBO rule
 stage "validate ar (nelbo)" $S/eval/ar-self.json "$PYTHON" realworld.py --ckpt $O/ar "${VAL[@]}" --out $S/eval/ar-self.json
-sweep align0 "$LRS" align.py "${ALIGN[@]}" --lambda_align 0
-sweep align "$LRS" align.py "${ALIGN[@]}"
-sweep distill "$LRS" distill.py "${DISTILL[@]}"
-sweep distill-off "$LRS" distill.py "${DISTILL[@]}" --policy off
-sweep ar-dpo "$DPO_LRS" dpo.py --ar $O/ar "${DPO[@]}"
-LR_ALIGN=$(chosen align - "$LRS")
+sweep align0 - "$LRS" align.py "${ALIGN[@]}" --lambda_align 0
+sweep align - "$LRS" align.py "${ALIGN[@]}"
+sweep distill - "$LRS" distill.py "${DISTILL[@]}"
+sweep distill-off - "$LRS" distill.py "${DISTILL[@]}" --policy off
+sweep ar-dpo ar-self "$DPO_LRS" dpo.py --ar $O/ar "${DPO[@]}"
+LR_ALIGN=$(chosen align - "$(rates align)")
 stage "validate align $LR_ALIGN (as DPO's start)" $S/eval/dlm-dpo-start.json cp $S/eval/align-$LR_ALIGN.json \
   $S/eval/dlm-dpo-start.json
 same "$(peak $O/align)" "$LR_ALIGN" || REUSE=no  # run.sh's dlm-dpo started from its own λ = 10 run
-sweep dlm-dpo "$DPO_LRS" dpo.py --dlm --ar $S/align-$LR_ALIGN "${DPO[@]}"
-"$PYTHON" scripts/report.py real_sweep_table $S "$LRS" "$DPO_LRS" | tee $S/results.md
+sweep dlm-dpo dlm-dpo-start "$DPO_LRS" dpo.py --dlm --ar $S/align-$LR_ALIGN "${DPO[@]}"
+"$PYTHON" scripts/report.py real_sweep_table $S | tee $S/results.md
 [ "$ONLY" = sweep ] && exit 0
 
-RATES=(REAL_LR_SFT="$(chosen align0 - "$LRS")" REAL_LR_ALIGN="$LR_ALIGN"
-       REAL_LR_ON="$(chosen distill - "$LRS")" REAL_LR_OFF="$(chosen distill-off - "$LRS")"
-       REAL_LR_DPO="$(chosen ar-dpo ar-self "$DPO_LRS")" REAL_LR_DLM_DPO="$(chosen dlm-dpo dlm-dpo-start "$DPO_LRS")")
+RATES=(REAL_LR_SFT="$(chosen align0 - "$(rates align0)")" REAL_LR_ALIGN="$LR_ALIGN"
+       REAL_LR_ON="$(chosen distill - "$(rates distill)")" REAL_LR_OFF="$(chosen distill-off - "$(rates distill-off)")"
+       REAL_LR_DPO="$(chosen ar-dpo ar-self "$(rates ar-dpo)")"
+       REAL_LR_DLM_DPO="$(chosen dlm-dpo dlm-dpo-start "$(rates dlm-dpo)")")
 echo "chosen: ${RATES[*]}"
 for seed in $SEEDS; do
   R=out/real-s$seed

@@ -271,5 +271,8 @@ def test_real_sweep_rules_choose_as_named(tmp_path, capsys):
     assert report.sweep_choice(tmp_path, "ar-dpo", rates, start=0.2)[0] == "2e-7"  # none within 0.5 bits
     report.real_sweep(str(tmp_path), "ar-dpo", "-", " ".join(rates))
     assert capsys.readouterr().out.strip() == "2e-7"  # no start: the lowest −ELBO
+    (tmp_path / "ar-dpo.rates").write_text("2e-4 2e-5\n")  # the rates the sweep ran, as repro_real.sh writes them
+    report.real_sweep(str(tmp_path), "ar-dpo", "-")
+    assert capsys.readouterr().out.strip() == "2e-5"
     report.real_sweep_table(str(tmp_path), "1e-3 3e-4 1e-4", " ".join(rates))
     assert "| align | nelbo | 3e-4 * | 2.900 |" in capsys.readouterr().out

@@ -189,3 +189,35 @@ def test_refusals(world, tmp_path):
     (tmp_path / "p.jsonl").write_text(json.dumps(dict(prompt="hello there")) + "\n")
     r = run_script("rl.py", "--init", world / "dlm", *base[2:], "--prompts", tmp_path / "p.jsonl")
     assert r.returncode == 1 and "line 1: the reward has no checker" in r.stderr
+
+
+def test_judged_pairs_put_a_right_sample_over_a_wrong_one(world, tmp_path):
+    """scripts/judged_pairs.py: a pair per prompt whose samples hold a right and a wrong one, by the checker; a stub
+    sampler answers right in odd rows, so every prompt gives a pair, its chosen right and its rejected wrong."""
+    import sample
+    from scripts import judged_pairs as J
+    from tokenizer import Tokenizer
+    recs = [json.loads(line) for line in (world / "prompts.jsonl").read_text().splitlines()][:4]
+    tok = Tokenizer.from_pretrained(world / "dlm")
+    model = Qwen3.from_pretrained(world / "dlm").eval()
+    orig = sample.generate
+
+    def stub(model, rows, n, **kw):  # row k: the right answer when k is odd, else " 9 9 9"
+        g = orig(model, rows, n, **kw)
+        for k in range(len(rows)):
+            r = recs[k // 3] if k // 3 < len(recs) else None
+            text = tasks.solve(r["family"], r["prompt"]) if k % 2 else " 9 9 9"
+            ids = tok.encode(text)[:n] + [tok.eos_id] * n
+            g.tokens[k, g.start:] = torch.tensor(ids[:n])
+        return g
+    sample.generate = stub
+    try:
+        reward, _ = rl.load_reward("tasks")
+        pairs, stats = J.judged_pairs(model, tok, recs, reward, group=3, threshold=0.9, batch_size=4, seed=0,
+                                      max_new_tokens=8)
+    finally:
+        sample.generate = orig
+    assert stats["pairs"] == len(pairs) == 4
+    for r, pair in zip(recs, pairs):
+        assert tasks.check(r["family"], r["prompt"], pair["chosen"]) and not tasks.check(r["family"], r["prompt"],
+                                                                                          pair["rejected"])
