@@ -637,6 +637,14 @@ def real_world(*args):
     print(cli.table(["model", *(f"threshold {t}" for t in ts)],
                     [[m, *(f"{runs[m][t]['accuracy']:.2f} / {runs[m][t]['tokens_per_forward']:.2f}" for t in ts)]
                      for m in dlms]))
+    picks = [0, n // 2, 1]  # three held-out prompts: the first of each family, and the second of the first
+    prompts = [at("ar")["rows"][k]["prompt"] for k in picks]
+    print("\nThree held-out prompts, every model's reply (threshold 0.9 for the DLMs): " +
+          "; ".join(f"({i + 1}) {q!r}" for i, q in enumerate(prompts)) + "\n")
+    def cell(text):
+        return repr(text).replace("|", "\\|")
+    print(cli.table(["model", "(1)", "(2)", "(3)"], [[m, *(cell(at(m)["rows"][k]["reply"]) for k in picks)]
+                                                   for m in models]))
     if (O / "merged/merge.json").exists():
         merge = json.loads((O / "merged/merge.json").read_text())
         k = merge["gammas"].index(merge["best_gamma"])
