@@ -141,8 +141,7 @@ def rollouts(model, tok, prompts, n_new, gen, *, group, threshold, temperature, 
         g = diffusion_generate(model.eval(), rows, n_new, min(32, n_new), n_new, **kw)
     model.train(was_training)
     y = g.generated
-    end = torch.isin(y, torch.as_tensor(ends, device=y.device)).long()
-    keep = (end.cumsum(1) - end) == 0  # no end token before j
+    keep = torch.arange(n_new, device=y.device) < g.row_tokens[:, None]  # up to its first end token (sampler's count)
     texts = [tok.decode(until_end(y[b].tolist(), ends)) for b in range(y.shape[0])]
     return g.tokens, g.prompt_lens, g.start, texts, keep, g.tokens_per_forward.mean().item()
 

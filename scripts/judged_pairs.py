@@ -9,7 +9,6 @@ Each prompt gets --group samples (temperature 1; a DLM at --threshold), each jud
 wrong sample gives one pair, its first right sample over its first wrong one. Records {prompt, chosen, rejected}, each
 response closed by the end text, as dpo.py reads them; --heldout N writes the last N pairs to a second file.
 """
-import argparse
 import json
 import sys
 import time
@@ -29,7 +28,7 @@ def judged_pairs(model, tok, records, reward, *, group, threshold, batch_size, s
     """-> (pairs, stats): a pair per record whose samples hold a right (reward > 0) and a wrong (reward <= 0) one."""
     ends, dlm = tok.end_ids(model.config, turn=True), model.config.attn != "causal"
     g = torch.Generator(model.lm_head.weight.device).manual_seed(seed)
-    pairs, n_right, n = [], 0, 0
+    pairs, n_right, n, end = [], 0, 0, tok.decode([tok.eos_id])  # each response closed by the end text
     for s in range(0, len(records), batch_size):
         recs = records[s:s + batch_size]
         rows = [tok.encode(r["prompt"]) for r in recs for _ in range(group)]
@@ -43,13 +42,12 @@ def judged_pairs(model, tok, records, reward, *, group, threshold, batch_size, s
             right = [t for t, x in zip(mine, scores) if x > 0]
             wrong = [t for t, x in zip(mine, scores) if x <= 0]
             if right and wrong:
-                end = tok.decode([tok.eos_id])
                 pairs.append(dict(prompt=r["prompt"], chosen=right[0] + end, rejected=wrong[0] + end))
     return pairs, dict(samples=n, right=n_right / max(1, n), pairs=len(pairs))
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=cli.HelpFormatter)
+    p = cli.parser(__doc__)
     p.add_argument("--ckpt", required=True, help="the model whose samples are judged (AR or DLM)")
     p.add_argument("--prompts", required=True, help="JSONL of the records the reward reads (rl.py --prompts)")
     p.add_argument("--reward", default="tasks", help="as rl.py --reward")

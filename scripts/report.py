@@ -10,6 +10,7 @@ tests/test_report.py renders each one from small JSON files made in the test.
 """
 import contextlib
 import csv
+import functools
 import json
 import math
 import shlex
@@ -718,7 +719,8 @@ VERDICT_ROWS = [("REPR-ALIGN converges faster than λ = 0", [("align0", "align")
 
 def real_verdicts(*dirs):
     """repro_real.sh: the claims rows' paired tests over seeds. args: the seeds' run.sh real output folders."""
-    def rows(d, m):  # one row per held-out prompt: the DLM's run at threshold 0.9, an AR model's greedy one
+    @functools.cache
+    def rows(d, m):  # one row per held-out prompt: the DLM's run at threshold 0.9, an AR model's greedy one (read once)
         runs = json.loads((Path(d) / f"eval/{m}.json").read_text())["runs"]
         return (runs.get("greedy") or runs["0.9"])["rows"]
 
