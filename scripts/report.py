@@ -746,9 +746,102 @@ def real_verdicts(*dirs):
     print(cli.table(["claim", "comparison", "metric", "baseline", "arm", "seeds", "p", "p (Holm)"], out))
 
 
+RL_ARMS = {"rl": "diffu-GRPO (rl.py)", "dlm-dpo": "DPO on the DLM (judged pairs)",
+           "ar-map": "AR-MAP (DPO on the teacher's judged pairs, merged)"}
+RL_STAGES = {"rl": ["rl {s} {r}"], "dlm-dpo": ["pairs dlm {s}", "dlm-dpo {s} {r}"],
+             "ar-map": ["pairs ar {s}", "ar-dpo {s} {r}", "merge {s} {r}"]}  # an arm's wall time: its stages
+
+
+def rl_choice(out, arm, rates):
+    """repro_rl.sh's rule, named before the sweep: the highest validation exact match at threshold 0.9, seed 1337
+    (a tie: the lower rate). -> (rate, {rate: accuracy})."""
+    acc = {r: json.loads((Path(out) / f"eval/{arm}-1337-{r}.val.json").read_text())["runs"][0]["accuracy"]
+           for r in rates}
+    return max(rates, key=lambda r: (acc[r], -float(r))), acc
+
+
+def rl_sweep(*args):
+    """repro_rl.sh: the rate an arm's sweep chooses, printed. args: OUT, ARM, RATES..."""
+    print(rl_choice(args[0], args[1], args[2:])[0])
+
+
+def repro_rl(*args):
+    """repro_rl.sh's tables: the sweep, the arms on the held-out prompts, the paired tests, RL's reward curve.
+    args: OUT, SEEDS... (the sweep's rates from each arm's val files)."""
+    out, seeds = Path(args[0]), args[1:]
+    read = functools.cache(lambda name: json.loads((out / f"eval/{name}.json").read_text()))
+    secs = {}
+    with contextlib.suppress(FileNotFoundError):
+        secs = {row[0]: int(row[1]) for row in csv.reader((out / "seconds.tsv").open(), delimiter="\t")}
+    rates = {arm: sorted((p.name[len(f"{arm}-1337-"):-len(".val.json")] for p in (out / "eval").glob(
+        f"{arm}-1337-*.val.json")), key=float, reverse=True) for arm in RL_ARMS}
+    chosen = {arm: rl_choice(out, arm, rates[arm]) for arm in RL_ARMS}
+    print(f"Validation exact match (300 training prompts no arm trains on; threshold 0.9; seed 1337); start "
+          f"{read('start.val')['runs'][0]['accuracy']:.3f}; * the chosen rate\n")
+    print(cli.table(["arm", *[f"rate {i + 1}" for i in range(max(map(len, rates.values())))]],
+                    [[arm] + [f"{r}: {acc[r]:.3f}{' *' * (r == rate)}" for r in rates[arm]]
+                     for arm, (rate, acc) in chosen.items()]))
+
+    def run(name, t):  # the eval file's run at threshold t
+        return next(x for x in read(name)["runs"] if x["threshold"] == t)
+
+    start = {t: run("start.test", t) for t in (0.9, 1.0)}
+    families = list(start[0.9]["families"])
+    rows = [["start (REPR-ALIGN DLM)", "-", "-", "-", f"{start[0.9]['accuracy']:.3f}",
+             *[f"{start[0.9]['families'][f]['accuracy']:.3f}" for f in families], f"{start[1.0]['accuracy']:.3f}",
+             f"{start[0.9]['tokens_per_forward']:.2f}", f"{start[1.0]['tokens_per_forward']:.2f}"]]
+    for arm, (rate, _) in chosen.items():
+        r9 = [run(f"{arm}-{s}.test", 0.9) for s in seeds]
+        r1 = [run(f"{arm}-{s}.test", 1.0) for s in seeds]
+        wall = [sum(secs.get(st.format(s=s, r=rate), 0) for st in RL_STAGES[arm]) for s in seeds]
+        mean = lambda rs, k: statistics.mean(x[k] for x in rs)  # noqa: E731
+        rows.append([RL_ARMS[arm], rate, f"{statistics.mean(wall):.0f}",
+                     " / ".join(f"{x['accuracy']:.3f}" for x in r9), f"{mean(r9, 'accuracy'):.3f}",
+                     *[f"{statistics.mean(x['families'][f]['accuracy'] for x in r9):.3f}" for f in families],
+                     f"{mean(r1, 'accuracy'):.3f}", f"{mean(r9, 'tokens_per_forward'):.2f}",
+                     f"{mean(r1, 'tokens_per_forward'):.2f}"])
+    N = start[0.9].get("canvas")
+    print(f"\nHeld-out exact match ({len(start[0.9]['correct'])} prompts; seeds {', '.join(seeds)}; canvas N = {N}); "
+          f"wall: each arm's seconds on this machine, pairs and merge included (mean over seeds)\n")
+    print(cli.table(["arm", "rate", "wall s", "EM 0.9 per seed", "EM 0.9", *[f"{f} 0.9" for f in families],
+                     "EM 1.0", "tok/fwd 0.9", "tok/fwd 1.0"], rows))
+
+    def pooled(name):  # the correct flags at 0.9 over (seed, prompt); the start's repeated for each seed
+        return [c for s in seeds for c in run(name.format(s=s), 0.9)["correct"]]
+    tests = [(f"{arm} against the start", "start.test", f"{arm}-{{s}}.test") for arm in RL_ARMS] + \
+        [(f"rl against {arm}", f"{arm}-{{s}}.test", "rl-{s}.test") for arm in ("dlm-dpo", "ar-map")]
+    res = []
+    for what, a, b in tests:
+        xa, xb = pooled(a), pooled(b)
+        ahead = [statistics.mean(run(b.format(s=s), 0.9)["correct"]) - statistics.mean(run(a.format(s=s), 0.9)
+                 ["correct"]) for s in seeds]
+        res.append([what, f"{statistics.mean(xa):.3f}", f"{statistics.mean(xb):.3f}",
+                    f"{sum(d > 0 for d in ahead)} ahead, {sum(d == 0 for d in ahead)} tied of {len(ahead)}",
+                    mcnemar(xa, xb)])
+    print("\nPaired tests, named before the runs: exact match at threshold 0.9, McNemar's exact test over (seed, "
+          "prompt) pairs, p adjusted by Holm across the five\n")
+    print(cli.table(["comparison", "baseline", "arm", "seeds", "p", "p (Holm)"],
+                    [[*row[:-1], f"{row[-1]:.3f}", f"{q:.3f}"] for row, q in zip(res, holm([x[-1] for x in res]))]))
+
+    curve = {}  # RL's rollouts: mean reward per step (each batch's first step logs it), over the seeds
+    for s in seeds:
+        for line in (out / s / f"rl-{chosen['rl'][0]}" / "log.jsonl").open():
+            rec = json.loads(line)
+            if "reward" in rec:
+                curve.setdefault(rec["step"], []).append((rec["reward"], rec.get("tokens_per_forward", math.nan)))
+    steps = sorted(curve)
+    bins = [steps[i:i + max(1, len(steps) // 8)] for i in range(0, len(steps), max(1, len(steps) // 8))]
+    print(f"\nRL's reward curve: the rollouts' mean reward (temperature 1, threshold 0.9) and tokens per forward, "
+          f"by steps, mean over seeds\n")
+    print(cli.table(["steps", "reward", "tok/fwd"], [
+        [f"{b[0]}-{b[-1]}", f"{statistics.mean(x[0] for st in b for x in curve[st]):.3f}",
+         f"{statistics.mean(x[1] for st in b for x in curve[st]):.2f}"] for b in bins]))
+
+
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
-                                  repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts)}
+                                  repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts, rl_sweep,
+                                  repro_rl)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

@@ -276,3 +276,41 @@ def test_real_sweep_rules_choose_as_named(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "2e-5"
     report.real_sweep_table(str(tmp_path), "1e-3 3e-4 1e-4", " ".join(rates))
     assert "| align | nelbo | 3e-4 * | 2.900 |" in capsys.readouterr().out
+
+
+def test_repro_rl(tmp_path, capsys):
+    """repro_rl.sh's tables: the sweep's rule (the highest validation exact match, a tie the lower rate), each arm's
+    held-out means, wall seconds summed over its stages, McNemar over (seed, prompt) with Holm, the reward curve."""
+    def ev(name, runs):
+        write(tmp_path / f"eval/{name}.json", dict(runs=runs))
+
+    def run(t, correct, tpf=1.0):
+        fams = {"sort": dict(accuracy=sum(correct) / len(correct))}
+        return dict(threshold=t, accuracy=sum(correct) / len(correct), correct=correct, families=fams,
+                    tokens_per_forward=tpf, canvas=6)
+
+    ev("start.val", [run(0.9, [True, False])])
+    for arm, accs in {"rl": (0.5, 0.7, 0.7), "dlm-dpo": (0.9, 0.1, 0.2), "ar-map": (0.1, 0.2, 0.3)}.items():
+        for rate, a in zip(("3e-4", "1e-4", "3e-5"), accs):
+            ev(f"{arm}-1337-{rate}.val", [dict(threshold=0.9, accuracy=a)])
+    assert report.rl_choice(tmp_path, "rl", ["3e-4", "1e-4", "3e-5"])[0] == "3e-5"  # a tie: the lower rate
+    report.rl_sweep(str(tmp_path), "dlm-dpo", "3e-4", "1e-4", "3e-5")
+    assert capsys.readouterr().out.strip() == "3e-4"
+    start = [False] * 10
+    ev("start.test", [run(0.9, start), run(1.0, start)])
+    for s in ("1", "2"):
+        ev(f"rl-{s}.test", [run(0.9, [True] * 5 + [False] * 5, 1.5), run(1.0, [True] * 4 + [False] * 6, 1.0)])
+        ev(f"dlm-dpo-{s}.test", [run(0.9, start), run(1.0, start)])
+        ev(f"ar-map-{s}.test", [run(0.9, [True] + [False] * 9), run(1.0, start)])
+        write(tmp_path / s / "rl-3e-5/log.jsonl", "".join(json.dumps(dict(step=i, reward=0.1 * i, tokens_per_forward=1.0))
+                                                          + "\n" for i in range(0, 16, 4)))
+    write(tmp_path / "seconds.tsv", "rl 1 3e-5\t100\nrl 2 3e-5\t120\npairs ar 1\t10\nar-dpo 1 ar-map-x\t1\n")
+    report.repro_rl(str(tmp_path), "1", "2")
+    out = capsys.readouterr().out
+    assert "| rl | 3e-4: 0.500 | 1e-4: 0.700 | 3e-5: 0.700 * |" in out
+    assert "| diffu-GRPO (rl.py) | 3e-5 | 110 | 0.500 / 0.500 | 0.500 | 0.500 | 0.400 | 1.50 | 1.00 |" in out
+    # rl against the start: 10 discordant pairs all one way, p = 2 / 2^10; Holm's rank 1 of 5 multiplies it by 5
+    p = 2 / 2 ** 10
+    assert f"| rl against the start | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3f} | {5 * p:.3f} |" in out
+    assert "| dlm-dpo against the start | 0.000 | 0.000 | 0 ahead, 2 tied of 2 | 1.000 | 1.000 |" in out
+    assert "| 0-0 | 0.000 | 1.00 |" in out and "| 12-12 | 1.200 | 1.00 |" in out
