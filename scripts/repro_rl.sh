@@ -17,7 +17,8 @@
 #   SMOKE=1 bash scripts/repro_rl.sh                # the chain at a toy size (out/repro_rl_smoke)
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
-PYTHON=${PYTHON:-python3}
+source scripts/python_env.sh
+python_env requirements.txt scripts/repro_rl.sh
 if [ "${SMOKE:-0}" = 1 ]; then
   OUT=${OUT:-out/repro_rl_smoke} BUDGET=${BUDGET:-6} CAL=4 NUM=(--num_prompts 8) GROUP=2 HELD=2
 else
