@@ -38,7 +38,7 @@ resume() { [ -e "$1/train_state.pt" ] && echo --resume || true; }  # an interrup
 
 tasks_world() {
 D=data/tasks O=out/tasks
-stage tasks     $D/heldout.jsonl        "$PYTHON" tasks.py --out_dir $D
+stage tasks     $D/validation.jsonl     "$PYTHON" tasks.py --out_dir $D
 stage corpus    $D/meta.json            "$PYTHON" data.py --source $D/train.jsonl --out_dir $D
 # the loss on the answers only, every window opening a document: the teacher learns the tasks in minutes
 stage pretrain  $O/ar/results.json      "$PYTHON" pretrain.py --data $D --out_dir $O/ar --loss_after " =" --seq_len 16 \

@@ -104,6 +104,22 @@ def build(*, seed=1337, n_train=100_000, n_heldout=200, families=FAMILIES, heldo
     return train, items
 
 
+def validation_items(items, per_family, *, seed=1337, families=FAMILIES, heldout_fraction=0.05, **sizes):
+    """per_family more held-out prompts of each family, none of them in items (the test): the split that learning
+    rates and other choices are judged on, so that the test prompts are read only at the end."""
+    rng, test, out = random.Random(f"validation-{seed}"), {it["prompt"] for it in items}, []
+    for family in families:
+        seen = set()
+        for _ in range(1000 * per_family):
+            if len(seen) == per_family:
+                break
+            prompt = make_prompt(family, rng, **sizes)
+            if held_out(prompt, heldout_fraction) and prompt not in test | seen:
+                seen.add(prompt)
+                out.append(dict(prompt=prompt, answer=solve(family, prompt), family=family))
+    return out
+
+
 def prompts_and_pairs(train, items, *, n_prompts=2000, seed=1337):
     """From build()'s output -> (training prompts: up to n_prompts distinct prompts of the training documents, the
     prompt pool of distill.py; preference pairs for train and held-out: chosen = the answer with a full stop, then
@@ -118,13 +134,14 @@ def prompts_and_pairs(train, items, *, n_prompts=2000, seed=1337):
     return pool, [pair(q) for q in prompts], [pair(it["prompt"]) for it in items]
 
 
-def write(out_dir, train, items, pool=(), train_pairs=(), heldout_pairs=()):
+def write(out_dir, train, items, pool=(), train_pairs=(), heldout_pairs=(), validation=()):
     """train.jsonl ({"text"}), heldout.jsonl ({"prompt", "answer", "family"}), and when given prompts.jsonl
-    ({"prompt", "family"}), pairs_train.jsonl and pairs_heldout.jsonl ({"prompt", "chosen", "rejected"})."""
+    ({"prompt", "family"}), pairs_train.jsonl and pairs_heldout.jsonl ({"prompt", "chosen", "rejected"}),
+    validation.jsonl (as heldout.jsonl)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {"train.jsonl": [dict(text=t) for t in train], "heldout.jsonl": items, "prompts.jsonl": pool,
-             "pairs_train.jsonl": train_pairs, "pairs_heldout.jsonl": heldout_pairs}
+             "pairs_train.jsonl": train_pairs, "pairs_heldout.jsonl": heldout_pairs, "validation.jsonl": validation}
     for name, recs in files.items():
         if recs:
             (out / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -280,6 +297,8 @@ def main():
     p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, from " + ", ".join(FAMILIES))
     p.add_argument("--n_train", type=int, default=100_000, help="training documents")
     p.add_argument("--n_heldout", type=int, default=200, help="held-out prompts per family")
+    p.add_argument("--n_validation", type=int, default=100, help="validation prompts per family (held out by hash, "
+                   "none of them a test prompt)")
     p.add_argument("--n_prompts", type=int, default=2000, help="distinct training prompts in prompts.jsonl")
     p.add_argument("--heldout_fraction", type=float, default=0.05, help="share of the prompt space held out")
     p.add_argument("--min_len", type=int, default=2, help="sort, rev: the shortest list")
@@ -297,8 +316,12 @@ def main():
                          heldout_fraction=args.heldout_fraction, min_len=args.min_len, max_len=args.max_len,
                          max_digits=args.max_digits, mark_share=args.mark_share)
     pool, train_pairs, heldout_pairs = prompts_and_pairs(train, items, n_prompts=args.n_prompts, seed=args.seed)
-    write(args.out_dir, train, items, pool, train_pairs, heldout_pairs)
+    val = validation_items(items, args.n_validation, seed=args.seed, families=families,
+                           heldout_fraction=args.heldout_fraction, min_len=args.min_len, max_len=args.max_len,
+                           max_digits=args.max_digits)
+    write(args.out_dir, train, items, pool, train_pairs, heldout_pairs, val)
     print(f"wrote {args.out_dir}/: train.jsonl ({len(train):,} documents), heldout.jsonl ({len(items)} prompts), "
+          f"validation.jsonl ({len(val)} prompts), "
           f"prompts.jsonl ({len(pool)} training prompts), pairs_train.jsonl / pairs_heldout.jsonl "
           f"({len(train_pairs)} / {len(heldout_pairs)} preference pairs: an answer ending in a full stop is chosen)")
 

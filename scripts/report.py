@@ -593,6 +593,53 @@ def repro_align_tasks(*args):
               + f" | {fmt([e[last]['task_acc@1'] for e in ev])} | {fmt([e[last]['val_nelbo'] for e in ev])} |")
 
 
+def align_sweep(*args):
+    """repro_align_tasks.sh: the rate the protocol's sweep chooses, printed. args: R, PREFIX, RATES...: the highest
+    final validation exact match at threshold 0.9 (task_acc of R/PREFIX-RATE-s1; a tie: the lower rate)."""
+    R, prefix, rates = Path(args[0]), args[1], args[2:]
+    acc = {r: json.loads((R / f"{prefix}-{r}-s1/results.json").read_text())["task_acc"] for r in rates}
+    print(max(rates, key=lambda r: (acc[r], -float(r))))
+
+
+def align_protocol(*args):
+    """repro_align_tasks.sh PART=protocol: the sweep, the test at the chosen rates, the paired tests named in
+    advance. args: R, λ = 0's rate, λ = 10's rate, λ = 0's steps at equal time, "SWEEP RATES", SEEDS..."""
+    R, r0, r10, k, rates, seeds = Path(args[0]), args[1], args[2], args[3], args[4].split(), args[5:]
+    res = functools.cache(lambda run: json.loads((R / f"{run}/results.json").read_text()))
+    print("The sweep, seed 1, 80 steps: final exact match on the validation split (100 prompts per family) at "
+          "threshold 0.9 (1.0), median seconds per step; * the chosen rate\n")
+    rows = []
+    for arm, chosen in (("p-lam0", r0), ("p-lam10", r10)):
+        rows.append([{"p-lam0": "λ = 0", "p-lam10": "λ = 10"}[arm]] + [
+            f"{res(f'{arm}-{r}-s1')['task_acc']:.3f} ({res(f'{arm}-{r}-s1')['task_acc@1']:.3f}), "
+            f"{res(f'{arm}-{r}-s1')['step_seconds_median']:.3f} s{' *' * (r == chosen)}" for r in rates])
+    print(cli.table(["arm", *[f"lr {r}" for r in rates], ], rows))
+    ev = functools.cache(lambda m, s, t: next(x for x in json.loads((R / f"eval/{m}-s{s}.json").read_text())["runs"]
+                                              if x["threshold"] == t))
+    arms = [(f"p-lam0-{r0}", f"λ = 0, lr {r0}, 80 steps"), (f"p-lam10-{r10}", f"λ = 10, lr {r10}, 80 steps"),
+            (f"p-lam0time-{r0}", f"λ = 0, lr {r0}, {k} steps (λ = 10's 80 steps of time)")]
+    N = ev(arms[0][0], seeds[0], 0.9)["canvas"]
+    print(f"\nThe test: {len(ev(arms[0][0], seeds[0], 0.9)['correct'])} held-out prompts, seeds {', '.join(seeds)}, "
+          f"canvas N = {N}: exact match (mean over seeds; per seed) and tokens per forward\n")
+    print(cli.table(["run", "EM 0.9", "per seed", "EM 1.0", "per seed", "tok/fwd 0.9", "tok/fwd 1.0"], [
+        [what, *[x for t in (0.9, 1.0) for x in (f"{statistics.mean(ev(m, s, t)['accuracy'] for s in seeds):.3f}",
+                                                 " / ".join(f"{ev(m, s, t)['accuracy']:.3f}" for s in seeds))],
+         *[f"{statistics.mean(ev(m, s, t)['tokens_per_forward'] for s in seeds):.2f}" for t in (0.9, 1.0)]]
+        for m, what in arms]))
+    tests = []
+    for base, label in ((arms[0][0], "equal steps"), (arms[2][0], "equal time")):
+        for t in (0.9, 1.0):
+            a = [c for s in seeds for c in ev(base, s, t)["correct"]]
+            b = [c for s in seeds for c in ev(arms[1][0], s, t)["correct"]]
+            d = [ev(arms[1][0], s, t)["accuracy"] - ev(base, s, t)["accuracy"] for s in seeds]
+            tests.append([f"λ = 10 against λ = 0, {label}", f"{t:g}", f"{statistics.mean(a):.3f}",
+                          f"{statistics.mean(b):.3f}",
+                          f"{sum(x > 0 for x in d)} ahead, {sum(x == 0 for x in d)} tied of {len(d)}", mcnemar(a, b)])
+    print("\nThe tests named in advance: McNemar's exact test over (seed, prompt) pairs, Holm across the four\n")
+    print(cli.table(["comparison", "threshold", "λ = 0", "λ = 10", "seeds", "p", "p (Holm)"],
+                    [[*row[:-1], f"{row[-1]:.3g}", f"{q:.3g}"] for row, q in zip(tests, holm([x[-1] for x in tests]))]))
+
+
 def real_world(*args):
     """run.sh real: the real model's tables (out/real/results.md). args: OUT, then the model names."""
     O, models = Path(args[0]), args[1:]
@@ -841,7 +888,7 @@ def repro_rl(*args):
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
                                   repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts, rl_sweep,
-                                  repro_rl)}
+                                  repro_rl, align_sweep, align_protocol)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

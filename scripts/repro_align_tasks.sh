@@ -5,10 +5,18 @@
 #   parts, seeds SEEDS: λ = 0; λ = 10 on every hidden state; λ = 10 without the final norm's output (hidden states
 #     0 .. n-2); λ = 10 on the final norm's output alone; λ = 0 and λ = 10 at lr 3e-4 (run.sh: 1e-3)
 #   metric, seeds L2_SEEDS: L2 at λ in {0.3, 1, 3, 10} against cosine at λ in {1, 10} (and λ = 0)
-# Writes out/tasks/repro-align/results.md. About 20 minutes on 2 cores with the defaults.
+#   protocol (docs/results.md, "The verdict protocol"): each arm's rate from SWEEP_LRS at seed 1, judged by exact
+#     match on tasks.py's validation.jsonl at threshold 0.9 (the highest; a tie: the lower rate); then seeds SEEDS at
+#     the chosen rates: λ = 0 and λ = 10 for 80 steps, and λ = 0 for as many steps as λ = 10's 80 take (their
+#     median step times in the sweep); each final checkpoint on the 600 test prompts (eval.py tasks, 0.9 and 1.0)
+# Writes out/tasks/repro-align/results.md. About 30 minutes on 2 cores with the defaults (PART=protocol: about 10,
+# PART=parts: the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
-PYTHON=${PYTHON:-python3}
+source scripts/python_env.sh
+python_env requirements.txt scripts/repro_align_tasks.sh
+PART=${PART:-all}
+SWEEP_LRS=${SWEEP_LRS:-"3e-3 1e-3 3e-4"}
 SEEDS=${SEEDS:-"1 2 3 4 5"}
 L2_SEEDS=${L2_SEEDS:-"1 2"}
 D=data/tasks O=out/tasks R=out/tasks/repro-align
@@ -26,6 +34,7 @@ run() {  # run NAME SEED FLAGS...: skipped when its results.json exists
     || { echo "failed: align.py $* (see $out.log)" >&2; exit 1; }
 }
 mkdir -p $R
+if [ "$PART" != protocol ]; then
 for s in $SEEDS; do
   run lam0 $s --lambda_align 0
   run lam10 $s --lambda_align 10
@@ -39,3 +48,27 @@ for s in $L2_SEEDS; do
   for l in 0.3 1 3 10; do run l2-$l $s --lambda_align $l --align_metric l2; done
 done
 "$PYTHON" scripts/report.py repro_align_tasks $R "$SEEDS" "$L2_SEEDS" | tee $R/results.md
+fi
+[ "$PART" = parts ] && exit 0
+VAL=(--tasks $D/validation.jsonl --tasks_n 100)  # every evaluation during training on the validation split
+[ -e $D/validation.jsonl ] || { echo "scripts/repro_align_tasks.sh: no $D/validation.jsonl: run 'bash run.sh'" >&2; exit 1; }
+lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
+for r in $SWEEP_LRS; do
+  run p-lam0-$r 1 --lambda_align 0 $(lr $r) "${VAL[@]}"
+  run p-lam10-$r 1 --lambda_align 10 $(lr $r) "${VAL[@]}"
+done
+r0=$("$PYTHON" scripts/report.py align_sweep $R p-lam0 $SWEEP_LRS)
+r10=$("$PYTHON" scripts/report.py align_sweep $R p-lam10 $SWEEP_LRS)
+k=$("$PYTHON" -c 'import json, sys; a, b = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[1:])
+print(round(80 * a / b))' $R/p-lam10-$r10-s1 $R/p-lam0-$r0-s1)
+mkdir -p $R/eval
+for s in $SEEDS; do
+  run p-lam0-$r0 $s --lambda_align 0 $(lr $r0) "${VAL[@]}"
+  run p-lam10-$r10 $s --lambda_align 10 $(lr $r10) "${VAL[@]}"
+  run p-lam0time-$r0 $s --lambda_align 0 $(lr $r0) "${VAL[@]}" --max_iters $k
+  for m in p-lam0-$r0 p-lam10-$r10 p-lam0time-$r0; do
+    [ -e $R/eval/$m-s$s.json ] || "$PYTHON" eval.py tasks --ckpt $R/$m-s$s --data $D --thresholds 0.9,1 \
+      --out $R/eval/$m-s$s.json > /dev/null
+  done
+done
+"$PYTHON" scripts/report.py align_protocol $R $r0 $r10 $k "$SWEEP_LRS" $SEEDS | tee $R/protocol.md

@@ -5,8 +5,8 @@
 #   dlm-dpo  scripts/judged_pairs.py on the DLM's samples (right over wrong), then dpo.py --dlm on those pairs
 #   ar-map   judged_pairs.py on the AR teacher's samples, dpo.py on the teacher, merge.py merge into the DLM
 # Every arm gets BUDGET seconds, its pairs and merge included: steps = (BUDGET − those seconds) / its mean step time,
-# from a short calibration run of each trainer. Training prompts: the first 1700 of data/tasks/prompts.jsonl; the
-# last 300 (no arm trains on them) are the validation split, data/tasks/validation.jsonl.
+# from a short calibration run of each trainer. Training prompts: data/tasks/prompts.jsonl; validation: tasks.py's
+# validation.jsonl (held out by hash, none a test prompt).
 #   1. sweep, seed 1337: three learning rates per arm; the rule named in advance: the highest validation exact match
 #      at threshold 0.9 (a tie: the lower rate).
 #   2. seeds 1338 1339 at the chosen rates (1337: the sweep's run).
@@ -27,7 +27,8 @@ fi
 SEEDS=${SEEDS:-"1337 1338 1339"}
 RL_LRS=${RL_LRS:-"3e-4 1e-4 3e-5"} DPO_LRS=${DPO_LRS:-"1e-3 3e-4 1e-4"}
 D=data/tasks O=out/tasks START=out/tasks/align AR=out/tasks/ar
-for f in $START/config.json $AR/config.json $D/prompts.jsonl; do
+P=$D/prompts.jsonl VAL=$D/validation.jsonl
+for f in $START/config.json $AR/config.json $P $VAL; do
   [ -e $f ] || { echo "scripts/repro_rl.sh: no $f: run 'bash run.sh' first" >&2; exit 1; }
 done
 mkdir -p $OUT/eval
@@ -39,15 +40,6 @@ steps() {  # steps BUDGET USED RUN: the steps of RUN's trainer that fill BUDGET 
 print(max(2, int((b - u) / s["step_seconds"])))' "$@"
 }
 lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
-P=$OUT/prompts.jsonl VAL=$D/validation.jsonl
-stage split $VAL "$PYTHON" -c '
-import json, sys
-import tasks
-recs = [json.loads(line) for line in open(sys.argv[1])]
-open(sys.argv[2], "w").writelines(json.dumps(r) + "\n" for r in recs[:-300])
-open(sys.argv[3], "w").writelines(json.dumps(dict(r, answer=tasks.solve(r["family"], r["prompt"]))) + "\n"
-                                  for r in recs[-300:])' $D/prompts.jsonl $P $VAL
-
 # the pairs, per seed: samples of the DLM (dlm-dpo) and of the teacher (ar-map), 8 per prompt, judged by tasks.check
 PAIRS=(--prompts $P --group $GROUP --threshold 0.9 --max_new_tokens 6 --heldout $HELD "${NUM[@]}")
 for s in $SEEDS; do

@@ -314,3 +314,32 @@ def test_repro_rl(tmp_path, capsys):
     assert f"| rl against the start | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3f} | {5 * p:.3f} |" in out
     assert "| dlm-dpo against the start | 0.000 | 0.000 | 0 ahead, 2 tied of 2 | 1.000 | 1.000 |" in out
     assert "| 0-0 | 0.000 | 1.00 |" in out and "| 12-12 | 1.200 | 1.00 |" in out
+
+
+def test_align_protocol(tmp_path, capsys):
+    """repro_align_tasks.sh's protocol tables: the sweep's rule (the highest validation exact match, a tie the lower
+    rate), the test means, and McNemar over (seed, prompt) pairs with Holm across the four tests."""
+    for arm, accs in (("p-lam0", (0.2, 0.5, 0.5)), ("p-lam10", (0.6, 0.4, 0.1))):
+        for r, a in zip(("3e-3", "1e-3", "3e-4"), accs):
+            write(tmp_path / f"{arm}-{r}-s1/results.json", {"task_acc": a, "task_acc@1": a / 2,
+                                                           "step_seconds_median": 0.1})
+    report.align_sweep(str(tmp_path), "p-lam0", "3e-3", "1e-3", "3e-4")
+    assert capsys.readouterr().out.strip() == "3e-4"  # 1e-3 and 3e-4 tie: the lower rate
+    report.align_sweep(str(tmp_path), "p-lam10", "3e-3", "1e-3", "3e-4")
+    assert capsys.readouterr().out.strip() == "3e-3"
+
+    def ev(name, correct):
+        runs = [dict(threshold=t, accuracy=sum(correct) / len(correct), correct=correct, tokens_per_forward=1.0,
+                     canvas=6) for t in (0.9, 1.0)]
+        write(tmp_path / f"eval/{name}.json", dict(runs=runs))
+    for s in ("1", "2"):
+        ev(f"p-lam0-3e-4-s{s}", [False] * 8)
+        ev(f"p-lam10-3e-3-s{s}", [True] * 4 + [False] * 4)
+        ev(f"p-lam0time-3e-4-s{s}", [True] * 4 + [False] * 4)
+    report.align_protocol(str(tmp_path), "3e-4", "3e-3", "118", "3e-3 1e-3 3e-4", "1", "2")
+    out = capsys.readouterr().out
+    assert "| λ = 0 | 0.200 (0.100), 0.100 s | 0.500 (0.250), 0.100 s | 0.500 (0.250), 0.100 s * |" in out
+    p = 2 / 2 ** 8  # 8 discordant (seed, prompt) pairs, all one way; Holm: the two at this p take 4× and 3×
+    assert f"| λ = 10 against λ = 0, equal steps | 0.9 | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3g} | {4 * p:.3g} |" in out
+    assert "| λ = 10 against λ = 0, equal time | 1 | 0.500 | 0.500 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
+    assert "| λ = 0, lr 3e-4, 118 steps (λ = 10's 80 steps of time) | 0.500 | 0.500 / 0.500 |" in out

@@ -142,6 +142,12 @@ def test_split_is_disjoint_and_deterministic():
     # a prompt space smaller than asked for gives what it has: 100 two-digit lists, about a tenth held out
     _, few = tasks.build(seed=3, n_train=0, n_heldout=50, families=("sort",), min_len=2, max_len=2)
     assert 0 < len(few) < 25 and all(data.is_val(it["prompt"], 0.05) for it in few)
+    # the validation split: more held-out prompts, none a test prompt; the test prompts are unchanged by it
+    val = tasks.validation_items(items, 30, seed=3, heldout_fraction=0.1, **SIZES)
+    vp = [it["prompt"] for it in val]
+    assert len(vp) == len(set(vp)) == 3 * 30 and not set(vp) & set(held) and not set(vp) & train_prompts
+    assert all(data.is_val(p, 0.1) and it["answer"] == tasks.solve(it["family"], p) for p, it in zip(vp, val))
+    assert [it["family"] for it in val] == [f for f in tasks.FAMILIES for _ in range(30)]
 
 
 def test_tokenization_splits_at_the_answer():
@@ -179,6 +185,8 @@ def test_cli_writes_files_data_py_reads(tmp_path):
     assert len(docs) == 400 and all(set(d) == {"text"} for d in docs)
     items = data.read_prompts(tmp_path / "heldout.jsonl")
     assert len(items) == 21 and all(set(it) == {"prompt", "answer", "family"} for it in items)
+    val = data.read_prompts(tmp_path / "validation.jsonl")
+    assert len(val) == 3 * 100 and not {it["prompt"] for it in val} & {it["prompt"] for it in items}
     meta = data.prepare(str(tmp_path), source=str(tmp_path / "train.jsonl"), tokenizer="byte")
     assert sum(s["documents"] for s in meta["splits"].values()) == 400
     pool = data.read_prompts(tmp_path / "prompts.jsonl")  # distill.py's --prompts: whole training prompts
