@@ -614,8 +614,8 @@ def align_protocol(*args):
             f"{res(f'{arm}-{r}-s1')['task_acc']:.3f} ({res(f'{arm}-{r}-s1')['task_acc@1']:.3f}), "
             f"{res(f'{arm}-{r}-s1')['step_seconds_median']:.3f} s{' *' * (r == chosen)}" for r in rates])
     print(cli.table(["arm", *[f"lr {r}" for r in rates], ], rows))
-    ev = functools.cache(lambda m, s, t: next(x for x in json.loads((R / f"eval/{m}-s{s}.json").read_text())["runs"]
-                                              if x["threshold"] == t))
+    ev = functools.cache(lambda m, s, t: next(x for x in json.loads((R / f"eval/{m}-s{s}.json").read_text())
+                                              ["results"]["runs"] if x["threshold"] == t))
     arms = [(f"p-lam0-{r0}", f"λ = 0, lr {r0}, 80 steps"), (f"p-lam10-{r10}", f"λ = 10, lr {r10}, 80 steps"),
             (f"p-lam0time-{r0}", f"λ = 0, lr {r0}, {k} steps (λ = 10's 80 steps of time)")]
     N = ev(arms[0][0], seeds[0], 0.9)["canvas"]
@@ -802,7 +802,8 @@ RL_STAGES = {"rl": ["rl {s} {r}"], "dlm-dpo": ["pairs dlm {s}", "dlm-dpo {s} {r}
 def rl_choice(out, arm, rates):
     """repro_rl.sh's rule, named before the sweep: the highest validation exact match at threshold 0.9, seed 1337
     (a tie: the lower rate). -> (rate, {rate: accuracy})."""
-    acc = {r: json.loads((Path(out) / f"eval/{arm}-1337-{r}.val.json").read_text())["runs"][0]["accuracy"]
+    acc = {r: json.loads((Path(out) / f"eval/{arm}-1337-{r}.val.json").read_text())["results"]["runs"][0]
+           ["accuracy"]
            for r in rates}
     return max(rates, key=lambda r: (acc[r], -float(r))), acc
 
@@ -824,13 +825,13 @@ def repro_rl(*args):
         f"{arm}-1337-*.val.json")), key=float, reverse=True) for arm in RL_ARMS}
     chosen = {arm: rl_choice(out, arm, rates[arm]) for arm in RL_ARMS}
     print(f"Validation exact match (300 training prompts no arm trains on; threshold 0.9; seed 1337); start "
-          f"{read('start.val')['runs'][0]['accuracy']:.3f}; * the chosen rate\n")
+          f"{read('start.val')['results']['runs'][0]['accuracy']:.3f}; * the chosen rate\n")
     print(cli.table(["arm", *[f"rate {i + 1}" for i in range(max(map(len, rates.values())))]],
                     [[arm] + [f"{r}: {acc[r]:.3f}{' *' * (r == rate)}" for r in rates[arm]]
                      for arm, (rate, acc) in chosen.items()]))
 
     def run(name, t):  # the eval file's run at threshold t
-        return next(x for x in read(name)["runs"] if x["threshold"] == t)
+        return next(x for x in read(name)["results"]["runs"] if x["threshold"] == t)
 
     start = {t: run("start.test", t) for t in (0.9, 1.0)}
     families = list(start[0.9]["families"])

@@ -20,9 +20,9 @@ cd "$(dirname "$0")/.."  # the project root
 source scripts/python_env.sh
 python_env requirements.txt scripts/repro_rl.sh
 if [ "${SMOKE:-0}" = 1 ]; then
-  OUT=${OUT:-out/repro_rl_smoke} BUDGET=${BUDGET:-6} CAL=4 NUM=(--num_prompts 8) GROUP=2 HELD=2
+  OUT=${OUT:-out/repro_rl_smoke} BUDGET=${BUDGET:-6} CAL=4 NUM=(--num_prompts 8) GROUP=4 HELD=2 FIRST=(--num_prompts 64)
 else
-  OUT=${OUT:-out/repro_rl} BUDGET=${BUDGET:-120} CAL=16 NUM=() GROUP=8 HELD=32
+  OUT=${OUT:-out/repro_rl} BUDGET=${BUDGET:-120} CAL=16 NUM=() GROUP=8 HELD=32 FIRST=()
 fi
 SEEDS=${SEEDS:-"1337 1338 1339"}
 RL_LRS=${RL_LRS:-"3e-4 1e-4 3e-5"} DPO_LRS=${DPO_LRS:-"1e-3 3e-4 1e-4"}
@@ -41,7 +41,7 @@ print(max(2, int((b - u) / s["step_seconds"])))' "$@"
 }
 lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
 # the pairs, per seed: samples of the DLM (dlm-dpo) and of the teacher (ar-map), 8 per prompt, judged by tasks.check
-PAIRS=(--prompts $P --group $GROUP --threshold 0.9 --max_new_tokens 6 --heldout $HELD "${NUM[@]}")
+PAIRS=(--prompts $P --group $GROUP --threshold 0.9 --max_new_tokens 6 --heldout $HELD "${FIRST[@]}")
 for s in $SEEDS; do
   stage "pairs dlm $s" $OUT/$s/pairs-dlm.jsonl "$PYTHON" scripts/judged_pairs.py --ckpt $START "${PAIRS[@]}" \
     --seed $s --out $OUT/$s/pairs-dlm.jsonl

@@ -282,7 +282,7 @@ def test_repro_rl(tmp_path, capsys):
     """repro_rl.sh's tables: the sweep's rule (the highest validation exact match, a tie the lower rate), each arm's
     held-out means, wall seconds summed over its stages, McNemar over (seed, prompt) with Holm, the reward curve."""
     def ev(name, runs):
-        write(tmp_path / f"eval/{name}.json", dict(runs=runs))
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(runs=runs)))
 
     def run(t, correct, tpf=1.0):
         fams = {"sort": dict(accuracy=sum(correct) / len(correct))}
@@ -331,7 +331,7 @@ def test_align_protocol(tmp_path, capsys):
     def ev(name, correct):
         runs = [dict(threshold=t, accuracy=sum(correct) / len(correct), correct=correct, tokens_per_forward=1.0,
                      canvas=6) for t in (0.9, 1.0)]
-        write(tmp_path / f"eval/{name}.json", dict(runs=runs))
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(runs=runs)))
     for s in ("1", "2"):
         ev(f"p-lam0-3e-4-s{s}", [False] * 8)
         ev(f"p-lam10-3e-3-s{s}", [True] * 4 + [False] * 4)
