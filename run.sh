@@ -11,7 +11,7 @@
 #   bash run.sh stdlib   the standard-library world, out/results.md:
 #       corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversions ->
 #       REPR-ALIGN (and λ = 0) -> OPDLM -> DPO + AR-MAP merge -> likelihood and generation quality of every model
-#   bash run.sh real     the real model, out/real/results.md (~53 min, from its stages): SmolLM2-135M-Instruct from its GGUF -> its own replies to
+#   bash run.sh real     the real model, out/real/results.md (~51 min on a fresh clone, 2 cores): SmolLM2-135M-Instruct from its GGUF -> its own replies to
 #       chat prompts made in code (realworld.py) as the instruction data -> conversions -> λ = 0 (at equal steps and
 #       equal time), REPR-ALIGN, OPDLM on and off policy -> DPO + AR-MAP against DPO on the DLM (prefer a closing
 #       full stop) -> every model's accuracy, agreement with the teacher, tokens per forward and −ELBO
