@@ -56,7 +56,7 @@ stage align-λ0  $O/align0/results.json  "$PYTHON" align.py "${ALIGN[@]}" --out_
 # rollouts of 8 tokens (two blocks: every answer, its eos and the full stop fit), the eos position trained too
 DISTILL=(--init $O/block --teacher $O/ar --prompts $D/prompts.jsonl --seq_len 16 --rollout_min 8 --rollout_max 8
          --curriculum_steps 0 --train_eos --batch_size 32 --max_iters 200 --eval_interval 20 "${TASKS[@]}")
-stage distill   $O/distill/results.json "$PYTHON" distill.py "${DISTILL[@]}" $LR_ON --out_dir $O/distill $(resume $O/distill)
+stage distill   $O/distill/results.json "$PYTHON" distill.py "${DISTILL[@]}" --out_dir $O/distill $(resume $O/distill)
 stage distill-off $O/distill-off/results.json "$PYTHON" distill.py "${DISTILL[@]}" --policy off \
                                           --out_dir $O/distill-off $(resume $O/distill-off)
 # the preference: end the answer with a full stop. Plain DPO (--sft_weight 0) breaks this small teacher's answers;
