@@ -12,7 +12,7 @@ import data
 import diffusion
 import runner
 import tasks
-from conftest import killed_after_checkpoint, run_script
+from conftest import ROOT, killed_after_checkpoint, run_script
 from model import Qwen3, preset
 from tokenizer import Tokenizer
 
@@ -130,3 +130,28 @@ def test_eos_grid_runs_every_rule_and_setting(world, tmp_path):
         for rows in row["rules"].values():
             assert len(rows) == 6 and all(x["forwards_answer"] + x["forwards_after"] == x["forwards"] for x in rows)
     assert "| dlm | 6 | 6 | 0.5 |" in r.stdout and "Within 2 points of the AR teacher's exact match" in r.stdout
+
+
+@pytest.mark.parametrize("world,stages", [("tasks", ["tasks.py", "pretrain.py", "align.py", "distill.py", "dpo.py",
+                                                     "merge.py merge", "eval.py tasks", "report.py tasks_world"]),
+                                          ("stdlib", ["data.py", "pretrain.py", "align.py", "distill.py", "dpo.py",
+                                                      "merge.py merge", "eval.py generate", "report.py stdlib_world"])])
+def test_run_sh_names_every_stage_of_a_world(world, stages, tmp_path):
+    """bash run.sh tasks / stdlib, dry: a stand-in Python that only logs its arguments runs every stage, so an unset
+    variable or a broken line in any stage fails here (the real chains take minutes; run.sh real has its own test)."""
+    import os
+    import shutil
+    import subprocess
+    shutil.copy(ROOT / "run.sh", tmp_path / "run.sh")
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+    (tmp_path / "out" / "tasks").mkdir(parents=True)
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls.log\n')
+    fake.chmod(0o755)
+    r = subprocess.run(["bash", str(tmp_path / "run.sh"), world], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHON=str(fake)), cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    calls = (tmp_path / "calls.log").read_text()
+    for s in stages:
+        assert s in calls, s
+    assert "run.sh: done in" in r.stdout
