@@ -120,7 +120,8 @@ def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, counts=None,
                               record=dlm, **sampler)
         out += [tok.decode(sample.until_end(gen.generated[b].tolist(), ends)) for b in range(len(prompts))]
         if counts is not None:
-            block = model.config.block_size if model.config.attn == "block" else min(32, max_new_tokens)
+            block = model.config.block_size if model.config.attn == "block" else (sampler.get("block_length")
+                                                                                   or min(32, max_new_tokens))
             answer, after = tasks.forwards_split(gen, block) if dlm else (gen.row_nfe, 0 * gen.row_nfe)
             counts += [dict(tokens_per_forward=float(gen.tokens_per_forward[b]), forwards_answer=int(answer[b]),
                             forwards_after=int(after[b])) for b in range(len(prompts))]
@@ -152,13 +153,16 @@ def stop_pairs(items, replies):
     return out
 
 
-def evaluate(model, tok, items, *, thresholds=(None,), teacher=None, max_new_tokens=32, batch_size=16, cache="none"):
+def evaluate(model, tok, items, *, thresholds=(None,), teacher=None, max_new_tokens=32, batch_size=16, cache="none",
+             **sampler):
     """Every item answered at each threshold (None: the sampler's default; an AR model once, greedy; cache: the
-    masked-diffusion sampler's KV cache, sample.diffusion_generate) -> {threshold:
+    masked-diffusion sampler's KV cache, sample.diffusion_generate; sampler: DLMs, more of sample.generate's
+    settings, e.g. eos_rule, eos_penalty, block_length) -> {threshold:
     dict(accuracy, accuracy_<family>, agree (the reply is the teacher's, exactly), f1 (token_f1 with the teacher's),
     full_stop (its share), tokens_per_forward (the mean over replies), forwards_answer, forwards_after, canvas N,
     rows: one dict per item, for paired tests)}. teacher: the teacher's replies, one per item (None: not scored)."""
     out, kw = {}, dict(cache=cache) if model.config.attn == "bidirectional" else {}
+    kw.update(sampler if model.config.attn != "causal" else {})
     for thr in [None] if model.config.attn == "causal" else thresholds:
         counts = []
         texts = replies(model, tok, items, batch_size=batch_size, max_new_tokens=max_new_tokens, counts=counts,
@@ -203,6 +207,7 @@ def main():
                    "learning rates are chosen there)")
     p.add_argument("--cache", default="none", choices=cli.CACHES, help="masked diffusion: the sampler's KV cache "
                    "(dual: Fast-dLLM's approximate cache; none: exact)")
+    cli.eos_args(p)
     p.add_argument("--families", type=cli.comma_list(choices=FAMILIES, what="families"), default=list(FAMILIES))
     p.add_argument("--max_new_tokens", type=int, default=32, help="the replies' length: at most (AR), the canvas N "
                    "(DLMs)")
@@ -255,8 +260,9 @@ def measure(args, held, train):
         teacher = [r["reply"] for r in rows]
     t0 = time.perf_counter()
     runs = evaluate(model, tok, held, thresholds=args.thresholds or [None], teacher=teacher,
-                    max_new_tokens=args.max_new_tokens, cache=args.cache)
-    res = dict(ckpt=str(args.ckpt), split=args.split, cache=args.cache, prompts=len(held),
+                    max_new_tokens=args.max_new_tokens, cache=args.cache, eos_rule=args.eos_rule,
+                    eos_penalty=args.eos_penalty)
+    res = dict(ckpt=str(args.ckpt), split=args.split, cache=args.cache, eos_rule=args.eos_rule, prompts=len(held),
                seconds=time.perf_counter() - t0, runs=runs)
     if teacher is not None:
         res["nelbo_bits"] = nelbo_bits(model, tok, held, teacher)

@@ -5,6 +5,11 @@ canvas and of 4 (masked diffusion; a block DLM keeps its own block), on canvases
 decodes the same prompts once. Each rule is paired per prompt against free in the same setting.
 
     python scripts/eos_grid.py --run out/tasks --data data/tasks --models align0 align distill distill-off
+    python scripts/eos_grid.py --world real --run out/real --models align distill   # bash run.sh real's DLMs
+
+The real world (SmolLM2-135M-Instruct, run.sh real): its held-out prompts judged by realworld.check, at the run's
+canvas of 16 and at 32 (its answers need more than 6 slots), with the run's KV cache (dual: approximate); the
+teacher's figure is its greedy replies' accuracy from RUN/eval/ar.json.
 
 The tests, named before the runs: exact match, McNemar's exact test (two-sided binomial on the prompts where the two
 disagree); answer tokens per forward (each prompt's tokens up to and including its end token over the forwards it
@@ -18,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules
 import cli  # noqa: E402
+import realworld  # noqa: E402
 from scripts.report import holm, mcnemar, paired_t  # noqa: E402
 
 RULES = [("free", 0.0), ("last", 0.0), ("penalty", 1.0), ("penalty", 3.0)]
@@ -38,7 +44,7 @@ def summary(rows):
                 rows_after=sum(r["forwards_after"] > 0 for r in rows) / n)
 
 
-def grid(run_dir, data_dir, models, per_family, batch_size):
+def grid(run_dir, data_dir, models, per_family, batch_size, canvases=CANVASES):
     import tasks
     import training
     from model import Qwen3
@@ -51,7 +57,7 @@ def grid(run_dir, data_dir, models, per_family, batch_size):
     for m in models:
         model = Qwen3.from_pretrained(Path(run_dir) / m).eval()
         blocks = [None, 4] if model.config.attn == "bidirectional" else [model.config.block_size]
-        for N in CANVASES:
+        for N in canvases:
             for block in blocks:
                 for thr in THRESHOLDS:
                     t0, per_rule = time.perf_counter(), {}
@@ -66,6 +72,43 @@ def grid(run_dir, data_dir, models, per_family, batch_size):
                                             block=block or canvas, threshold=thr, rules=per_rule))
                     print(f"eos_grid: {m} N={canvas} block={block or canvas} threshold={thr}: "
                           f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return out
+
+
+def grid_real(run_dir, models, families, per_family, canvases, cache="dual"):
+    """grid() for run.sh real: its held-out prompts (realworld.build, the run's seed) and checker."""
+    import training
+    from model import Qwen3
+    teacher = json.loads((Path(run_dir) / "eval" / "ar.json").read_text())
+    right = [r["right"] for r in next(iter(teacher["runs"].values()))["rows"]]
+    items = realworld.build(n_heldout=per_family, families=families)[1]
+    if len(items) != len(right):
+        raise SystemExit(f"eos_grid: {run_dir}/eval/ar.json answered {len(right)} prompts, not these {len(items)}: "
+                         "give the run's --families and --num_prompts")
+    out = {"teacher": dict(accuracy=sum(right) / len(right), correct=right), "rows": []}
+    for m in models:
+        model = Qwen3.from_pretrained(Path(run_dir) / m).eval()
+        tok = training.load_tokenizer(Path(run_dir) / m, model.config)
+        blocks = [None, 4] if model.config.attn == "bidirectional" else [model.config.block_size]
+        for N in canvases:
+            for block in blocks:
+                t0, per_thr = time.perf_counter(), {thr: {} for thr in THRESHOLDS}
+                for rule in RULES:
+                    sampler = dict(eos_rule=rule[0], eos_penalty=rule[1])
+                    if block:
+                        sampler["block_length"] = block if model.config.attn == "bidirectional" else None
+                    runs = realworld.evaluate(model, tok, items, thresholds=THRESHOLDS, max_new_tokens=N, cache=cache,
+                                              **{k: v for k, v in sampler.items() if v is not None})
+                    for thr in THRESHOLDS:  # a row's answer tokens (up to and including its end token) and forwards
+                        per_thr[thr][name(rule)] = [
+                            dict(correct=r["right"], forwards=r["forwards_answer"] + r["forwards_after"],
+                                 tokens=round(r["tokens_per_forward"] * (r["forwards_answer"] + r["forwards_after"])),
+                                 forwards_answer=r["forwards_answer"], forwards_after=r["forwards_after"])
+                            for r in runs[f"{thr:g}"]["rows"]]
+                for thr in THRESHOLDS:
+                    out["rows"].append(dict(model=m, attn=model.config.attn, canvas=N, block=block or N,
+                                            threshold=thr, rules=per_thr[thr]))
+                print(f"eos_grid: {m} N={N} block={block or N}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return out
 
 
@@ -119,17 +162,30 @@ def tables(out):
 
 def main():
     p = cli.parser(__doc__)
-    p.add_argument("--run", default="out/tasks", help="run.sh's task-world output (ar/ and the DLMs)")
-    p.add_argument("--data", default="data/tasks", help="tasks.py's output (heldout.jsonl)")
-    p.add_argument("--models", nargs="+", default=["align0", "align", "distill", "distill-off"])
-    p.add_argument("--num_prompts", type=int, default=100, help="held-out prompts per family")
+    p.add_argument("--world", default="tasks", choices=("tasks", "real"), help="the task world (run.sh) or the real "
+                   "model (run.sh real)")
+    p.add_argument("--run", default=None, help="run.sh's output (ar/ and the DLMs; default out/tasks, out/real)")
+    p.add_argument("--data", default="data/tasks", help="the task world: tasks.py's output (heldout.jsonl)")
+    p.add_argument("--models", nargs="+", default=None, help="default: align0 align distill distill-off (tasks), "
+                   "align distill (real)")
+    p.add_argument("--num_prompts", type=int, default=None, help="held-out prompts per family (default: 100 (tasks), "
+                   "20, run.sh real's (real))")
+    p.add_argument("--families", type=cli.comma_list(choices=realworld.FAMILIES, what="families"),
+                   default=["sum", "capital"], help="the real world: run.sh real's families")
+    p.add_argument("--canvases", type=cli.comma_list(int, what="canvases"), default=None,
+                   help="canvas sizes N (default: 6,16 (tasks), 16,32 (real))")
     p.add_argument("--batch_size", type=int, default=100)
     p.add_argument("--out", default=None, help="default: RUN/eos_grid.json")
     p.add_argument("--report", action="store_true", help="only print the tables of an existing --out")
     args = p.parse_args()
-    path = Path(args.out or Path(args.run) / "eos_grid.json")
+    real = args.world == "real"
+    run = args.run or f"out/{args.world}"
+    path = Path(args.out or Path(run) / "eos_grid.json")
     if not args.report:
-        out = grid(args.run, args.data, args.models, args.num_prompts, args.batch_size)
+        out = grid_real(run, args.models or ["align", "distill"], args.families, args.num_prompts or 20,
+                        args.canvases or (16, 32)) if real else \
+            grid(run, args.data, args.models or ["align0", "align", "distill", "distill-off"],
+                 args.num_prompts or 100, args.batch_size, args.canvases or CANVASES)
         path.write_text(json.dumps(out))
     tables(json.loads(path.read_text()))
 

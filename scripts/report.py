@@ -824,8 +824,9 @@ def repro_rl(*args):
     rates = {arm: sorted((p.name[len(f"{arm}-1337-"):-len(".val.json")] for p in (out / "eval").glob(
         f"{arm}-1337-*.val.json")), key=float, reverse=True) for arm in RL_ARMS}
     chosen = {arm: rl_choice(out, arm, rates[arm]) for arm in RL_ARMS}
-    print(f"Validation exact match (300 training prompts no arm trains on; threshold 0.9; seed 1337); start "
-          f"{read('start.val')['results']['runs'][0]['accuracy']:.3f}; * the chosen rate\n")
+    val = read('start.val')['results']['runs'][0]
+    print(f"Validation exact match (validation.jsonl's {len(val['correct'])} prompts, none trained on, none a test "
+          f"prompt; threshold 0.9; seed 1337); start {val['accuracy']:.3f}; * the chosen rate\n")
     print(cli.table(["arm", *[f"rate {i + 1}" for i in range(max(map(len, rates.values())))]],
                     [[arm] + [f"{r}: {acc[r]:.3f}{' *' * (r == rate)}" for r in rates[arm]]
                      for arm, (rate, acc) in chosen.items()]))
@@ -879,8 +880,8 @@ def repro_rl(*args):
                 curve.setdefault(rec["step"], []).append((rec["reward"], rec.get("tokens_per_forward", math.nan)))
     steps = sorted(curve)
     bins = [steps[i:i + max(1, len(steps) // 8)] for i in range(0, len(steps), max(1, len(steps) // 8))]
-    print(f"\nRL's reward curve: the rollouts' mean reward (temperature 1, threshold 0.9) and tokens per forward, "
-          f"by steps, mean over seeds\n")
+    print("\nRL's reward curve: the rollouts' mean reward (temperature 1, threshold 0.9) and tokens per forward, "
+          "by steps, mean over seeds\n")
     print(cli.table(["steps", "reward", "tok/fwd"], [
         [f"{b[0]}-{b[-1]}", f"{statistics.mean(x[0] for st in b for x in curve[st]):.3f}",
          f"{statistics.mean(x[1] for st in b for x in curve[st]):.2f}"] for b in bins]))

@@ -178,3 +178,22 @@ def test_run_sh_real_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "| REPR-ALIGN converges faster than λ = 0 | align against align0-time | right |" in r.stdout
     assert "| AR-MAP beats DPO on the DLM itself | merged against dlm-dpo | full_stop |" in r.stdout
+    # the end-token rules on the run's DLMs: under free, on the run's canvas and block, the run's own replies
+    r = run_script("scripts/eos_grid.py", "--world", "real", "--run", tmp_path / "o", "--num_prompts", 2,
+                   "--canvases", 8, "--out", tmp_path / "g.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    grid = json.loads((tmp_path / "g.json").read_text())
+    assert grid["teacher"]["correct"] == [row["right"] for row in ar["runs"]["greedy"]["rows"]]
+    assert {(x["model"], x["canvas"], x["block"]) for x in grid["rows"]} == {("align", 8, 8), ("align", 8, 4),
+                                                                             ("distill", 8, 4)}
+    for m in ("align", "distill"):
+        res = json.loads((tmp_path / "o" / "eval" / f"{m}.json").read_text())
+        for row in (x for x in grid["rows"] if x["model"] == m and x["block"] == (8 if m == "align" else 4)):
+            want = res["runs"].get(f"{row['threshold']:g}")
+            if want:  # the run decoded at 0.9 and 1
+                assert [x["correct"] for x in row["rules"]["free"]] == [x["right"] for x in want["rows"]]
+                assert [x["forwards_answer"] for x in row["rules"]["free"]] == [x["forwards_answer"] for x in
+                                                                                want["rows"]]
+        for row in (x for x in grid["rows"] if x["model"] == m):
+            assert set(row["rules"]) == {"free", "last", "penalty 1", "penalty 3"}
+    assert "| align | 8 | 4 | 0.5 |" in r.stdout

@@ -302,8 +302,8 @@ def test_repro_rl(tmp_path, capsys):
         ev(f"rl-{s}.test", [run(0.9, [True] * 5 + [False] * 5, 1.5), run(1.0, [True] * 4 + [False] * 6, 1.0)])
         ev(f"dlm-dpo-{s}.test", [run(0.9, start), run(1.0, start)])
         ev(f"ar-map-{s}.test", [run(0.9, [True] + [False] * 9), run(1.0, start)])
-        write(tmp_path / s / "rl-3e-5/log.jsonl", "".join(json.dumps(dict(step=i, reward=0.1 * i, tokens_per_forward=1.0))
-                                                          + "\n" for i in range(0, 16, 4)))
+        write(tmp_path / s / "rl-3e-5/log.jsonl",
+              "".join(json.dumps(dict(step=i, reward=0.1 * i, tokens_per_forward=1.0)) + "\n" for i in range(0, 16, 4)))
     write(tmp_path / "seconds.tsv", "rl 1 3e-5\t100\nrl 2 3e-5\t120\npairs ar 1\t10\nar-dpo 1 ar-map-x\t1\n")
     report.repro_rl(str(tmp_path), "1", "2")
     out = capsys.readouterr().out
@@ -340,6 +340,7 @@ def test_align_protocol(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| λ = 0 | 0.200 (0.100), 0.100 s | 0.500 (0.250), 0.100 s | 0.500 (0.250), 0.100 s * |" in out
     p = 2 / 2 ** 8  # 8 discordant (seed, prompt) pairs, all one way; Holm: the two at this p take 4× and 3×
-    assert f"| λ = 10 against λ = 0, equal steps | 0.9 | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3g} | {4 * p:.3g} |" in out
+    assert (f"| λ = 10 against λ = 0, equal steps | 0.9 | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3g} | "
+            f"{4 * p:.3g} |") in out
     assert "| λ = 10 against λ = 0, equal time | 1 | 0.500 | 0.500 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
     assert "| λ = 0, lr 3e-4, 118 steps (λ = 10's 80 steps of time) | 0.500 | 0.500 / 0.500 |" in out
