@@ -94,11 +94,9 @@ def grid_real(run_dir, models, families, per_family, canvases, cache="dual"):
             for block in blocks:
                 t0, per_thr = time.perf_counter(), {thr: {} for thr in THRESHOLDS}
                 for rule in RULES:
-                    sampler = dict(eos_rule=rule[0], eos_penalty=rule[1])
-                    if block:
-                        sampler["block_length"] = block if model.config.attn == "bidirectional" else None
+                    blocked = dict(block_length=block) if block and model.config.attn == "bidirectional" else {}
                     runs = realworld.evaluate(model, tok, items, thresholds=THRESHOLDS, max_new_tokens=N, cache=cache,
-                                              **{k: v for k, v in sampler.items() if v is not None})
+                                              eos_rule=rule[0], eos_penalty=rule[1], **blocked)
                     for thr in THRESHOLDS:  # a row's answer tokens (up to and including its end token) and forwards
                         per_thr[thr][name(rule)] = [
                             dict(correct=r["right"], forwards=r["forwards_answer"] + r["forwards_after"],

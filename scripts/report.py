@@ -80,6 +80,16 @@ def paired(a, b):
     return f"{m:+.3f} ± {sd:.3f}, t = {t:.2f}, p = {p:.3f}, ahead in {sum(x > 0 for x in d)}/{n}"
 
 
+def seeds_ahead(diffs):
+    """Per-seed differences (arm − baseline) -> "k ahead, t tied of n": a tie is counted as a tie, never a win."""
+    return f"{sum(d > 0 for d in diffs)} ahead, {sum(d == 0 for d in diffs)} tied of {len(diffs)}"
+
+
+def chosen_rate(acc):
+    """{rate (text): validation score} -> the sweeps' rule: the highest score, a tie going to the lower rate."""
+    return max(acc, key=lambda r: (acc[r], -float(r)))
+
+
 def split(r):
     """'N 6; 1.80 + 0.40': a tasks run's canvas and its mean forwards a row, committing answer tokens + only after."""
     return f"N {r['canvas']}; {r['forwards_answer']:.2f} + {r['forwards_after']:.2f}"
@@ -598,7 +608,7 @@ def align_sweep(*args):
     final validation exact match at threshold 0.9 (task_acc of R/PREFIX-RATE-s1; a tie: the lower rate)."""
     R, prefix, rates = Path(args[0]), args[1], args[2:]
     acc = {r: json.loads((R / f"{prefix}-{r}-s1/results.json").read_text())["task_acc"] for r in rates}
-    print(max(rates, key=lambda r: (acc[r], -float(r))))
+    print(chosen_rate(acc))
 
 
 def align_protocol(*args):
@@ -634,7 +644,7 @@ def align_protocol(*args):
             d = [ev(arms[1][0], s, t)["accuracy"] - ev(base, s, t)["accuracy"] for s in seeds]
             tests.append([f"λ = 10 against λ = 0, {label}", f"{t:g}", f"{statistics.mean(a):.3f}",
                           f"{statistics.mean(b):.3f}",
-                          f"{sum(x > 0 for x in d)} ahead, {sum(x == 0 for x in d)} tied of {len(d)}", mcnemar(a, b)])
+                          seeds_ahead(d), mcnemar(a, b)])
     print("\nThe tests named in advance: McNemar's exact test over (seed, prompt) pairs, Holm across the four\n")
     print(cli.table(["comparison", "threshold", "λ = 0", "λ = 10", "seeds", "p", "p (Holm)"],
                     [[*row[:-1], f"{row[-1]:.3g}", f"{q:.3g}"] for row, q in zip(tests, holm([x[-1] for x in tests]))]))
@@ -785,9 +795,8 @@ def real_verdicts(*dirs):
                     xa, xb = xa + ra, xb + rb
                     seeds.append(statistics.mean(rb) - statistics.mean(ra))
                 p = mcnemar(xa, xb) if isinstance(xa[0], bool) else paired_t(xa, xb)
-                ahead = f"{sum(s > 0 for s in seeds)} ahead, {sum(s == 0 for s in seeds)} tied of {len(seeds)}"
                 tests.append([claim, f"{b} against {a}", k, f"{statistics.mean(xa):.3f}", f"{statistics.mean(xb):.3f}",
-                              ahead, p])
+                              seeds_ahead(seeds), p])
         for row, q in zip(tests, holm([row[-1] for row in tests])):
             out.append([*row[:-1], f"{row[-1]:.3f}", f"{q:.3f}"])
     print(cli.table(["claim", "comparison", "metric", "baseline", "arm", "seeds", "p", "p (Holm)"], out))
@@ -805,7 +814,7 @@ def rl_choice(out, arm, rates):
     acc = {r: json.loads((Path(out) / f"eval/{arm}-1337-{r}.val.json").read_text())["results"]["runs"][0]
            ["accuracy"]
            for r in rates}
-    return max(rates, key=lambda r: (acc[r], -float(r))), acc
+    return chosen_rate(acc), acc
 
 
 def rl_sweep(*args):
@@ -864,8 +873,7 @@ def repro_rl(*args):
         xa, xb = pooled(a), pooled(b)
         ahead = [statistics.mean(run(b.format(s=s), 0.9)["correct"]) - statistics.mean(run(a.format(s=s), 0.9)
                  ["correct"]) for s in seeds]
-        res.append([what, f"{statistics.mean(xa):.3f}", f"{statistics.mean(xb):.3f}",
-                    f"{sum(d > 0 for d in ahead)} ahead, {sum(d == 0 for d in ahead)} tied of {len(ahead)}",
+        res.append([what, f"{statistics.mean(xa):.3f}", f"{statistics.mean(xb):.3f}", seeds_ahead(ahead),
                     mcnemar(xa, xb)])
     print("\nPaired tests, named before the runs: exact match at threshold 0.9, McNemar's exact test over (seed, "
           "prompt) pairs, p adjusted by Holm across the five\n")
