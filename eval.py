@@ -225,7 +225,8 @@ def task_curve(args):
     """tasks.py's held-out prompts (the first --num_prompts of each family) scored by exact match (tasks.exact_match),
     per family and overall, with each row's tokens per forward; a DLM once per threshold (the accuracy-versus-
     parallelism curve), an AR model once (thresholds do not apply). -> dict(sampler, prompts, runs=[dict(threshold,
-    accuracy, families, correct (per prompt, in order), **sample.throughput)]); the rows' texts are not kept."""
+    accuracy, families, correct and preferred_rows (per prompt, in order: for paired tests), **sample.throughput)]);
+    the rows' texts are not kept."""
     import sample
     import tasks
     import torch
@@ -239,7 +240,8 @@ def task_curve(args):
                                 max_new_tokens=args.max_new_tokens, block_length=args.block_length, generator=g,
                                 cache=args.cache, finish_block=args.finish_block, eos_rule=args.eos_rule,
                                 eos_penalty=args.eos_penalty, compile=args.compile)
-        runs.append(dict(threshold=t, correct=[r["correct"] for r in res["rows"]],  # per prompt: paired tests
+        runs.append(dict(threshold=t, correct=[r["correct"] for r in res["rows"]],
+                         preferred_rows=[r["preferred"] for r in res["rows"]],
                          **{k: v for k, v in res.items() if k != "rows"}))
     if args.cache != "none":
         sampler += f", {args.cache} cache"

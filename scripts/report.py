@@ -603,51 +603,77 @@ def repro_align_tasks(*args):
               + f" | {fmt([e[last]['task_acc@1'] for e in ev])} | {fmt([e[last]['val_nelbo'] for e in ev])} |")
 
 
-def align_sweep(*args):
-    """repro_align_tasks.sh: the rate the protocol's sweep chooses, printed. args: R, PREFIX, RATES...: the highest
-    final validation exact match at threshold 0.9 (task_acc of R/PREFIX-RATE-s1; a tie: the lower rate)."""
+def val_sweep(*args):
+    """The protocol's sweep (repro_align_tasks.sh, repro_tasks.sh): the rate it chooses, printed. args: R, PREFIX,
+    RATES...: the highest final validation exact match at threshold 0.9 (task_acc of R/PREFIX-RATE-s1; a tie: the
+    lower rate)."""
     R, prefix, rates = Path(args[0]), args[1], args[2:]
     acc = {r: json.loads((R / f"{prefix}-{r}-s1/results.json").read_text())["task_acc"] for r in rates}
     print(chosen_rate(acc))
+
+
+def sweep_table(R, arms, rates, steps):
+    """The sweep at seed 1: each arm's final validation exact match at 0.9 (at 1.0 where the run logged it), median
+    seconds per step; * the chosen rate. arms: [(label, run prefix, chosen rate)]."""
+    def cell(r, chosen, x):
+        also = f" ({x['task_acc@1']:.3f})" if "task_acc@1" in x else ""
+        return f"{x['task_acc']:.3f}{also}, {x['step_seconds_median']:.3f} s{' *' * (r == chosen)}"
+    print(f"The sweep, seed 1, {steps} steps: final exact match on the validation split (100 prompts per family) at "
+          "threshold 0.9 (1.0 in brackets, where logged), median seconds per step; * the chosen rate\n")
+    print(cli.table(["arm", *[f"lr {r}" for r in rates]], [
+        [label] + [cell(r, chosen, json.loads((R / f"{prefix}-{r}-s1/results.json").read_text())) for r in rates]
+        for label, prefix, chosen in arms]))
+
+
+def test_tables(R, arms, comparisons, thresholds, seeds):
+    """The test prompts: each arm's exact match and tokens per forward (R/eval/RUN-sSEED.json, eval.py tasks), then
+    each comparison at each threshold: McNemar's exact test over (seed, prompt) pairs, Holm across all of them.
+    arms: [(run, label)]; comparisons: [(label, baseline run, arm run)]."""
+    ev = functools.cache(lambda m, s, t: next(x for x in json.loads((R / f"eval/{m}-s{s}.json").read_text())
+                                              ["results"]["runs"] if x["threshold"] == t))
+    first = ev(arms[0][0], seeds[0], thresholds[0])
+    print(f"\nThe test: {len(first['correct'])} held-out prompts, seeds {', '.join(seeds)}, canvas N = "
+          f"{first['canvas']}: exact match (mean over seeds; per seed at {thresholds[0]:g}) and tokens per forward\n")
+    mean = lambda m, t, k: statistics.mean(ev(m, s, t)[k] for s in seeds)  # noqa: E731
+    print(cli.table(["run", *[f"EM {t:g}" for t in thresholds], f"per seed {thresholds[0]:g}",
+                     *[f"tok/fwd {t:g}" for t in thresholds]], [
+        [what, *[f"{mean(m, t, 'accuracy'):.3f}" for t in thresholds],
+         " / ".join(f"{ev(m, s, thresholds[0])['accuracy']:.3f}" for s in seeds),
+         *[f"{mean(m, t, 'tokens_per_forward'):.2f}" for t in thresholds]] for m, what in arms]))
+    tests = []
+    for label, base, arm in comparisons:
+        for t in thresholds:
+            a, b = ([c for s in seeds for c in ev(m, s, t)["correct"]] for m in (base, arm))
+            d = [ev(arm, s, t)["accuracy"] - ev(base, s, t)["accuracy"] for s in seeds]
+            tests.append([label, f"{t:g}", f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}", seeds_ahead(d),
+                          mcnemar(a, b)])
+    print(f"\nThe tests named in advance: McNemar's exact test over (seed, prompt) pairs, Holm across the {len(tests)}\n")
+    print(cli.table(["comparison", "threshold", "baseline", "arm", "seeds", "p", "p (Holm)"],
+                    [[*row[:-1], f"{row[-1]:.3g}", f"{q:.3g}"] for row, q in zip(tests, holm([x[-1] for x in tests]))]))
 
 
 def align_protocol(*args):
     """repro_align_tasks.sh PART=protocol: the sweep, the test at the chosen rates, the paired tests named in
     advance. args: R, λ = 0's rate, λ = 10's rate, λ = 0's steps at equal time, "SWEEP RATES", SEEDS..."""
     R, r0, r10, k, rates, seeds = Path(args[0]), args[1], args[2], args[3], args[4].split(), args[5:]
-    res = functools.cache(lambda run: json.loads((R / f"{run}/results.json").read_text()))
-    print("The sweep, seed 1, 80 steps: final exact match on the validation split (100 prompts per family) at "
-          "threshold 0.9 (1.0), median seconds per step; * the chosen rate\n")
-    rows = []
-    for arm, chosen in (("p-lam0", r0), ("p-lam10", r10)):
-        rows.append([{"p-lam0": "λ = 0", "p-lam10": "λ = 10"}[arm]] + [
-            f"{res(f'{arm}-{r}-s1')['task_acc']:.3f} ({res(f'{arm}-{r}-s1')['task_acc@1']:.3f}), "
-            f"{res(f'{arm}-{r}-s1')['step_seconds_median']:.3f} s{' *' * (r == chosen)}" for r in rates])
-    print(cli.table(["arm", *[f"lr {r}" for r in rates], ], rows))
-    ev = functools.cache(lambda m, s, t: next(x for x in json.loads((R / f"eval/{m}-s{s}.json").read_text())
-                                              ["results"]["runs"] if x["threshold"] == t))
+    sweep_table(R, [("λ = 0", "p-lam0", r0), ("λ = 10", "p-lam10", r10)], rates, 80)
     arms = [(f"p-lam0-{r0}", f"λ = 0, lr {r0}, 80 steps"), (f"p-lam10-{r10}", f"λ = 10, lr {r10}, 80 steps"),
             (f"p-lam0time-{r0}", f"λ = 0, lr {r0}, {k} steps (λ = 10's 80 steps of time)")]
-    N = ev(arms[0][0], seeds[0], 0.9)["canvas"]
-    print(f"\nThe test: {len(ev(arms[0][0], seeds[0], 0.9)['correct'])} held-out prompts, seeds {', '.join(seeds)}, "
-          f"canvas N = {N}: exact match (mean over seeds; per seed) and tokens per forward\n")
-    print(cli.table(["run", "EM 0.9", "per seed", "EM 1.0", "per seed", "tok/fwd 0.9", "tok/fwd 1.0"], [
-        [what, *[x for t in (0.9, 1.0) for x in (f"{statistics.mean(ev(m, s, t)['accuracy'] for s in seeds):.3f}",
-                                                 " / ".join(f"{ev(m, s, t)['accuracy']:.3f}" for s in seeds))],
-         *[f"{statistics.mean(ev(m, s, t)['tokens_per_forward'] for s in seeds):.2f}" for t in (0.9, 1.0)]]
-        for m, what in arms]))
-    tests = []
-    for base, label in ((arms[0][0], "equal steps"), (arms[2][0], "equal time")):
-        for t in (0.9, 1.0):
-            a = [c for s in seeds for c in ev(base, s, t)["correct"]]
-            b = [c for s in seeds for c in ev(arms[1][0], s, t)["correct"]]
-            d = [ev(arms[1][0], s, t)["accuracy"] - ev(base, s, t)["accuracy"] for s in seeds]
-            tests.append([f"λ = 10 against λ = 0, {label}", f"{t:g}", f"{statistics.mean(a):.3f}",
-                          f"{statistics.mean(b):.3f}",
-                          seeds_ahead(d), mcnemar(a, b)])
-    print("\nThe tests named in advance: McNemar's exact test over (seed, prompt) pairs, Holm across the four\n")
-    print(cli.table(["comparison", "threshold", "λ = 0", "λ = 10", "seeds", "p", "p (Holm)"],
-                    [[*row[:-1], f"{row[-1]:.3g}", f"{q:.3g}"] for row, q in zip(tests, holm([x[-1] for x in tests]))]))
+    test_tables(R, arms, [("λ = 10 against λ = 0, equal steps", arms[0][0], arms[1][0]),
+                          ("λ = 10 against λ = 0, equal time", arms[2][0], arms[1][0])], (0.9, 1.0), seeds)
+
+
+def opdlm_protocol(*args):
+    """repro_tasks.sh PART=protocol: OPDLM on against off policy. args: R, on's rate, off's rate, off's steps at
+    on's 200 steps of time (200: the same cost, no time arm), "SWEEP RATES", SEEDS..."""
+    R, ron, roff, k, rates, seeds = Path(args[0]), args[1], args[2], int(args[3]), args[4].split(), args[5:]
+    sweep_table(R, [("on-policy", "on", ron), ("off-policy", "off", roff)], rates, 200)
+    arms = [(f"off-{roff}", f"off-policy, lr {roff}, 200 steps"), (f"on-{ron}", f"on-policy, lr {ron}, 200 steps")]
+    comparisons = [("on against off, equal steps", arms[0][0], arms[1][0])]
+    if k != 200:
+        arms.append((f"offtime-{roff}", f"off-policy, lr {roff}, {k} steps (on-policy's 200 steps of time)"))
+        comparisons.append(("on against off, equal time", arms[2][0], arms[1][0]))
+    test_tables(R, arms, comparisons, (0.5, 0.7, 0.9, 0.95, 1.0), seeds)
 
 
 def real_world(*args):
@@ -898,7 +924,7 @@ def repro_rl(*args):
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
                                   repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts, rl_sweep,
-                                  repro_rl, align_sweep, align_protocol)}
+                                  repro_rl, val_sweep, align_protocol, opdlm_protocol)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

@@ -57,8 +57,8 @@ for r in $SWEEP_LRS; do
   run p-lam0-$r 1 --lambda_align 0 $(lr $r) "${VAL[@]}"
   run p-lam10-$r 1 --lambda_align 10 $(lr $r) "${VAL[@]}"
 done
-r0=$("$PYTHON" scripts/report.py align_sweep $R p-lam0 $SWEEP_LRS)
-r10=$("$PYTHON" scripts/report.py align_sweep $R p-lam10 $SWEEP_LRS)
+r0=$("$PYTHON" scripts/report.py val_sweep $R p-lam0 $SWEEP_LRS)
+r10=$("$PYTHON" scripts/report.py val_sweep $R p-lam10 $SWEEP_LRS)
 k=$("$PYTHON" -c 'import json, sys; a, b = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[1:])
 print(round(80 * a / b))' $R/p-lam10-$r10-s1 $R/p-lam0-$r0-s1)
 mkdir -p $R/eval

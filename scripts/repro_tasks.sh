@@ -5,9 +5,16 @@
 # rollout settings (temperature 0; threshold 0.5, on- and off-policy) with EXTRA_SEEDS; and AR-MAP's merge at each γ
 # of a grid, scored at threshold 0.9 (the share of answers with the full stop against the accuracy kept).
 # Writes out/tasks/repro/results.md and curves.png (with matplotlib). About 40 minutes on 2 cores with N = 5.
+#   PART=protocol: only OPDLM on against off under the protocol (docs/results.md, "The verdict protocol"): each
+#   policy's rate from SWEEP_LRS at seed 1, judged by exact match on tasks.py's validation.jsonl at threshold 0.9 (the
+#   highest; a tie: the lower rate); then seeds SEEDS at the chosen rates, each final checkpoint on the 600 test
+#   prompts at five thresholds; off-policy also for on-policy's time when its step is more than 5% cheaper. Writes
+#   out/tasks/repro/protocol/protocol.md; about 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
+PART=${PART:-all}
+SWEEP_LRS=${SWEEP_LRS:-"1e-2 3e-3 1e-3 3e-4"}
 SEEDS=${SEEDS:-"1 2 3 4 5"}
 EXTRA_SEEDS=${EXTRA_SEEDS:-"1 2"}  # the rollout-setting runs (a subset of SEEDS: they share its on- and off-policy runs)
 THRESHOLDS=0.5,0.7,0.9,0.95,1
@@ -26,6 +33,36 @@ run() {  # run OUT_DIR COMMAND...: skipped when OUT_DIR/results.json exists
   echo "== $out"; "$@" --out_dir "$out" > "$out.log" 2>&1 || { echo "failed: $* (see $out.log)" >&2; exit 1; }
 }
 mkdir -p $R
+if [ "$PART" = protocol ]; then
+  P=$R/protocol VAL=(--tasks $D/validation.jsonl --tasks_n 100 --eval_interval 100)  # evaluations: validation only
+  mkdir -p $P/eval
+  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
+  for r in $SWEEP_LRS; do
+    for pol in on off; do
+      run $P/$pol-$r-s1 "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" --policy $pol $(lr $r) --seed 1
+    done
+  done
+  ron=$("$PYTHON" scripts/report.py val_sweep $P on $SWEEP_LRS)
+  roff=$("$PYTHON" scripts/report.py val_sweep $P off $SWEEP_LRS)
+  k=$("$PYTHON" -c 'import json, sys; on, off = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[1:])
+print(round(200 * on / off) if on > 1.05 * off else 200)' $P/on-$ron-s1 $P/off-$roff-s1)  # off's steps in on's time
+  for s in $SEEDS; do
+    run $P/on-$ron-s$s "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" $(lr $ron) --seed $s
+    run $P/off-$roff-s$s "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" --policy off $(lr $roff) --seed $s
+    ms="on-$ron off-$roff"
+    if [ "$k" != 200 ]; then
+      run $P/offtime-$roff-s$s "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" --policy off $(lr $roff) --seed $s \
+        --max_iters $k
+      ms="$ms offtime-$roff"
+    fi
+    for m in $ms; do
+      [ -e $P/eval/$m-s$s.json ] || "$PYTHON" eval.py tasks --ckpt $P/$m-s$s --data $D --thresholds $THRESHOLDS \
+        --out $P/eval/$m-s$s.json > /dev/null
+    done
+  done
+  "$PYTHON" scripts/report.py opdlm_protocol $P $ron $roff $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  exit 0
+fi
 for s in $SEEDS; do
   run $R/align-s$s "$PYTHON" align.py "${ALIGN[@]}" --seed $s
   run $R/align0-s$s "$PYTHON" align.py "${ALIGN[@]}" --seed $s --lambda_align 0

@@ -323,9 +323,9 @@ def test_align_protocol(tmp_path, capsys):
         for r, a in zip(("3e-3", "1e-3", "3e-4"), accs):
             write(tmp_path / f"{arm}-{r}-s1/results.json", {"task_acc": a, "task_acc@1": a / 2,
                                                            "step_seconds_median": 0.1})
-    report.align_sweep(str(tmp_path), "p-lam0", "3e-3", "1e-3", "3e-4")
+    report.val_sweep(str(tmp_path), "p-lam0", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-4"  # 1e-3 and 3e-4 tie: the lower rate
-    report.align_sweep(str(tmp_path), "p-lam10", "3e-3", "1e-3", "3e-4")
+    report.val_sweep(str(tmp_path), "p-lam10", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-3"
 
     def ev(name, correct):
