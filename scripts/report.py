@@ -90,6 +90,12 @@ def chosen_rate(acc):
     return max(acc, key=lambda r: (acc[r], -float(r)))
 
 
+def holm_table(header, tests):
+    """A markdown table of tests (rows ending in their p) with Holm's adjusted p across them appended."""
+    return cli.table([*header, "p", "p (Holm)"], [[*row[:-1], f"{row[-1]:.3g}", f"{q:.3g}"]
+                                                  for row, q in zip(tests, holm([x[-1] for x in tests]))])
+
+
 def split(r):
     """'N 6; 1.80 + 0.40': a tasks run's canvas and its mean forwards a row, committing answer tokens + only after."""
     return f"N {r['canvas']}; {r['forwards_answer']:.2f} + {r['forwards_after']:.2f}"
@@ -647,9 +653,9 @@ def test_tables(R, arms, comparisons, thresholds, seeds):
             d = [ev(arm, s, t)["accuracy"] - ev(base, s, t)["accuracy"] for s in seeds]
             tests.append([label, f"{t:g}", f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}", seeds_ahead(d),
                           mcnemar(a, b)])
-    print(f"\nThe tests named in advance: McNemar's exact test over (seed, prompt) pairs, Holm across the {len(tests)}\n")
-    print(cli.table(["comparison", "threshold", "baseline", "arm", "seeds", "p", "p (Holm)"],
-                    [[*row[:-1], f"{row[-1]:.3g}", f"{q:.3g}"] for row, q in zip(tests, holm([x[-1] for x in tests]))]))
+    print(f"\nThe tests named in advance: McNemar's exact test over (seed, prompt) pairs, Holm across the "
+          f"{len(tests)}\n")
+    print(holm_table(["comparison", "threshold", "baseline", "arm", "seeds"], tests))
 
 
 def align_protocol(*args):
@@ -663,6 +669,25 @@ def align_protocol(*args):
                           ("λ = 10 against λ = 0, equal time", arms[2][0], arms[1][0])], (0.9, 1.0), seeds)
 
 
+def l2_sweep(*args):
+    """repro_align_tasks.sh PART=protocol: L2's λ and rate, printed "λ rate". args: R, "LAMBDAS", "RATES": the highest
+    final validation exact match at 0.9 of R/p-l2-λ-RATE-s1 (a tie: the lower λ, then the lower rate)."""
+    R, lambdas, rates = Path(args[0]), args[1].split(), args[2].split()
+    acc = {(lam, r): json.loads((R / f"p-l2-{lam}-{r}-s1/results.json").read_text())["task_acc"]
+           for lam in lambdas for r in rates}
+    print(*max(acc, key=lambda lr: (acc[lr], -float(lr[0]), -float(lr[1]))))
+
+
+def l2_protocol(*args):
+    """repro_align_tasks.sh PART=protocol: cosine (λ = 10) against L2, each at its chosen setting. args: R, cosine's
+    rate, L2's λ, L2's rate, "L2 LAMBDAS", "SWEEP RATES", SEEDS..."""
+    R, r10, l2, rl2, lambdas, rates, seeds = Path(args[0]), *args[1:4], args[4].split(), args[5].split(), args[6:]
+    sweep_table(R, [(f"L2, λ = {lam}", f"p-l2-{lam}", rl2 if lam == l2 else None) for lam in lambdas], rates, 80)
+    arms = [(f"p-l2-{l2}-{rl2}", f"L2, λ = {l2}, lr {rl2}, 80 steps"),
+            (f"p-lam10-{r10}", f"cosine, λ = 10, lr {r10}, 80 steps")]
+    test_tables(R, arms, [("cosine against L2", arms[0][0], arms[1][0])], (0.9, 1.0), seeds)
+
+
 def opdlm_protocol(*args):
     """repro_tasks.sh PART=protocol: OPDLM on against off policy. args: R, on's rate, off's rate, off's steps at
     on's 200 steps of time (200: the same cost, no time arm), "SWEEP RATES", SEEDS..."""
@@ -674,6 +699,87 @@ def opdlm_protocol(*args):
         arms.append((f"offtime-{roff}", f"off-policy, lr {roff}, {k} steps (on-policy's 200 steps of time)"))
         comparisons.append(("on against off, equal time", arms[2][0], arms[1][0]))
     test_tables(R, arms, comparisons, (0.5, 0.7, 0.9, 0.95, 1.0), seeds)
+
+
+def mark_sweep(*args):
+    """repro_mark.sh PART=protocol: the DPO rate a route's sweep chooses, printed. args: P, ROUTE, RATES...: the
+    highest share of validation prompts answered right and with the full stop at 0.9 (a tie: the lower rate)."""
+    P, route, rates = Path(args[0]), args[1], args[2:]
+    print(chosen_rate({r: json.loads((P / f"eval/val-{route}-{r}.json").read_text())["results"]["runs"][0]["preferred"]
+                       for r in rates}))
+
+
+def stage_seconds(P):
+    """{stage name: seconds} of a script's STAGE_LOG (P/seconds.tsv; scripts/stage.sh writes it)."""
+    return {row[0]: int(row[1]) for row in csv.reader((Path(P) / "seconds.tsv").open(), delimiter="\t")}
+
+
+def mark_steps(*args):
+    """repro_mark.sh PART=protocol: DPO on the DLM's steps in AR-MAP's seconds at seed 1, printed (STEPS when DPO on
+    the DLM is not more than 5% cheaper). args: P, AR-MAP's rate, DLM-only's rate, STEPS."""
+    P, ra, rd, steps = args[0], args[1], args[2], int(args[3])
+    sec = stage_seconds(P)
+    armap, dlm = sec[f"ar-dpo {ra} 1"] + sec[f"merge {ra} 1"], sec[f"dlm-dpo {rd} 1"]
+    print(round(steps * armap / dlm) if armap > 1.05 * dlm else steps)
+
+
+def mark_protocol(*args):
+    """repro_mark.sh PART=protocol: the sweep, the routes on the test prompts, the tests named in advance. args: P,
+    AR-MAP's rate, DLM-only's rate, DLM-only's steps at equal time (100: no time arm), "SWEEP RATES", SEEDS..."""
+    P, ra, rd, k, rates, seeds = Path(args[0]), args[1], args[2], int(args[3]), args[4].split(), args[5:]
+    read = functools.cache(lambda name: json.loads((P / f"eval/{name}.json").read_text())["results"]["runs"][0])
+    gamma = functools.cache(lambda r, s: json.loads((P / f"ar-map-{r}-s{s}/merge.json").read_text())["best_gamma"])
+    sec = stage_seconds(P)
+    chosen = {"ar-map": ra, "dlm-dpo": rd}
+    print("The sweep, seed 1, 100 DPO steps: the share of the validation prompts (100 per family) answered right with "
+          "the full stop at threshold 0.9 (right in either form in brackets); AR-MAP's γ by merge.py's rule; * the "
+          "chosen rate\n")
+    print(cli.table(["route", *[f"lr {r}" for r in rates]], [
+        [route] + [f"{read(f'val-{route}-{r}')['preferred']:.3f} ({read(f'val-{route}-{r}')['right']:.3f})"
+                   + (f", γ {gamma(r, '1'):g}" if route == "ar-map" else "") + " *" * (r == chosen[route])
+                   for r in rates] for route in ("ar-map", "dlm-dpo")]))
+    arms = [("align", "the REPR-ALIGN DLM (the start)", []), (f"ar-map-{ra}", f"AR-MAP, DPO lr {ra}",
+                                                                ["ar-dpo {r} {s}", "merge {r} {s}"]),
+            (f"dlm-dpo-{rd}", f"DPO on the DLM, lr {rd}, 100 steps", ["dlm-dpo {r} {s}"])]
+    if k != 100:
+        arms.append((f"dlm-dpo-time-{rd}", f"DPO on the DLM, lr {rd}, {k} steps (AR-MAP's seconds)",
+                     ["dlm-dpo-time {r} {s}"]))
+
+    def runs(m):  # the arm's eval run per seed (the start: the same run for every seed)
+        return [read("align-s0") if m == "align" else read(f"{m}-s{s}") for s in seeds]
+
+    def flags(m, key):  # per (seed, prompt): right (either form) or preferred (right with the full stop)
+        return [c or p if key == "right" else p for r in runs(m) for c, p in zip(r["correct"], r["preferred_rows"])]
+    rows = []
+    for m, what, stages in arms:
+        wall = [sum(sec.get(st.format(r=ra if "ar-" in st else rd, s=s), 0) for st in stages) for s in seeds]
+        rows.append([what, f"{statistics.mean(flags(m, 'right')):.3f}", f"{statistics.mean(flags(m, 'preferred')):.3f}",
+                     " / ".join(f"{r['preferred']:.3f}" for r in runs(m)),
+                     f"{statistics.mean(r['tokens_per_forward'] for r in runs(m)):.2f}",
+                     ", ".join(f"{gamma(ra, s):g}" for s in seeds) if m.startswith("ar-map") else "—",
+                     f"{statistics.mean(wall):.0f}" if stages else "—"])
+    first = runs("align")[0]
+    print(f"\nThe test: {len(first['correct'])} held-out prompts, seeds {', '.join(seeds)}, threshold 0.9, canvas N = "
+          f"{first['canvas']}: right in either form, right with the full stop (mean over seeds; per seed), tokens per "
+          "forward, AR-MAP's γ per seed, seconds per route (process starts included; mean over seeds)\n")
+    print(cli.table(["model", "right", "with the full stop", "per seed", "tok/fwd", "γ", "seconds"], rows))
+
+    n = len(first["correct"])
+
+    def test(label, base, arm, key):
+        a, b = flags(base, key), flags(arm, key)
+        d = [statistics.mean(b[i:i + n]) - statistics.mean(a[i:i + n]) for i in range(0, len(a), n)]  # per seed
+        return [label, key, f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}", seeds_ahead(d), mcnemar(a, b)]
+    transfer = test("the transfer: AR-MAP against the start", "align", arms[1][0], "preferred")
+    print("\nThe transfer, one test: McNemar's exact test over (seed, prompt) pairs\n")
+    print(cli.table(["comparison", "outcome", "baseline", "arm", "seeds", "p"],
+                    [[*transfer[:-1], f"{transfer[-1]:.3g}"]]))
+    tests = [test(f"AR-MAP against DPO on the DLM, {label}", base, arms[1][0], key)
+             for label, base in [("equal steps", arms[2][0])] + [("equal time", arms[3][0])] * (k != 100)
+             for key in ("preferred", "right")]
+    print(f"\nAR-MAP against DPO on the DLM: McNemar's exact test over (seed, prompt) pairs, Holm across the "
+          f"{len(tests)}\n")
+    print(holm_table(["comparison", "outcome", "baseline", "arm", "seeds"], tests))
 
 
 def real_world(*args):
@@ -855,7 +961,7 @@ def repro_rl(*args):
     read = functools.cache(lambda name: json.loads((out / f"eval/{name}.json").read_text()))
     secs = {}
     with contextlib.suppress(FileNotFoundError):
-        secs = {row[0]: int(row[1]) for row in csv.reader((out / "seconds.tsv").open(), delimiter="\t")}
+        secs = stage_seconds(out)
     rates = {arm: sorted((p.name[len(f"{arm}-1337-"):-len(".val.json")] for p in (out / "eval").glob(
         f"{arm}-1337-*.val.json")), key=float, reverse=True) for arm in RL_ARMS}
     chosen = {arm: rl_choice(out, arm, rates[arm]) for arm in RL_ARMS}
@@ -924,7 +1030,8 @@ def repro_rl(*args):
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
                                   repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts, rl_sweep,
-                                  repro_rl, val_sweep, align_protocol, opdlm_protocol)}
+                                  repro_rl, val_sweep, align_protocol, opdlm_protocol, l2_sweep, l2_protocol,
+                                  mark_sweep, mark_steps, mark_protocol)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

@@ -8,7 +8,9 @@
 #   protocol (docs/results.md, "The verdict protocol"): each arm's rate from SWEEP_LRS at seed 1, judged by exact
 #     match on tasks.py's validation.jsonl at threshold 0.9 (the highest; a tie: the lower rate); then seeds SEEDS at
 #     the chosen rates: λ = 0 and λ = 10 for 80 steps, and λ = 0 for as many steps as λ = 10's 80 take (their
-#     median step times in the sweep); each final checkpoint on the 600 test prompts (eval.py tasks, 0.9 and 1.0)
+#     median step times in the sweep); each final checkpoint on the 600 test prompts (eval.py tasks, 0.9 and 1.0);
+#     and cosine against L2: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule, seeds SEEDS, against the
+#     cosine λ = 10 above
 # Writes out/tasks/repro-align/results.md. About 30 minutes on 2 cores with the defaults (PART=protocol: about 10,
 # PART=parts: the rest).
 set -euo pipefail
@@ -16,7 +18,8 @@ cd "$(dirname "$0")/.."  # the project root
 source scripts/python_env.sh
 python_env requirements.txt scripts/repro_align_tasks.sh
 PART=${PART:-all}
-SWEEP_LRS=${SWEEP_LRS:-"3e-3 1e-3 3e-4"}
+SWEEP_LRS=${SWEEP_LRS:-"1e-2 3e-3 1e-3 3e-4"}
+L2_LAMBDAS=${L2_LAMBDAS:-"0.3 1 3 10"}
 SEEDS=${SEEDS:-"1 2 3 4 5"}
 L2_SEEDS=${L2_SEEDS:-"1 2"}
 D=data/tasks O=out/tasks R=out/tasks/repro-align
@@ -72,3 +75,14 @@ for s in $SEEDS; do
   done
 done
 "$PYTHON" scripts/report.py align_protocol $R $r0 $r10 $k "$SWEEP_LRS" $SEEDS | tee $R/protocol.md
+# cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS (the same rule), then its seeds
+for l in $L2_LAMBDAS; do
+  for r in $SWEEP_LRS; do run p-l2-$l-$r 1 --lambda_align $l --align_metric l2 $(lr $r) "${VAL[@]}"; done
+done
+read -r l2 rl2 < <("$PYTHON" scripts/report.py l2_sweep $R "$L2_LAMBDAS" "$SWEEP_LRS")
+for s in $SEEDS; do
+  run p-l2-$l2-$rl2 $s --lambda_align $l2 --align_metric l2 $(lr $rl2) "${VAL[@]}"
+  [ -e $R/eval/p-l2-$l2-$rl2-s$s.json ] || "$PYTHON" eval.py tasks --ckpt $R/p-l2-$l2-$rl2-s$s --data $D \
+    --thresholds 0.9,1 --out $R/eval/p-l2-$l2-$rl2-s$s.json > /dev/null
+done
+"$PYTHON" scripts/report.py l2_protocol $R $r10 $l2 $rl2 "$L2_LAMBDAS" "$SWEEP_LRS" $SEEDS | tee $R/protocol-l2.md

@@ -6,10 +6,18 @@
 # stop, and exact match), with DPO on the DLM itself (dpo.py --dlm) beside it. Finished stages are reused.
 #   bash scripts/repro_mark.sh            # OUT=out/repro_mark, MARK_SHARE=0.2, GAMMAS="0 0.25 0.5 1 2 4"
 #   SMOKE=1 bash scripts/repro_mark.sh    # a short check of the chain
+#   PART=protocol bash scripts/repro_mark.sh   # instead of the γ grid, AR-MAP against DPO on the DLM under the
+#     protocol (docs/results.md, "The verdict protocol"): each route's DPO rate from SWEEP_LRS at seed 1, judged by
+#     the share of validation.jsonl's prompts answered right and with the full stop at threshold 0.9 (AR-MAP: the
+#     merged DLM, γ by merge.py's rule over 0, 0.25, 0.5, 1); then seeds SEEDS at the chosen rates on the test
+#     prompts, DPO on the DLM also for AR-MAP's seconds when it is the cheaper route. Writes $OUT/protocol/protocol.md
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
 MARK_SHARE=${MARK_SHARE:-0.2}
+PART=${PART:-all}
+SWEEP_LRS=${SWEEP_LRS:-"3e-3 1e-3 3e-4 1e-4"}
+SEEDS=${SEEDS:-"1 2 3 4 5"}
 if [ "${SMOKE:-0}" = 1 ]; then
   OUT=${OUT:-out/repro_mark_smoke}; GAMMAS=${GAMMAS:-0 1}; TASKS=(--n_train 2000 --n_heldout 10)
   PRE=(--max_iters 20 --eval_interval 10); STEPS=(--max_iters 4 --eval_interval 2); NP=5
@@ -31,6 +39,45 @@ stage align    $OUT/align/results.json "$PYTHON" align.py --init $OUT/dlm --data
                  "${STEPS[@]}" --out_dir $OUT/align
 DPO=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --max_iters 100 --lr 1e-3 --batch_size 16
      --eval_interval 50 --sft_weight 1 "${STEPS[@]}")
+if [ "$PART" = protocol ]; then
+  P=$OUT/protocol STAGE_LOG=$OUT/protocol/seconds.tsv  # each stage's seconds: the routes' costs
+  mkdir -p $P/eval
+  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
+  routes() {  # routes RATE_AR RATE_DLM SEED: AR-MAP (DPO on the teacher, merged) and DPO on the DLM, at the rates
+    stage "ar-dpo $1 $3" $P/ar-dpo-$1-s$3/results.json "$PYTHON" dpo.py --ar $OUT/ar "${DPO[@]}" $(lr $1) --seed $3 \
+      --out_dir $P/ar-dpo-$1-s$3
+    stage "merge $1 $3" $P/ar-map-$1-s$3/merge.json "$PYTHON" merge.py merge --ar $OUT/ar --ar_aligned \
+      $P/ar-dpo-$1-s$3 --dlm $OUT/align --pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl \
+      --gammas 0,0.25,0.5,1 --n_masks 2 --samples 0 --seed $3 --out_dir $P/ar-map-$1-s$3
+    stage "dlm-dpo $2 $3" $P/dlm-dpo-$2-s$3/results.json "$PYTHON" dpo.py --dlm --ar $OUT/align "${DPO[@]}" \
+      $(lr $2) --seed $3 --out_dir $P/dlm-dpo-$2-s$3
+  }
+  score() {  # score RUN DATA OUT: eval.py tasks at threshold 0.9
+    stage "eval $3" $P/eval/$3.json "$PYTHON" eval.py tasks --ckpt $1 --data $2 --thresholds 0.9 --out $P/eval/$3.json
+  }
+  for r in $SWEEP_LRS; do
+    routes $r $r 1
+    score $P/ar-map-$r-s1 $D/validation.jsonl val-ar-map-$r
+    score $P/dlm-dpo-$r-s1 $D/validation.jsonl val-dlm-dpo-$r
+  done
+  ra=$("$PYTHON" scripts/report.py mark_sweep $P ar-map $SWEEP_LRS)
+  rd=$("$PYTHON" scripts/report.py mark_sweep $P dlm-dpo $SWEEP_LRS)
+  k=$("$PYTHON" scripts/report.py mark_steps $P $ra $rd 100)  # DLM-only's steps in AR-MAP's seconds (seed 1)
+  score $OUT/align $D align-s0
+  for s in $SEEDS; do
+    routes $ra $rd $s
+    score $P/ar-map-$ra-s$s $D ar-map-$ra-s$s
+    score $P/dlm-dpo-$rd-s$s $D dlm-dpo-$rd-s$s
+    if [ "$k" != 100 ]; then
+      stage "dlm-dpo-time $rd $s" $P/dlm-dpo-time-$rd-s$s/results.json "$PYTHON" dpo.py --dlm --ar $OUT/align \
+        "${DPO[@]}" $(lr $rd) --max_iters $k --seed $s --out_dir $P/dlm-dpo-time-$rd-s$s
+      score $P/dlm-dpo-time-$rd-s$s $D dlm-dpo-time-$rd-s$s
+    fi
+  done
+  "$PYTHON" scripts/report.py mark_protocol $P $ra $rd $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  echo "scripts/repro_mark.sh: done in $((SECONDS - T0)) s"
+  exit 0
+fi
 stage dpo      $OUT/ar-dpo/results.json "$PYTHON" dpo.py --ar $OUT/ar "${DPO[@]}" --out_dir $OUT/ar-dpo
 stage dlm-dpo  $OUT/dlm-dpo/results.json "$PYTHON" dpo.py --dlm --ar $OUT/align "${DPO[@]}" --out_dir $OUT/dlm-dpo
 for g in $GAMMAS; do  # one merge per γ: its DLM saved and evaluated

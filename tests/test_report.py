@@ -343,4 +343,102 @@ def test_align_protocol(tmp_path, capsys):
     assert (f"| λ = 10 against λ = 0, equal steps | 0.9 | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3g} | "
             f"{4 * p:.3g} |") in out
     assert "| λ = 10 against λ = 0, equal time | 1 | 0.500 | 0.500 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
-    assert "| λ = 0, lr 3e-4, 118 steps (λ = 10's 80 steps of time) | 0.500 | 0.500 / 0.500 |" in out
+    assert ("| λ = 0, lr 3e-4, 118 steps (λ = 10's 80 steps of time) | 0.500 | 0.500 | 0.500 / 0.500 | 1.00 | 1.00 |"
+            in out)
+
+
+def test_l2_protocol(tmp_path, capsys):
+    """Cosine against L2: L2's (λ, rate) by the highest validation exact match (a tie: the lower λ, then the lower
+    rate), its sweep rows, and the cosine-against-L2 test at both thresholds."""
+    for lam, accs in (("0.3", (0.1, 0.4)), ("1", (0.4, 0.2)), ("3", (0.3, 0.3))):
+        for r, a in zip(("1e-2", "1e-3"), accs):
+            write(tmp_path / f"p-l2-{lam}-{r}-s1/results.json", {"task_acc": a, "step_seconds_median": 0.2})
+    report.l2_sweep(str(tmp_path), "0.3 1 3", "1e-2 1e-3")
+    assert capsys.readouterr().out.strip() == "0.3 1e-3"  # 0.4 twice: the lower λ
+
+    def ev(name, correct):
+        runs = [dict(threshold=t, accuracy=sum(correct) / len(correct), correct=correct, tokens_per_forward=1.0,
+                     canvas=6) for t in (0.9, 1.0)]
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(runs=runs)))
+    for s in ("1", "2", "3"):
+        ev(f"p-l2-0.3-1e-3-s{s}", [False] * 4)
+        ev(f"p-lam10-3e-3-s{s}", [True] * 4)
+    report.l2_protocol(str(tmp_path), "3e-3", "0.3", "1e-3", "0.3 1 3", "1e-2 1e-3", "1", "2", "3")
+    out = capsys.readouterr().out
+    assert "| L2, λ = 0.3 | 0.100, 0.200 s | 0.400, 0.200 s * |" in out
+    assert "| L2, λ = 1 | 0.400, 0.200 s | 0.200, 0.200 s |" in out
+    p = 2 / 2 ** 12  # Holm: two tests at the same p, each × 2
+    assert f"| cosine against L2 | 1 | 0.000 | 1.000 | 3 ahead, 0 tied of 3 | {p:.3g} | {2 * p:.3g} |" in out
+
+
+def test_opdlm_protocol(tmp_path, capsys):
+    """repro_tasks.sh's protocol tables: five thresholds, one comparison each, Holm across the five; the equal-time
+    arm and its five tests only when off-policy's steps at equal time differ from 200."""
+    for pol in ("on", "off"):
+        for r in ("1e-2", "1e-3"):
+            write(tmp_path / f"{pol}-{r}-s1/results.json", {"task_acc": 0.5, "step_seconds_median": 0.1})
+    thresholds = (0.5, 0.7, 0.9, 0.95, 1.0)
+
+    def ev(name, correct):
+        runs = [dict(threshold=t, accuracy=sum(correct) / len(correct), correct=correct, tokens_per_forward=1.5,
+                     canvas=8) for t in thresholds]
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(runs=runs)))
+    for s in ("1", "2"):
+        ev(f"on-1e-3-s{s}", [True] * 5 + [False] * 5)
+        ev(f"off-1e-2-s{s}", [False] * 10)
+        ev(f"offtime-1e-2-s{s}", [True] * 5 + [False] * 5)
+    report.opdlm_protocol(str(tmp_path), "1e-3", "1e-2", "200", "1e-2 1e-3", "1", "2")
+    out = capsys.readouterr().out
+    p = 2 / 2 ** 10  # 10 discordant pairs, all one way; Holm over five equal p: each × 5
+    assert f"| on against off, equal steps | 0.95 | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3g} | {5 * p:.3g} |" \
+        in out
+    assert "equal time" not in out and "Holm across the 5" in out
+    assert "| on-policy | 0.500, 0.100 s | 0.500, 0.100 s * |" in out  # a tie goes to the lower rate, 1e-3
+    report.opdlm_protocol(str(tmp_path), "1e-3", "1e-2", "230", "1e-2 1e-3", "1", "2")
+    out = capsys.readouterr().out
+    assert "| on against off, equal time | 1 | 0.500 | 0.500 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
+    assert "off-policy, lr 1e-2, 230 steps (on-policy's 200 steps of time)" in out and "Holm across the 10" in out
+
+
+def test_mark_protocol(tmp_path, capsys):
+    """repro_mark.sh's protocol: the sweep's rule on the preferred share, DLM-only's steps at AR-MAP's seconds, the
+    transfer test and AR-MAP against DLM-only on the preferred and the right (either form) outcomes, Holm across
+    them."""
+    def ev(name, correct, preferred):
+        run = dict(threshold=0.9, correct=correct, preferred_rows=preferred, canvas=6, tokens_per_forward=1.2,
+                   preferred=sum(preferred) / len(preferred), right=sum(c or p for c, p in zip(correct, preferred))
+                   / len(correct))
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(runs=[run])))
+    for route, shares in (("ar-map", (2, 4, 4)), ("dlm-dpo", (6, 1, 0))):
+        for r, k in zip(("3e-3", "1e-3", "3e-4"), shares):
+            ev(f"val-{route}-{r}", [False] * 10, [True] * k + [False] * (10 - k))
+    for r in ("3e-3", "1e-3", "3e-4"):
+        write(tmp_path / f"ar-map-{r}-s1/merge.json", dict(best_gamma=0.25))
+    report.mark_sweep(str(tmp_path), "ar-map", "3e-3", "1e-3", "3e-4")
+    assert capsys.readouterr().out.strip() == "3e-4"  # 1e-3 and 3e-4 tie: the lower rate
+    report.mark_sweep(str(tmp_path), "dlm-dpo", "3e-3", "1e-3", "3e-4")
+    assert capsys.readouterr().out.strip() == "3e-3"
+    write(tmp_path / "seconds.tsv", "ar-dpo 3e-4 1\t10\nmerge 3e-4 1\t5\ndlm-dpo 3e-3 1\t10\ndlm-dpo 3e-3 2\t12\n"
+          "ar-dpo 3e-4 2\t12\nmerge 3e-4 2\t6\n")
+    report.mark_steps(str(tmp_path), "3e-4", "3e-3", "100")
+    assert capsys.readouterr().out.strip() == "150"  # AR-MAP's 15 s against 10 s
+    ev("align-s0", [True] * 6 + [False] * 4, [False] * 10)
+    for s in ("1", "2"):
+        write(tmp_path / f"ar-map-3e-4-s{s}/merge.json", dict(best_gamma=0.25 * int(s)))
+        ev(f"ar-map-3e-4-s{s}", [True] * 2 + [False] * 8, [False] * 2 + [True] * 6 + [False] * 2)  # right 8, pref 6
+        ev(f"dlm-dpo-3e-3-s{s}", [False] * 10, [True] * 6 + [False] * 4)  # right 6, preferred 6
+        ev(f"dlm-dpo-time-3e-3-s{s}", [False] * 10, [True] * 6 + [False] * 4)
+    report.mark_protocol(str(tmp_path), "3e-4", "3e-3", "150", "3e-3 1e-3 3e-4", "1", "2")
+    out = capsys.readouterr().out
+    assert "| ar-map | 0.200 (0.200), γ 0.25 | 0.400 (0.400), γ 0.25 | 0.400 (0.400), γ 0.25 * |" in out
+    assert "| AR-MAP, DPO lr 3e-4 | 0.800 | 0.600 | 0.600 / 0.600 | 1.20 | 0.25, 0.5 | 17 |" in out  # (15 + 18) / 2
+    assert "| DPO on the DLM, lr 3e-3, 150 steps (AR-MAP's seconds) |" in out
+    p = 2 / 2 ** 12  # the transfer: 12 discordant pairs (6 a seed), all one way
+    assert f"| the transfer: AR-MAP against the start | preferred | 0.000 | 0.600 | 2 ahead, 0 tied of 2 | {p:.3g} |" \
+        in out
+    # right: 0.8 against 0.6, discordant: prompts 7-8 of each seed (AR-MAP right, DLM-only not) -> 4 pairs one way
+    p = 2 / 2 ** 4
+    assert f"| AR-MAP against DPO on the DLM, equal steps | right | 0.600 | 0.800 | 2 ahead, 0 tied of 2 | {p:.3g} |" \
+        in out
+    assert "| AR-MAP against DPO on the DLM, equal time | preferred | 0.600 | 0.600 | 0 ahead, 2 tied of 2 | 1 | 1 |" \
+        in out
