@@ -90,9 +90,14 @@ def chosen_rate(acc):
     return max(acc, key=lambda r: (acc[r], -float(r)))
 
 
+def pval(p):
+    """A p-value in 3 significant digits; one below the floats' range (the exact test's sum underflows) as a bound."""
+    return f"{p:.3g}" if p > 0 else "< 1e-300"
+
+
 def holm_table(header, tests):
     """A markdown table of tests (rows ending in their p) with Holm's adjusted p across them appended."""
-    return cli.table([*header, "p", "p (Holm)"], [[*row[:-1], f"{row[-1]:.3g}", f"{q:.3g}"]
+    return cli.table([*header, "p", "p (Holm)"], [[*row[:-1], pval(row[-1]), pval(q)]
                                                   for row, q in zip(tests, holm([x[-1] for x in tests]))])
 
 
@@ -738,12 +743,12 @@ def mark_protocol(*args):
         [route] + [f"{read(f'val-{route}-{r}')['preferred']:.3f} ({read(f'val-{route}-{r}')['right']:.3f})"
                    + (f", γ {gamma(r, '1'):g}" if route == "ar-map" else "") + " *" * (r == chosen[route])
                    for r in rates] for route in ("ar-map", "dlm-dpo")]))
-    arms = [("align", "the REPR-ALIGN DLM (the start)", []), (f"ar-map-{ra}", f"AR-MAP, DPO lr {ra}",
-                                                                ["ar-dpo {r} {s}", "merge {r} {s}"]),
-            (f"dlm-dpo-{rd}", f"DPO on the DLM, lr {rd}, 100 steps", ["dlm-dpo {r} {s}"])]
+    arms = [("align", "the REPR-ALIGN DLM (the start)", []),  # (run, label, its stages' names in seconds.tsv)
+            (f"ar-map-{ra}", f"AR-MAP, DPO lr {ra}", [f"ar-dpo {ra} {{s}}", f"merge {ra} {{s}}"]),
+            (f"dlm-dpo-{rd}", f"DPO on the DLM, lr {rd}, 100 steps", [f"dlm-dpo {rd} {{s}}"])]
     if k != 100:
         arms.append((f"dlm-dpo-time-{rd}", f"DPO on the DLM, lr {rd}, {k} steps (AR-MAP's seconds)",
-                     ["dlm-dpo-time {r} {s}"]))
+                     [f"dlm-dpo-time {rd} {{s}}"]))
 
     def runs(m):  # the arm's eval run per seed (the start: the same run for every seed)
         return [read("align-s0") if m == "align" else read(f"{m}-s{s}") for s in seeds]
@@ -752,7 +757,7 @@ def mark_protocol(*args):
         return [c or p if key == "right" else p for r in runs(m) for c, p in zip(r["correct"], r["preferred_rows"])]
     rows = []
     for m, what, stages in arms:
-        wall = [sum(sec.get(st.format(r=ra if "ar-" in st else rd, s=s), 0) for st in stages) for s in seeds]
+        wall = [sum(sec.get(st.format(s=s), 0) for st in stages) for s in seeds]
         rows.append([what, f"{statistics.mean(flags(m, 'right')):.3f}", f"{statistics.mean(flags(m, 'preferred')):.3f}",
                      " / ".join(f"{r['preferred']:.3f}" for r in runs(m)),
                      f"{statistics.mean(r['tokens_per_forward'] for r in runs(m)):.2f}",
@@ -773,9 +778,9 @@ def mark_protocol(*args):
     transfer = test("the transfer: AR-MAP against the start", "align", arms[1][0], "preferred")
     print("\nThe transfer, one test: McNemar's exact test over (seed, prompt) pairs\n")
     print(cli.table(["comparison", "outcome", "baseline", "arm", "seeds", "p"],
-                    [[*transfer[:-1], f"{transfer[-1]:.3g}"]]))
-    tests = [test(f"AR-MAP against DPO on the DLM, {label}", base, arms[1][0], key)
-             for label, base in [("equal steps", arms[2][0])] + [("equal time", arms[3][0])] * (k != 100)
+                    [[*transfer[:-1], pval(transfer[-1])]]))
+    bases = [("equal steps", arms[2][0])] + ([("equal time", arms[3][0])] if k != 100 else [])
+    tests = [test(f"AR-MAP against DPO on the DLM, {label}", base, arms[1][0], key) for label, base in bases
              for key in ("preferred", "right")]
     print(f"\nAR-MAP against DPO on the DLM: McNemar's exact test over (seed, prompt) pairs, Holm across the "
           f"{len(tests)}\n")

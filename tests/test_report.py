@@ -419,7 +419,7 @@ def test_mark_protocol(tmp_path, capsys):
     report.mark_sweep(str(tmp_path), "dlm-dpo", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-3"
     write(tmp_path / "seconds.tsv", "ar-dpo 3e-4 1\t10\nmerge 3e-4 1\t5\ndlm-dpo 3e-3 1\t10\ndlm-dpo 3e-3 2\t12\n"
-          "ar-dpo 3e-4 2\t12\nmerge 3e-4 2\t6\n")
+          "ar-dpo 3e-4 2\t12\nmerge 3e-4 2\t7\n")
     report.mark_steps(str(tmp_path), "3e-4", "3e-3", "100")
     assert capsys.readouterr().out.strip() == "150"  # AR-MAP's 15 s against 10 s
     ev("align-s0", [True] * 6 + [False] * 4, [False] * 10)
@@ -431,7 +431,7 @@ def test_mark_protocol(tmp_path, capsys):
     report.mark_protocol(str(tmp_path), "3e-4", "3e-3", "150", "3e-3 1e-3 3e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| ar-map | 0.200 (0.200), γ 0.25 | 0.400 (0.400), γ 0.25 | 0.400 (0.400), γ 0.25 * |" in out
-    assert "| AR-MAP, DPO lr 3e-4 | 0.800 | 0.600 | 0.600 / 0.600 | 1.20 | 0.25, 0.5 | 17 |" in out  # (15 + 18) / 2
+    assert "| AR-MAP, DPO lr 3e-4 | 0.800 | 0.600 | 0.600 / 0.600 | 1.20 | 0.25, 0.5 | 17 |" in out  # (15 + 19) / 2
     assert "| DPO on the DLM, lr 3e-3, 150 steps (AR-MAP's seconds) |" in out
     p = 2 / 2 ** 12  # the transfer: 12 discordant pairs (6 a seed), all one way
     assert f"| the transfer: AR-MAP against the start | preferred | 0.000 | 0.600 | 2 ahead, 0 tied of 2 | {p:.3g} |" \
@@ -442,3 +442,6 @@ def test_mark_protocol(tmp_path, capsys):
         in out
     assert "| AR-MAP against DPO on the DLM, equal time | preferred | 0.600 | 0.600 | 0 ahead, 2 tied of 2 | 1 | 1 |" \
         in out
+    report.mark_protocol(str(tmp_path), "3e-4", "3e-3", "100", "3e-3 1e-3 3e-4", "1", "2")  # no time arm
+    out = capsys.readouterr().out
+    assert "equal time" not in out and "AR-MAP's seconds" not in out and "Holm across the 2" in out
