@@ -47,23 +47,24 @@ def ar_likelihood(model, batches, ctx):
 def dlm_nelbo(model, batches, ctx, n_draws, seed, eps=1e-3):
     """Monte Carlo negative ELBO: n_draws passes over the batches, each drawing t ~ U(eps, 1-eps) per sequence (per
     sequence and block for a block DLM: BD3-LM) and the masks from one seeded generator. -> bits/token (mean of
-    the passes), its standard error (std of the passes / sqrt(n_draws)), and the sample counts. A pass's
-    estimate is diffusion.nelbo, one draw per batch."""
+    the passes), its standard error (std of the passes / sqrt(n_draws)), the sample counts, and per_sequence: each
+    sequence's own bits/token, the mean of its draws (the unit of a paired test). A pass is diffusion.nelbo, one
+    draw per sequence."""
     import torch
     import diffusion
     g = torch.Generator().manual_seed(seed)
-    draws = []
+    draws, total = [], 0.0
     with torch.no_grad():
         for _ in tqdm(range(n_draws), desc="ELBO draws", leave=False):
-            tot = 0.0
-            for x0 in batches:
-                with ctx:
-                    tot += diffusion.nelbo(model, x0, g, eps).item()
-            draws.append(tot / len(batches) / LN2)
+            with ctx:
+                seqs = torch.cat([diffusion.nelbo(model, x0, g, eps).float() for x0 in batches]) / LN2  # (n_seq,)
+            draws.append(seqs.mean().item())
+            total = total + seqs
     mean = sum(draws) / len(draws)
     sd = math.sqrt(sum((d - mean) ** 2 for d in draws) / (len(draws) - 1)) if len(draws) > 1 else float("nan")
     return dict(nelbo_bits_per_token=mean, stderr=sd / math.sqrt(len(draws)), n_draws=n_draws,
-                n_sequences=sum(len(x) for x in batches), n_samples=n_draws * sum(len(x) for x in batches))
+                n_sequences=sum(len(x) for x in batches), n_samples=n_draws * sum(len(x) for x in batches),
+                per_sequence=(total / n_draws).tolist())
 
 
 def likelihood(args):
@@ -71,8 +72,9 @@ def likelihood(args):
     import diffusion
     import torch
     model, tok, device, ctx = load(args.ckpt, args.device, args.seed, torch.float32)
-    batches = data.eval_batches(data.load_split(args.data, "val"), args.batch_size, args.seq_len, args.n_batches,
-                                device)
+    val = data.load_split(args.data, "val")
+    val = {"all": val, "first": val[:len(val) // 2], "second": val[len(val) // 2:]}[args.half]
+    batches = data.eval_batches(val, args.batch_size, args.seq_len, args.n_batches, device)
     c = model.config
     if c.attn == "causal":
         return dict(kind="AR", **ar_likelihood(model, batches, ctx))
@@ -278,7 +280,8 @@ def completions(model, prompts, tok, seed, ctx):
 
 def win_rate(args):
     """Each --ckpt's completions against --ref's on the first --samples prompts of --pairs (cycled), by rule_score
-    -> dict(win_rates, rule_scores (the mean per --ckpt), rule_score_ref, samples)."""
+    -> dict(win_rates, rule_scores (the mean per --ckpt), rule_score_ref, samples, and each completion's score:
+    scores (one list per --ckpt), scores_ref: the units of a paired test)."""
     import data
     scores = []
     for path in [args.ref, *args.ckpt]:
@@ -291,7 +294,7 @@ def win_rate(args):
     base = scores.pop(0)
     wins = [sum((x > y) + 0.5 * (x == y) for x, y in zip(mine, base)) / len(base) for mine in scores]  # ties: half
     return dict(win_rates=wins, rule_scores=[sum(m) / len(m) for m in scores], rule_score_ref=sum(base) / len(base),
-                samples=args.samples)
+                samples=args.samples, scores=scores, scores_ref=base)
 
 
 # ---- HumanEval: pass@k, the programs run by sandbox.execute --------------------------------------
@@ -384,6 +387,8 @@ def parser():
     lk.add_argument("--n_batches", type=int, default=16, help="fixed validation batches (same for every checkpoint)")
     lk.add_argument("--n_draws", type=int, default=16, help="DLM: Monte Carlo passes over the batches")
     lk.add_argument("--eps", type=float, default=1e-3, help="DLM: t ~ U(eps, 1-eps)")
+    lk.add_argument("--half", default="all", choices=["all", "first", "second"], help="the validation split's "
+                    "tokens, or one half of them: a learning rate chosen on one half, the test on the other")
     gn = sub.add_parser("generate", formatter_class=HelpFormatter,
                         help="completions of validation prompts: gen. perplexity, entropy, speed")
     gn.add_argument("--ckpt", required=True, help="the checkpoint whose own sampler generates")

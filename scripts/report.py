@@ -787,6 +787,132 @@ def mark_protocol(*args):
     print(holm_table(["comparison", "outcome", "baseline", "arm", "seeds"], tests))
 
 
+def nelbo_sweep(*args):
+    """The standard library's protocol sweeps: the rate chosen, printed. args: P, PREFIX, RATES...: the lowest -ELBO
+    of P/eval/PREFIX-RATE.json (eval.py likelihood on the validation split's first half; a tie: the lower rate)."""
+    P, prefix, rates = Path(args[0]), args[1], args[2:]
+    print(chosen_rate({r: -json.loads((P / f"eval/{prefix}-{r}.json").read_text())["results"]["nelbo_bits_per_token"]
+                       for r in rates}))
+
+
+def nelbo_tables(P, sweep, rates, steps, arms, comparisons, seeds):
+    """The standard library's protocol tables. sweep: [(label, prefix, chosen)]: P/eval/val-PREFIX-RATE.json's -ELBO
+    and P/PREFIX-RATE-sSEED0's median step time; arms: [(run, label)], P/eval/RUN-sSEED.json on the other half;
+    comparisons: [(label, baseline run, arm run)]: the paired t-test over (seed, sequence), Holm across them."""
+    lik = functools.cache(lambda name: json.loads((P / f"eval/{name}.json").read_text())["results"])
+    step = functools.cache(lambda run: json.loads((P / f"{run}/results.json").read_text())["step_seconds_median"])
+    print(f"The sweep, seed {seeds[0]}, {steps} steps: -ELBO (bits/token) on the validation split's first half, "
+          "median seconds per step; * the chosen rate\n")
+    print(cli.table(["arm", *[f"lr {r}" for r in rates]], [
+        [label] + [f"{lik(f'val-{prefix}-{r}')['nelbo_bits_per_token']:.3f}, {step(f'{prefix}-{r}-s{seeds[0]}'):.3f} s"
+                   + " *" * (r == chosen) for r in rates] for label, prefix, chosen in sweep]))
+    first = lik(f"{arms[0][0]}-s{seeds[0]}")
+    print(f"\nThe test: -ELBO (bits/token) of {len(first['per_sequence'])} sequences of the validation split's other "
+          f"half, {first['n_draws']} draws each; seeds {', '.join(seeds)} (mean; per seed)\n")
+    print(cli.table(["run", "-ELBO", "per seed"], [
+        [what, f"{statistics.mean(lik(f'{m}-s{s}')['nelbo_bits_per_token'] for s in seeds):.3f}",
+         " / ".join(f"{lik(f'{m}-s{s}')['nelbo_bits_per_token']:.3f}" for s in seeds)] for m, what in arms]))
+    tests = []
+    for label, base, arm in comparisons:
+        a, b = ([x for s in seeds for x in lik(f"{m}-s{s}")["per_sequence"]] for m in (base, arm))
+        lower = [lik(f"{base}-s{s}")["nelbo_bits_per_token"] - lik(f"{arm}-s{s}")["nelbo_bits_per_token"]
+                 for s in seeds]  # > 0: the arm's -ELBO is lower, the arm ahead
+        tests.append([label, f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}",
+                      f"{statistics.mean(y - x for x, y in zip(a, b)):+.3f}", seeds_ahead(lower), paired_t(a, b)])
+    print(f"\nThe tests named in advance: the paired t-test on each sequence's -ELBO over (seed, sequence) pairs "
+          f"(ahead: a lower -ELBO), Holm across the {len(tests)}\n")
+    print(holm_table(["comparison", "baseline", "arm", "arm - baseline", "seeds"], tests))
+
+
+def stdlib_align_protocol(*args):
+    """repro_align.sh ONLY=protocol. args: P, λ = 0's rate, λ = 10's rate, λ = 0's steps at λ = 10's time, "SWEEP
+    RATES", SEEDS..."""
+    P, r0, r10, k, rates, seeds = Path(args[0]), args[1], args[2], args[3], args[4].split(), args[5:]
+    arms = [(f"lam0-{r0}", f"λ = 0, lr {r0}, 100 steps"), (f"lam10-{r10}", f"λ = 10, lr {r10}, 100 steps"),
+            (f"lam0time-{r0}", f"λ = 0, lr {r0}, {k} steps (λ = 10's 100 steps of time)")]
+    nelbo_tables(P, [("λ = 0", "lam0", r0), ("λ = 10", "lam10", r10)], rates, 100, arms,
+                 [("λ = 10 against λ = 0, equal steps", arms[0][0], arms[1][0]),
+                  ("λ = 10 against λ = 0, equal time", arms[2][0], arms[1][0])], seeds)
+
+
+def stdlib_opdlm_protocol(*args):
+    """repro_distill.sh PART=protocol. args: P, on's rate, off's rate, off's steps at on's time (= STEPS: the same
+    cost, no time arm), STEPS, "SWEEP RATES", SEEDS..."""
+    P, ron, roff, k, steps, rates, seeds = Path(args[0]), args[1], args[2], args[3], args[4], args[5].split(), args[6:]
+    arms = [(f"off-{roff}", f"off-policy, lr {roff}, {steps} steps"),
+            (f"on-{ron}", f"on-policy, lr {ron}, {steps} steps")]
+    comparisons = [("on against off, equal steps", arms[0][0], arms[1][0])]
+    if k != steps:
+        arms.append((f"offtime-{roff}", f"off-policy, lr {roff}, {k} steps (on-policy's {steps} steps of time)"))
+        comparisons.append(("on against off, equal time", arms[2][0], arms[1][0]))
+    nelbo_tables(P, [("on-policy", "on", ron), ("off-policy", "off", roff)], rates, steps, arms, comparisons, seeds)
+
+
+def winrate_sweep(*args):
+    """repro_dlm_dpo.sh PART=protocol: a route's DPO rate, printed. args: P, the route's index among winrate's --ckpt
+    (0 AR-MAP, 1 DLM-only), RATES...: the highest win rate in P/eval/val-RATE.json (a tie: the lower rate)."""
+    P, i, rates = Path(args[0]), int(args[1]), args[2:]
+    print(chosen_rate({r: json.loads((P / f"eval/val-{r}.json").read_text())["results"]["win_rates"][i]
+                       for r in rates}))
+
+
+def stdlib_armap_protocol(*args):
+    """repro_dlm_dpo.sh PART=protocol: the sweep, the routes on the test prompts and sequences, the transfer's test
+    and AR-MAP against DPO on the DLM. args: P, AR-MAP's rate, DLM-only's rate, DLM-only's steps at AR-MAP's time
+    (30: no time arm), "SWEEP RATES", SEEDS..."""
+    P, ra, rd, k, rates, seeds = Path(args[0]), args[1], args[2], int(args[3]), args[4].split(), args[5:]
+    res = functools.cache(lambda name: json.loads((P / f"eval/{name}.json").read_text())["results"])
+    gamma = functools.cache(lambda r, s: json.loads((P / f"ar-map-{r}-s{s}/merge.json").read_text())["best_gamma"])
+    sec = stage_seconds(P)
+    print(f"The sweep, seed {seeds[0]}, dpo.py's 30 steps: the win rate against the REPR-ALIGN DLM on the first half "
+          "of the held-out prompts (32 completions each, 'prefer single quotes'; a tie half); AR-MAP's γ by "
+          "merge.py's rule; * the chosen rate\n")
+    print(cli.table(["route", *[f"lr {r}" for r in rates]], [
+        ["AR-MAP"] + [f"{res(f'val-{r}')['win_rates'][0]:.3f}, γ {gamma(r, seeds[0]):g}" + " *" * (r == ra)
+                      for r in rates],
+        ["DPO on the DLM"] + [f"{res(f'val-{r}')['win_rates'][1]:.3f}" + " *" * (r == rd) for r in rates]]))
+    arms = [(f"ar-map-{ra}", f"AR-MAP, DPO lr {ra}", [f"ar-dpo {ra} {{s}}", f"merge {ra} {{s}}"]),
+            (f"dlm-dpo-{rd}", f"DPO on the DLM, lr {rd}, 30 steps", [f"dlm-dpo {rd} {{s}}"])]
+    if k != 30:
+        arms.append((f"dlm-dpo-time-{rd}", f"DPO on the DLM, lr {rd}, {k} steps (AR-MAP's seconds)",
+                     [f"dlm-dpo-time {rd} {{s}}"]))
+
+    def scores(i):  # the arm's rule score per (seed, prompt); -1: the REPR-ALIGN DLM's own completions
+        return [x for s in seeds for x in (res(f"test-s{s}")["scores_ref"] if i < 0 else
+                                           res(f"test-s{s}")["scores"][i])]
+
+    def nelbo(m):  # each validation sequence's -ELBO (second half), per (seed, sequence)
+        return [x for s in seeds for x in res(f"lik-{m}-s{s}")["per_sequence"]]
+    rows = [["the REPR-ALIGN DLM (the start)", "—", f"{statistics.mean(scores(-1)):.3f}",
+             f"{res('lik-align')['nelbo_bits_per_token']:.3f}", "—", "—"]]
+    for i, (m, what, stages) in enumerate(arms):
+        rows.append([what, " / ".join(f"{res(f'test-s{s}')['win_rates'][i]:.3f}" for s in seeds),
+                     f"{statistics.mean(scores(i)):.3f}", f"{statistics.mean(nelbo(m)):.3f}",
+                     ", ".join(f"{gamma(ra, s):g}" for s in seeds) if i == 0 else "—",
+                     f"{statistics.mean(sum(sec.get(st.format(s=s), 0) for st in stages) for s in seeds):.0f}"])
+    print(f"\nThe test, seeds {', '.join(seeds)}: 32 completions of the other half's prompts (win rate against the "
+          "DLM's own, per seed; the mean rule score, +1 all single quotes, -1 all double), -ELBO (bits/token) of "
+          "the validation split's second half, AR-MAP's γ per seed, seconds per route (mean over seeds)\n")
+    print(cli.table(["model", "win rate per seed", "rule score", "-ELBO", "γ", "seconds"], rows))
+
+    def test(label, a, b, higher=True):  # b (the arm) against a over (seed, item); ahead: higher, or lower -ELBO
+        n = len(a) // len(seeds)
+        d = [statistics.mean(b[j:j + n]) - statistics.mean(a[j:j + n]) for j in range(0, len(a), n)]
+        return [label, f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}",
+                seeds_ahead(d if higher else [-x for x in d]), paired_t(a, b)]
+    transfer = test("the transfer: AR-MAP against the start, rule score", scores(-1), scores(0))
+    print("\nThe transfer, one test: the paired t-test over (seed, prompt) pairs\n")
+    print(cli.table(["comparison", "baseline", "arm", "seeds", "p"], [[*transfer[:-1], pval(transfer[-1])]]))
+    tests = []
+    for j, label in [(1, "equal steps")] + ([(2, "equal time")] if k != 30 else []):
+        tests.append(test(f"AR-MAP against DPO on the DLM, {label}: rule score", scores(j), scores(0)))
+        tests.append(test(f"AR-MAP against DPO on the DLM, {label}: -ELBO", nelbo(arms[j][0]), nelbo(arms[0][0]),
+                          higher=False))
+    print(f"\nAR-MAP against DPO on the DLM: the paired t-test over (seed, prompt) pairs for the rule score and "
+          f"(seed, sequence) pairs for the -ELBO (ahead: lower), Holm across the {len(tests)}\n")
+    print(holm_table(["comparison", "baseline", "arm", "seeds"], tests))
+
+
 def real_world(*args):
     """run.sh real: the real model's tables (out/real/results.md). args: OUT, then the model names."""
     O, models = Path(args[0]), args[1:]
@@ -1036,7 +1162,8 @@ TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distil
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
                                   repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts, rl_sweep,
                                   repro_rl, val_sweep, align_protocol, opdlm_protocol, l2_sweep, l2_protocol,
-                                  mark_sweep, mark_steps, mark_protocol)}
+                                  mark_sweep, mark_steps, mark_protocol, nelbo_sweep, stdlib_align_protocol,
+                                  stdlib_opdlm_protocol, winrate_sweep, stdlib_armap_protocol)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

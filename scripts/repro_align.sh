@@ -13,6 +13,11 @@
 # Writes $OUT/curves.csv (one row per run x evaluation, for plotting) and $OUT/table.md; finished runs are reused.
 #   bash scripts/repro_align.sh                      # ITERS=61 (evaluations after steps 0, 5, ..., 60), OUT=out/repro
 #   ONLY=claim bash scripts/repro_align.sh           # the four convergence runs alone
+#   ONLY=protocol bash scripts/repro_align.sh        # the claim under the protocol (docs/results.md, "The verdict
+#     protocol"), at run.sh stdlib's settings (100 steps, the cosine schedule): each arm's rate from SWEEP_LRS at
+#     seed 1337, judged by the -ELBO on the first half of the validation split (the lowest; a tie: the lower rate);
+#     then SEEDS at the chosen rates, λ = 0 also for λ = 10's time; the test: each sequence's -ELBO on the other
+#     half, paired t over (seed, sequence), Holm across the two. Writes $OUT/protocol/protocol.md
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
@@ -25,7 +30,43 @@ DATA=${DATA:-data/stdlib}
 ONLY=${ONLY:-all}      # all | claim
 EXTRA=${EXTRA:-}       # more align.py flags for every run (a smoke test: --batch_size 2 --seq_len 32 ...)
 [ -e "$INIT/config.json" ] || { echo "scripts/repro_align.sh: no $INIT; run 'bash run.sh stdlib' first (it makes it)" >&2; exit 1; }
-case $ONLY in all|claim) ;; *) echo "scripts/repro_align.sh: ONLY=$ONLY; use all or claim" >&2; exit 1 ;; esac
+case $ONLY in all|claim|protocol) ;; *) echo "scripts/repro_align.sh: ONLY=$ONLY; use all, claim or protocol" >&2
+                                   exit 1 ;; esac
+
+if [ "$ONLY" = protocol ]; then
+  P=$OUT/protocol SWEEP_LRS=${SWEEP_LRS:-"3e-3 1e-3 3e-4"} SEEDS=${SEEDS:-"1337 1338 1339"}
+  mkdir -p $P/eval
+  prun() {  # prun NAME SEED FLAGS...: skipped when its results.json exists
+    local out=$P/$1-s$2 seed=$2; shift 2
+    [ -e $out/results.json ] && { echo "== reusing $out"; return; }
+    echo "== $out"
+    # shellcheck disable=SC2086
+    "$PYTHON" align.py --init "$INIT" --data "$DATA" --max_iters 100 --eval_interval 100 --samples 0 --weights_only \
+      --seed $seed $EXTRA "$@" --out_dir $out > $out.log 2>&1 || { echo "failed: align.py $* (see $out.log)" >&2
+                                                                    exit 1; }
+  }
+  lik() {  # lik RUN HALF NAME: eval.py likelihood on one half of the validation split
+    [ -e $P/eval/$3.json ] || "$PYTHON" eval.py likelihood --ckpt $P/$1 --data "$DATA" --n_batches 8 --n_draws 4 \
+      --half $2 --out $P/eval/$3.json > /dev/null
+  }
+  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
+  s0=${SEEDS%% *}
+  for r in $SWEEP_LRS; do
+    for l in 0 10; do prun lam$l-$r $s0 --lambda_align $l $(lr $r); lik lam$l-$r-s$s0 first val-lam$l-$r; done
+  done
+  r0=$("$PYTHON" scripts/report.py nelbo_sweep $P val-lam0 $SWEEP_LRS)
+  r10=$("$PYTHON" scripts/report.py nelbo_sweep $P val-lam10 $SWEEP_LRS)
+  k=$("$PYTHON" -c 'import json, sys; a, b = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[1:])
+print(round(100 * a / b))' $P/lam10-$r10-s$s0 $P/lam0-$r0-s$s0)  # λ = 0's steps in λ = 10's 100 steps of time
+  for s in $SEEDS; do
+    prun lam0-$r0 $s --lambda_align 0 $(lr $r0)
+    prun lam10-$r10 $s --lambda_align 10 $(lr $r10)
+    prun lam0time-$r0 $s --lambda_align 0 $(lr $r0) --max_iters $k
+    for m in lam0-$r0 lam10-$r10 lam0time-$r0; do lik $m-s$s second $m-s$s; done
+  done
+  "$PYTHON" scripts/report.py stdlib_align_protocol $P $r0 $r10 $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  exit 0
+fi
 
 RUNS=()
 run() {  # run NAME [align.py flags...]

@@ -27,6 +27,11 @@
 #   bash scripts/repro_distill.sh           # ITERS=60, ITERS_UNSHIFTED=120, BATCH=8, SEEDS="1337 2"; OUT=out/repro_distill
 #   SMOKE=1 bash scripts/repro_distill.sh   # the script end to end in 1-3 minutes (2 steps, tiny evaluations),
 #                                   # OUT=out/repro_distill_smoke: its numbers mean nothing
+#   PART=protocol bash scripts/repro_distill.sh   # on against off policy under the protocol (docs/results.md, "The
+#     verdict protocol"), shifted student (run.sh's out/dlm-block), ITERS steps: each policy's rate from SWEEP_LRS
+#     at the first seed, judged by the BD3-LM -ELBO on the first half of the validation split (the lowest; a tie:
+#     the lower rate); then SEEDS (default 1337 1338 1339) at the chosen rates; the test: each sequence's -ELBO on
+#     the other half, paired t over (seed, sequence). Writes $OUT/protocol/protocol.md
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
@@ -39,7 +44,9 @@ fi
 ITERS=${ITERS:-60}
 ITERS_UNSHIFTED=${ITERS_UNSHIFTED:-120}
 BATCH=${BATCH:-8}
-SEEDS=${SEEDS:-"1337 2"}
+PART=${PART:-all}
+SEEDS=${SEEDS:-$([ "$PART" = protocol ] && echo "1337 1338 1339" || echo "1337 2")}
+SWEEP_LRS=${SWEEP_LRS:-"3e-3 1e-3 3e-4"}
 OUT=${OUT:-out/repro_distill}
 DISTILL_ARGS=${DISTILL_ARGS:-"--curriculum_steps 40 --eval_batches 4"}  # extra distill.py flags, every run
 LIK_ARGS=${LIK_ARGS:-"--n_batches 4 --n_draws 4"}
@@ -53,6 +60,7 @@ quiet() {  # quiet LOG COMMAND...: the command's output goes to LOG; if it fails
   local log=$1; shift
   "$@" > "$log" 2>&1 || { tail -5 "$log" >&2; echo "scripts/repro_distill.sh: failed ($log): $*" >&2; exit 1; }
 }
+if [ "$PART" != protocol ]; then  # (the protocol's student is run.sh's out/dlm-block)
 for s in shift noshift; do  # the two students, converted here
   [ -e "$OUT/init-$s/config.json" ] || quiet "$OUT/init-$s.log" "$PYTHON" convert.py --ar out/ar-tiny \
     --out_dir "$OUT/init-$s" --attn block --block_size 4 --shift "$([ $s = shift ] && echo true || echo false)"
@@ -68,6 +76,7 @@ for s in shift noshift; do
     --batch_size "$BATCH" $DISTILL_ARGS
   echo "== $s-untrained: evaluated by distill.evaluate ($((SECONDS - T0)) s)"
 done
+fi
 
 run() {  # run NAME INIT STEPS SEED [distill.py flags...]
   local name=$1 init=$2 steps=$3 seed=$4; shift 4
@@ -80,6 +89,34 @@ run() {  # run NAME INIT STEPS SEED [distill.py flags...]
     $DISTILL_ARGS "$@"
   echo "== $name: $(grep 'final eval' "$OUT/$name.log") ($((SECONDS - T0)) s)"
 }
+if [ "$PART" = protocol ]; then
+  P=$OUT/protocol s0=${SEEDS%% *}
+  mkdir -p $P/eval
+  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
+  lik() {  # lik RUN HALF NAME: eval.py likelihood (the BD3-LM bound) on one half of the validation split
+    # shellcheck disable=SC2086
+    [ -e $P/eval/$3.json ] || quiet $P/eval/$3.log "$PYTHON" eval.py likelihood --ckpt $OUT/protocol/$1 \
+      --data data/stdlib $LIK_ARGS --n_batches 8 --half $2 --out $P/eval/$3.json
+  }
+  for r in $SWEEP_LRS; do
+    for pol in on off; do
+      run protocol/$pol-$r-s$s0 out/dlm-block "$ITERS" $s0 --policy $pol $(lr $r)
+      lik $pol-$r-s$s0 first val-$pol-$r
+    done
+  done
+  ron=$("$PYTHON" scripts/report.py nelbo_sweep $P val-on $SWEEP_LRS)
+  roff=$("$PYTHON" scripts/report.py nelbo_sweep $P val-off $SWEEP_LRS)
+  k=$("$PYTHON" -c 'import json, sys; on, off = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[2:])
+print(round(int(sys.argv[1]) * on / off) if on > 1.05 * off else sys.argv[1])' "$ITERS" $P/on-$ron-s$s0 $P/off-$roff-s$s0)
+  for s in $SEEDS; do
+    run protocol/on-$ron-s$s out/dlm-block "$ITERS" $s --policy on $(lr $ron)
+    run protocol/off-$roff-s$s out/dlm-block "$ITERS" $s --policy off $(lr $roff)
+    [ "$k" = "$ITERS" ] || run protocol/offtime-$roff-s$s out/dlm-block "$k" $s --policy off $(lr $roff)
+    for m in on-$ron off-$roff $([ "$k" = "$ITERS" ] || echo offtime-$roff); do lik $m-s$s second $m-s$s; done
+  done
+  "$PYTHON" scripts/report.py stdlib_opdlm_protocol $P $ron $roff $k "$ITERS" "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  exit 0
+fi
 for seed in $SEEDS; do
   for policy in on off data; do run "shift-$policy-s$seed" "$OUT/init-shift" "$ITERS" "$seed" --policy $policy; done
   run "noshift-on-s$seed" "$OUT/init-noshift" "$ITERS_UNSHIFTED" "$seed"

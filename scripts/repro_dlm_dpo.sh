@@ -7,10 +7,19 @@
 # (also saved to $OUT/table.md).
 #   bash run.sh && bash run.sh stdlib && bash scripts/repro_dlm_dpo.sh   # OUT=out/repro_dlm_dpo, SEEDS="1337 1338"
 #   SMOKE=1 bash scripts/repro_dlm_dpo.sh                                 # a short check of the chain
+#   PART=protocol bash scripts/repro_dlm_dpo.sh   # the standard library's two routes under the protocol (docs/
+#     results.md, "The verdict protocol"; the exact-answer world's: PART=protocol bash scripts/repro_mark.sh): each
+#     route's DPO rate from SWEEP_LRS at the first seed, judged by its win rate against the REPR-ALIGN DLM on the
+#     first half of the held-out pairs' prompts (the highest; a tie: the lower rate); then SEEDS (default 1337 1338
+#     1339) at the chosen rates, DPO on the DLM also for AR-MAP's seconds; the tests on the other half: each
+#     completion's rule score and each validation sequence's -ELBO, paired over (seed, item). Writes
+#     $OUT/protocol/protocol.md
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
-SEEDS=${SEEDS:-1337 1338}
+PART=${PART:-all}
+SEEDS=${SEEDS:-$([ "$PART" = protocol ] && echo "1337 1338 1339" || echo "1337 1338")}
+SWEEP_LRS=${SWEEP_LRS:-"6e-4 2e-4 6e-5"}
 if [ "${SMOKE:-0}" = 1 ]; then
   OUT=${OUT:-out/repro_dlm_dpo_smoke}; TASK_DPO="--max_iters 4 --eval_interval 2"; STD_DPO="--max_iters 2"
   NP=10; SAMPLES=4
@@ -24,6 +33,50 @@ done
 mkdir -p "$OUT"
 T0=$SECONDS STAGE_LOG=$OUT/seconds.tsv  # each stage's seconds, read by report.py
 source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
+if [ "$PART" = protocol ]; then
+  P=$OUT/protocol STAGE_LOG=$OUT/protocol/seconds.tsv s0=${SEEDS%% *}
+  mkdir -p $P/eval
+  head -n 32 data/pairs/heldout.jsonl > $P/pairs_val.jsonl  # the sweep's prompts
+  tail -n +33 data/pairs/heldout.jsonl > $P/pairs_test.jsonl  # the test's
+  PAIRS=(--pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl)
+  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
+  routes() {  # routes RATE_AR RATE_DLM SEED: AR-MAP (DPO on the teacher, merged) and DPO on the DLM
+    stage "ar-dpo $1 $3" $P/ar-dpo-$1-s$3/results.json "$PYTHON" dpo.py --ar out/ar-tiny "${PAIRS[@]}" $STD_DPO \
+      $(lr $1) --seed $3 --out_dir $P/ar-dpo-$1-s$3
+    stage "merge $1 $3" $P/ar-map-$1-s$3/merge.json "$PYTHON" merge.py merge --ar out/ar-tiny --ar_aligned \
+      $P/ar-dpo-$1-s$3 --dlm out/align "${PAIRS[@]}" --gammas 0,1,2,4,8 --n_masks 2 --samples 0 --seed $3 \
+      --out_dir $P/ar-map-$1-s$3
+    stage "dlm-dpo $2 $3" $P/dlm-dpo-$2-s$3/results.json "$PYTHON" dpo.py --dlm --ar out/align "${PAIRS[@]}" \
+      $STD_DPO $(lr $2) --seed $3 --out_dir $P/dlm-dpo-$2-s$3
+  }
+  for r in $SWEEP_LRS; do
+    routes $r $r $s0
+    stage "winrate val $r" $P/eval/val-$r.json "$PYTHON" eval.py winrate --ckpt $P/ar-map-$r-s$s0 $P/dlm-dpo-$r-s$s0 \
+      --ref out/align --pairs $P/pairs_val.jsonl --samples 32 --seed $s0 --out $P/eval/val-$r.json
+  done
+  ra=$("$PYTHON" scripts/report.py winrate_sweep $P 0 $SWEEP_LRS)  # AR-MAP: the first --ckpt
+  rd=$("$PYTHON" scripts/report.py winrate_sweep $P 1 $SWEEP_LRS)
+  k=$("$PYTHON" scripts/report.py mark_steps $P $ra $rd 30)  # DLM-only's steps in AR-MAP's seconds (dpo.py: 30)
+  for s in $SEEDS; do
+    routes $ra $rd $s
+    ms="$P/ar-map-$ra-s$s $P/dlm-dpo-$rd-s$s"
+    if [ "$k" != 30 ]; then
+      stage "dlm-dpo-time $rd $s" $P/dlm-dpo-time-$rd-s$s/results.json "$PYTHON" dpo.py --dlm --ar out/align \
+        "${PAIRS[@]}" $STD_DPO $(lr $rd) --max_iters $k --seed $s --out_dir $P/dlm-dpo-time-$rd-s$s
+      ms="$ms $P/dlm-dpo-time-$rd-s$s"
+    fi
+    stage "winrate test $s" $P/eval/test-s$s.json "$PYTHON" eval.py winrate --ckpt $ms --ref out/align \
+      --pairs $P/pairs_test.jsonl --samples 32 --seed $s --out $P/eval/test-s$s.json
+    for m in $ms; do
+      stage "likelihood $(basename $m)" $P/eval/lik-$(basename $m).json "$PYTHON" eval.py likelihood --ckpt $m \
+        --data data/stdlib --n_batches 8 --n_draws 4 --half second --out $P/eval/lik-$(basename $m).json
+    done
+  done
+  stage "likelihood align" $P/eval/lik-align.json "$PYTHON" eval.py likelihood --ckpt out/align --data data/stdlib \
+    --n_batches 8 --n_draws 4 --half second --out $P/eval/lik-align.json
+  "$PYTHON" scripts/report.py stdlib_armap_protocol $P $ra $rd $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  exit 0
+fi
 D=data/tasks O=out/tasks
 for s in $SEEDS; do
   R=$OUT/tasks/$s

@@ -119,12 +119,13 @@ def slow_logp(model, x, xt):
 
 def slow_nelbo(model, xs, n_draws, seed, eps):
     """The same draws as eval.dlm_nelbo (t per sequence; per sequence and block for a block DLM), scored by
-    explicit loops over sequences and masked positions."""
+    explicit loops over sequences and masked positions. -> (each draw's bits/token, each sequence's mean over the
+    draws in bits/token)."""
     c, g = model.config, torch.Generator().manual_seed(seed)
     bs = c.block_size if c.attn == "block" else None
-    draws = []
+    draws, per_seq = [], [0.0] * sum(len(x) for x in xs)
     for _ in range(n_draws):
-        per_batch = []
+        per_batch, k = [], 0
         for x in xs:
             xt, masked, t = diffusion.corrupt(x, c.mask_token_id, c.shift, g, eps, block_size=bs)
             t = t[:, None].expand(x.shape) if t.dim() == 1 else t  # each position's rate
@@ -134,9 +135,11 @@ def slow_nelbo(model, xs, n_draws, seed, eps):
                 L = x.shape[1] - int(c.shift)  # maskable positions
                 s = sum(-logp[b, i, x[b, i]].item() / t[b, i].item() for i in range(x.shape[1]) if masked[b, i])
                 seqs.append(s / L)
+                per_seq[k] += s / L / math.log(2) / n_draws
+                k += 1
             per_batch.append(sum(seqs) / len(seqs))
         draws.append(sum(per_batch) / len(per_batch) / math.log(2))
-    return draws
+    return draws, per_seq
 
 
 @pytest.mark.parametrize("rows", [None, 5], ids=["one-chunk", "chunks-of-5"])  # Qwen3.cross_entropy's row chunks
@@ -162,12 +165,29 @@ def test_nelbo_against_slow(world, ckpt, rows, monkeypatch):
     model = Qwen3.from_pretrained(world / ckpt).eval()
     xs = batches(world)
     res = E.dlm_nelbo(model, xs, torch.no_grad(), 3, seed=5, eps=1e-3)
-    draws = slow_nelbo(model, xs, 3, 5, 1e-3)
+    draws, per_seq = slow_nelbo(model, xs, 3, 5, 1e-3)
     mean = sum(draws) / 3
     assert res["nelbo_bits_per_token"] == pytest.approx(mean, rel=1e-5)
+    assert res["per_sequence"] == pytest.approx(per_seq, rel=1e-5) and len(per_seq) == 8
     sd = math.sqrt(sum((d - mean) ** 2 for d in draws) / 2)
     assert res["stderr"] == pytest.approx(sd / math.sqrt(3), rel=1e-4)
     assert res["n_draws"] == 3 and res["n_samples"] == 3 * 8
+
+
+def test_likelihood_half_reads_one_half_of_the_split(world, monkeypatch):
+    """--half first / second: the batches are cut from that half of the validation tokens alone (a rate swept on
+    one half, the test on the other), and the two halves' sequences differ."""
+    import argparse
+    seen, cut = [], data.eval_batches
+    monkeypatch.setattr(data, "eval_batches", lambda d, *a, **k: seen.append(np.asarray(d)) or cut(d, *a, **k))
+    val = np.asarray(data.load_split(world / "data", "val"))
+    out = {}
+    for half in ("first", "second"):
+        args = argparse.Namespace(ckpt=world / "dlm", device="cpu", seed=0, data=world / "data", half=half,
+                                  batch_size=2, seq_len=16, n_batches=2, n_draws=2, eps=1e-3)
+        out[half] = E.likelihood(args)
+    assert np.array_equal(seen[0], val[:len(val) // 2]) and np.array_equal(seen[1], val[len(val) // 2:])
+    assert len(out["first"]["per_sequence"]) == 4 and out["first"]["per_sequence"] != out["second"]["per_sequence"]
 
 
 @pytest.mark.parametrize("dlm", ["uniform_dlm", "uniform_block"])
@@ -498,3 +518,20 @@ def test_win_rate_samples_stop_and_cut_at_every_end_id(attn, block_size):
     assert out == list(texts.values())
     for b, c in enumerate(texts.values()):
         assert (seen[0].generated[b, len(c):] == 258).all() and int(seen[0].row_tokens[b]) == len(c) + 1
+
+
+def test_win_rate_keeps_each_completion_score(monkeypatch):
+    """eval.win_rate returns every completion's rule score (scores per --ckpt, scores_ref), in the prompts' order, and
+    its win rates are those scores compared pairwise, a tie counting half."""
+    import argparse
+    import types
+    texts = {"ref": ['"a"', "'b'", "x"], "m1": ["'a'", '"b"', "y"], "m2": ["'a' \"b\"", "'b'", "'z'"]}
+    model = types.SimpleNamespace(config=types.SimpleNamespace(attn="bidirectional"))
+    monkeypatch.setattr(E, "load", lambda path, *a: (model, path, None, contextlib.nullcontext()))
+    monkeypatch.setattr(data, "tokenized_pairs", lambda *a: [([k], None, None) for k in range(3)])
+    monkeypatch.setattr(E, "completions", lambda m, prompts, tok, seed, ctx: texts[tok][:len(prompts)])
+    args = argparse.Namespace(ref="ref", ckpt=["m1", "m2"], pairs="p.jsonl", samples=3, device="cpu", seed=0)
+    res = E.win_rate(args)
+    assert res["scores_ref"] == [-1.0, 1.0, 0.0]
+    assert res["scores"] == [[1.0, -1.0, 0.0], [0.0, 1.0, 1.0]]
+    assert res["win_rates"] == [pytest.approx((1 + 0 + 0.5) / 3), pytest.approx((1 + 0.5 + 1) / 3)]

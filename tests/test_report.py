@@ -445,3 +445,93 @@ def test_mark_protocol(tmp_path, capsys):
     report.mark_protocol(str(tmp_path), "3e-4", "3e-3", "100", "3e-3 1e-3 3e-4", "1", "2")  # no time arm
     out = capsys.readouterr().out
     assert "equal time" not in out and "AR-MAP's seconds" not in out and "Holm across the 2" in out
+
+
+def test_stdlib_align_protocol(tmp_path, capsys):
+    """The standard library's protocol: the sweep's rule on the first half's -ELBO (the lowest, a tie the lower rate),
+    and the paired t-test over (seed, sequence) on the other half, against a by-hand computation, Holm across two."""
+    def lik(name, seqs):
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(nelbo_bits_per_token=sum(seqs) / len(seqs),
+                                                                per_sequence=seqs, n_draws=4)))
+    for arm, vals in (("lam0", (7.0, 6.5, 6.5)), ("lam10", (6.0, 6.8, 7.2))):
+        for r, v in zip(("3e-3", "1e-3", "3e-4"), vals):
+            lik(f"val-{arm}-{r}", [v, v])
+            write(tmp_path / f"{arm}-{r}-s1/results.json", dict(step_seconds_median=0.5))
+    report.nelbo_sweep(str(tmp_path), "val-lam0", "3e-3", "1e-3", "3e-4")
+    assert capsys.readouterr().out.strip() == "3e-4"  # 6.5 twice: the lower rate
+    base, arm = {"1": [7.0, 7.2, 6.9], "2": [7.1, 7.0, 7.3]}, {"1": [6.8, 7.0, 6.9], "2": [7.0, 6.7, 7.3]}
+    for s in ("1", "2"):
+        lik(f"lam0-3e-4-s{s}", base[s])
+        lik(f"lam10-3e-3-s{s}", arm[s])
+        lik(f"lam0time-3e-4-s{s}", arm[s])
+    report.stdlib_align_protocol(str(tmp_path), "3e-4", "3e-3", "130", "3e-3 1e-3 3e-4", "1", "2")
+    out = capsys.readouterr().out
+    assert "| λ = 10 | 6.000, 0.500 s * | 6.800, 0.500 s | 7.200, 0.500 s |" in out
+    a, b = base["1"] + base["2"], arm["1"] + arm["2"]
+    p = report.paired_t(a, b)
+    d = sum(y - x for x, y in zip(a, b)) / 6
+    assert (f"| λ = 10 against λ = 0, equal steps | {sum(a) / 6:.3f} | {sum(b) / 6:.3f} | {d:+.3f} | "
+            f"2 ahead, 0 tied of 2 | {p:.3g} | {2 * p:.3g} |") in out  # Holm: the smaller of two p's × 2
+    assert "| λ = 10 against λ = 0, equal time | 6.950 | 6.950 | +0.000 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
+    assert "| λ = 0, lr 3e-4, 130 steps (λ = 10's 100 steps of time) | 6.950 |" in out
+
+
+def test_stdlib_opdlm_protocol(tmp_path, capsys):
+    """On against off in the standard library: one test at equal steps when a step costs the same (k = STEPS), and
+    the equal-time arm with its test otherwise."""
+    def lik(name, seqs):
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(nelbo_bits_per_token=sum(seqs) / len(seqs),
+                                                                per_sequence=seqs, n_draws=4)))
+    for pol in ("on", "off"):
+        lik(f"val-{pol}-1e-3", [6.0])
+        write(tmp_path / f"{pol}-1e-3-s1/results.json", dict(step_seconds_median=0.7))
+    for s in ("1", "2"):
+        lik(f"on-1e-3-s{s}", [6.0, 6.2])
+        lik(f"off-1e-3-s{s}", [6.1, 6.5])
+        lik(f"offtime-1e-3-s{s}", [6.0, 6.2])
+    report.stdlib_opdlm_protocol(str(tmp_path), "1e-3", "1e-3", "60", "60", "1e-3", "1", "2")
+    out = capsys.readouterr().out
+    p = report.paired_t([6.1, 6.5] * 2, [6.0, 6.2] * 2)
+    assert f"| on against off, equal steps | 6.300 | 6.100 | -0.200 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} |" in out
+    assert "equal time" not in out and "Holm across the 1" in out
+    report.stdlib_opdlm_protocol(str(tmp_path), "1e-3", "1e-3", "75", "60", "1e-3", "1", "2")
+    out = capsys.readouterr().out
+    assert "| off-policy, lr 1e-3, 75 steps (on-policy's 60 steps of time) | 6.100 |" in out and "across the 2" in out
+    assert "| on against off, equal time | 6.100 | 6.100 | +0.000 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
+
+
+def test_stdlib_armap_protocol(tmp_path, capsys):
+    """The standard library's AR-MAP protocol: the sweep's rule on the validation win rate, the transfer's test on
+    the rule scores, and AR-MAP against DPO on the DLM on the rule score (higher ahead) and the -ELBO (lower ahead),
+    each at equal steps and equal time, Holm across the four."""
+    def ev(name, results):
+        write(tmp_path / f"eval/{name}.json", dict(results=results))
+    for r, wins in (("6e-4", [0.7, 0.6]), ("2e-4", [0.8, 0.6])):
+        ev(f"val-{r}", dict(win_rates=wins))
+        write(tmp_path / f"ar-map-{r}-s1/merge.json", dict(best_gamma=2.0))
+    report.winrate_sweep(str(tmp_path), "0", "6e-4", "2e-4")
+    assert capsys.readouterr().out.strip() == "2e-4"
+    report.winrate_sweep(str(tmp_path), "1", "6e-4", "2e-4")
+    assert capsys.readouterr().out.strip() == "2e-4"  # a tie: the lower rate
+    write(tmp_path / "seconds.tsv", "ar-dpo 2e-4 1\t10\nmerge 2e-4 1\t20\ndlm-dpo 2e-4 1\t15\n"
+          "ar-dpo 2e-4 2\t10\nmerge 2e-4 2\t20\ndlm-dpo 2e-4 2\t15\ndlm-dpo-time 2e-4 1\t30\ndlm-dpo-time 2e-4 2\t30\n")
+    ev("lik-align", dict(nelbo_bits_per_token=7.0, per_sequence=[7.0, 7.0]))
+    for s in ("1", "2"):
+        write(tmp_path / f"ar-map-2e-4-s{s}/merge.json", dict(best_gamma=float(s)))
+        ev(f"test-s{s}", dict(win_rates=[0.9, 0.7, 0.7], scores_ref=[-1.0, 0.0, -0.5],
+                              scores=[[1.0, 1.0, 0.5], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]))
+        ev(f"lik-ar-map-2e-4-s{s}", dict(nelbo_bits_per_token=8.1, per_sequence=[7.9, 8.3]))
+        ev(f"lik-dlm-dpo-2e-4-s{s}", dict(nelbo_bits_per_token=7.1, per_sequence=[7.0, 7.2]))
+        ev(f"lik-dlm-dpo-time-2e-4-s{s}", dict(nelbo_bits_per_token=7.1, per_sequence=[7.0, 7.2]))
+    report.stdlib_armap_protocol(str(tmp_path), "2e-4", "2e-4", "60", "6e-4 2e-4", "1", "2")
+    out = capsys.readouterr().out
+    assert "| AR-MAP | 0.700, γ 2 | 0.800, γ 1 * |" in out and "| DPO on the DLM | 0.600 | 0.600 * |" in out
+    assert "| AR-MAP, DPO lr 2e-4 | 0.900 / 0.900 | 0.833 | 8.100 | 1, 2 | 30 |" in out
+    assert "| DPO on the DLM, lr 2e-4, 60 steps (AR-MAP's seconds) | 0.700 / 0.700 | 0.333 | 7.100 | — | 30 |" in out
+    a, b = [-1.0, 0.0, -0.5] * 2, [1.0, 1.0, 0.5] * 2
+    assert f"| the transfer: AR-MAP against the start, rule score | -0.500 | 0.833 | 2 ahead, 0 tied of 2 | " \
+           f"{report.paired_t(a, b):.3g} |" in out
+    p = report.paired_t([7.0, 7.2] * 2, [7.9, 8.3] * 2)
+    assert "| AR-MAP against DPO on the DLM, equal time: -ELBO | 7.100 | 8.100 | 0 ahead, 0 tied of 2 |" in out
+    assert f"| AR-MAP against DPO on the DLM, equal steps: -ELBO | 7.100 | 8.100 | 0 ahead, 0 tied of 2 | {p:.3g} |" \
+        in out and "Holm across the 4" in out
