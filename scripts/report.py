@@ -835,6 +835,24 @@ def stdlib_align_protocol(*args):
                   ("λ = 10 against λ = 0, equal time", arms[2][0], arms[1][0])], seeds)
 
 
+def nelbo_l2_sweep(*args):
+    """repro_align.sh ONLY=protocol: L2's λ and rate, printed "λ rate". args: P, "LAMBDAS", "RATES": the lowest
+    -ELBO of P/eval/val-l2-λ-RATE.json (a tie: the lower λ, then the lower rate)."""
+    P, lambdas, rates = Path(args[0]), args[1].split(), args[2].split()
+    nelbo = {(lam, r): json.loads((P / f"eval/val-l2-{lam}-{r}.json").read_text())["results"]["nelbo_bits_per_token"]
+             for lam in lambdas for r in rates}
+    print(*min(nelbo, key=lambda lr: (nelbo[lr], float(lr[0]), float(lr[1]))))
+
+
+def stdlib_l2_protocol(*args):
+    """repro_align.sh ONLY=protocol: cosine (λ = 10) against L2 at its chosen λ and rate. args: P, cosine's rate, L2's
+    λ, L2's rate, "L2 LAMBDAS", "SWEEP RATES", SEEDS..."""
+    P, r10, l2, rl2, lambdas, rates, seeds = Path(args[0]), *args[1:4], args[4].split(), args[5].split(), args[6:]
+    arms = [(f"l2-{l2}-{rl2}", f"L2, λ = {l2}, lr {rl2}, 100 steps"), (f"lam10-{r10}", f"cosine, λ = 10, lr {r10}")]
+    nelbo_tables(P, [(f"L2, λ = {lam}", f"l2-{lam}", rl2 if lam == l2 else None) for lam in lambdas], rates, 100,
+                 arms, [("cosine against L2", arms[0][0], arms[1][0])], seeds)
+
+
 def stdlib_opdlm_protocol(*args):
     """repro_distill.sh PART=protocol. args: P, on's rate, off's rate, off's steps at on's time (= STEPS: the same
     cost, no time arm), STEPS, "SWEEP RATES", SEEDS..."""
@@ -1163,7 +1181,8 @@ TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distil
                                   repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts, rl_sweep,
                                   repro_rl, val_sweep, align_protocol, opdlm_protocol, l2_sweep, l2_protocol,
                                   mark_sweep, mark_steps, mark_protocol, nelbo_sweep, stdlib_align_protocol,
-                                  stdlib_opdlm_protocol, winrate_sweep, stdlib_armap_protocol)}
+                                  stdlib_opdlm_protocol, winrate_sweep, stdlib_armap_protocol,
+                                  nelbo_l2_sweep, stdlib_l2_protocol)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

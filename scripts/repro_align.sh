@@ -17,7 +17,8 @@
 #     protocol"), at run.sh stdlib's settings (100 steps, the cosine schedule): each arm's rate from SWEEP_LRS at
 #     seed 1337, judged by the -ELBO on the first half of the validation split (the lowest; a tie: the lower rate);
 #     then SEEDS at the chosen rates, λ = 0 also for λ = 10's time; the test: each sequence's -ELBO on the other
-#     half, paired t over (seed, sequence), Holm across the two. Writes $OUT/protocol/protocol.md
+#     half, paired t over (seed, sequence), Holm across the two; and cosine (λ = 10) against L2 at its best λ and
+#     rate from L2_LAMBDAS × SWEEP_LRS. Writes $OUT/protocol/protocol.md and protocol-l2.md
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
@@ -65,6 +66,19 @@ print(round(100 * a / b))' $P/lam10-$r10-s$s0 $P/lam0-$r0-s$s0)  # λ = 0's step
     for m in lam0-$r0 lam10-$r10 lam0time-$r0; do lik $m-s$s second $m-s$s; done
   done
   "$PYTHON" scripts/report.py stdlib_align_protocol $P $r0 $r10 $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  # cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule
+  for l in ${L2_LAMBDAS:-0.3 1 3}; do
+    for r in $SWEEP_LRS; do
+      prun l2-$l-$r $s0 --lambda_align $l --align_metric l2 $(lr $r); lik l2-$l-$r-s$s0 first val-l2-$l-$r
+    done
+  done
+  read -r l2 rl2 < <("$PYTHON" scripts/report.py nelbo_l2_sweep $P "${L2_LAMBDAS:-0.3 1 3}" "$SWEEP_LRS")
+  for s in $SEEDS; do
+    prun l2-$l2-$rl2 $s --lambda_align $l2 --align_metric l2 $(lr $rl2)
+    lik l2-$l2-$rl2-s$s second l2-$l2-$rl2-s$s
+  done
+  "$PYTHON" scripts/report.py stdlib_l2_protocol $P $r10 $l2 $rl2 "${L2_LAMBDAS:-0.3 1 3}" "$SWEEP_LRS" $SEEDS \
+    | tee $P/protocol-l2.md
   exit 0
 fi
 

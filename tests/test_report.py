@@ -535,3 +535,25 @@ def test_stdlib_armap_protocol(tmp_path, capsys):
     assert "| AR-MAP against DPO on the DLM, equal time: -ELBO | 7.100 | 8.100 | 0 ahead, 0 tied of 2 |" in out
     assert f"| AR-MAP against DPO on the DLM, equal steps: -ELBO | 7.100 | 8.100 | 0 ahead, 0 tied of 2 | {p:.3g} |" \
         in out and "Holm across the 4" in out
+
+
+def test_stdlib_l2_protocol(tmp_path, capsys):
+    """Cosine against L2 in the standard library: L2's (λ, rate) by the lowest first-half -ELBO (a tie: the lower λ,
+    then the lower rate), one test on the other half."""
+    def lik(name, seqs):
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(nelbo_bits_per_token=sum(seqs) / len(seqs),
+                                                                per_sequence=seqs, n_draws=4)))
+    for lam, vals in (("0.3", (7.5, 7.0)), ("1", (7.0, 7.2))):
+        for r, v in zip(("3e-3", "1e-3"), vals):
+            lik(f"val-l2-{lam}-{r}", [v])
+            write(tmp_path / f"l2-{lam}-{r}-s1/results.json", dict(step_seconds_median=0.6))
+    report.nelbo_l2_sweep(str(tmp_path), "0.3 1", "3e-3 1e-3")
+    assert capsys.readouterr().out.strip() == "0.3 1e-3"  # 7.0 twice: the lower λ
+    for s in ("1", "2"):
+        lik(f"l2-0.3-1e-3-s{s}", [7.0, 7.4])
+        lik(f"lam10-3e-3-s{s}", [6.9, 7.0])
+    report.stdlib_l2_protocol(str(tmp_path), "3e-3", "0.3", "1e-3", "0.3 1", "3e-3 1e-3", "1", "2")
+    out = capsys.readouterr().out
+    assert "| L2, λ = 0.3 | 7.500, 0.600 s | 7.000, 0.600 s * |" in out and "| L2, λ = 1 | 7.000, 0.600 s |" in out
+    p = report.paired_t([7.0, 7.4] * 2, [6.9, 7.0] * 2)
+    assert f"| cosine against L2 | 7.200 | 6.950 | -0.250 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} |" in out
