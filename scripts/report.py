@@ -719,12 +719,13 @@ def stage_seconds(P):
     return {row[0]: int(row[1]) for row in csv.reader((Path(P) / "seconds.tsv").open(), delimiter="\t")}
 
 
-def mark_steps(*args):
-    """repro_mark.sh PART=protocol: DPO on the DLM's steps in AR-MAP's seconds at seed 1, printed (STEPS when DPO on
-    the DLM is not more than 5% cheaper). args: P, AR-MAP's rate, DLM-only's rate, STEPS."""
-    P, ra, rd, steps = args[0], args[1], args[2], int(args[3])
+def dlm_dpo_steps(*args):
+    """repro_mark.sh and repro_dlm_dpo.sh PART=protocol: DPO on the DLM's steps in AR-MAP's seconds at the sweep's
+    seed, printed (STEPS when DPO on the DLM is not more than 5% cheaper). args: P, AR-MAP's rate, DLM-only's rate,
+    STEPS, SEED: the stages "ar-dpo RATE SEED" + "merge RATE SEED" against "dlm-dpo RATE SEED" in P/seconds.tsv."""
+    P, ra, rd, steps, seed = args[0], args[1], args[2], int(args[3]), args[4]
     sec = stage_seconds(P)
-    armap, dlm = sec[f"ar-dpo {ra} 1"] + sec[f"merge {ra} 1"], sec[f"dlm-dpo {rd} 1"]
+    armap, dlm = sec[f"ar-dpo {ra} {seed}"] + sec[f"merge {ra} {seed}"], sec[f"dlm-dpo {rd} {seed}"]
     print(round(steps * armap / dlm) if armap > 1.05 * dlm else steps)
 
 
@@ -1180,7 +1181,7 @@ TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distil
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
                                   repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts, rl_sweep,
                                   repro_rl, val_sweep, align_protocol, opdlm_protocol, l2_sweep, l2_protocol,
-                                  mark_sweep, mark_steps, mark_protocol, nelbo_sweep, stdlib_align_protocol,
+                                  mark_sweep, dlm_dpo_steps, mark_protocol, nelbo_sweep, stdlib_align_protocol,
                                   stdlib_opdlm_protocol, winrate_sweep, stdlib_armap_protocol,
                                   nelbo_l2_sweep, stdlib_l2_protocol)}
 

@@ -35,7 +35,7 @@ case $ONLY in all|claim|protocol) ;; *) echo "scripts/repro_align.sh: ONLY=$ONLY
                                    exit 1 ;; esac
 
 if [ "$ONLY" = protocol ]; then
-  P=$OUT/protocol SWEEP_LRS=${SWEEP_LRS:-"3e-3 1e-3 3e-4"} SEEDS=${SEEDS:-"1337 1338 1339"}
+  P=$OUT/protocol SWEEP_LRS=${SWEEP_LRS:-"1e-2 3e-3 1e-3 3e-4"} SEEDS=${SEEDS:-"1337 1338 1339"}
   mkdir -p $P/eval
   prun() {  # prun NAME SEED FLAGS...: skipped when its results.json exists
     local out=$P/$1-s$2 seed=$2; shift 2

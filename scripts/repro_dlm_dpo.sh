@@ -56,7 +56,7 @@ if [ "$PART" = protocol ]; then
   done
   ra=$("$PYTHON" scripts/report.py winrate_sweep $P 0 $SWEEP_LRS)  # AR-MAP: the first --ckpt
   rd=$("$PYTHON" scripts/report.py winrate_sweep $P 1 $SWEEP_LRS)
-  k=$("$PYTHON" scripts/report.py mark_steps $P $ra $rd 30)  # DLM-only's steps in AR-MAP's seconds (dpo.py: 30)
+  k=$("$PYTHON" scripts/report.py dlm_dpo_steps $P $ra $rd 30 $s0)  # DLM-only's steps in AR-MAP's seconds (dpo.py: 30)
   for s in $SEEDS; do
     routes $ra $rd $s
     ms="$P/ar-map-$ra-s$s $P/dlm-dpo-$rd-s$s"

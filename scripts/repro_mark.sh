@@ -62,7 +62,7 @@ if [ "$PART" = protocol ]; then
   done
   ra=$("$PYTHON" scripts/report.py mark_sweep $P ar-map $SWEEP_LRS)
   rd=$("$PYTHON" scripts/report.py mark_sweep $P dlm-dpo $SWEEP_LRS)
-  k=$("$PYTHON" scripts/report.py mark_steps $P $ra $rd 100)  # DLM-only's steps in AR-MAP's seconds (seed 1)
+  k=$("$PYTHON" scripts/report.py dlm_dpo_steps $P $ra $rd 100 1)  # DLM-only's steps in AR-MAP's seconds (seed 1)
   score $OUT/align $D align-s0
   for s in $SEEDS; do
     routes $ra $rd $s

@@ -420,8 +420,10 @@ def test_mark_protocol(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "3e-3"
     write(tmp_path / "seconds.tsv", "ar-dpo 3e-4 1\t10\nmerge 3e-4 1\t5\ndlm-dpo 3e-3 1\t10\ndlm-dpo 3e-3 2\t12\n"
           "ar-dpo 3e-4 2\t12\nmerge 3e-4 2\t7\n")
-    report.mark_steps(str(tmp_path), "3e-4", "3e-3", "100")
+    report.dlm_dpo_steps(str(tmp_path), "3e-4", "3e-3", "100", "1")
     assert capsys.readouterr().out.strip() == "150"  # AR-MAP's 15 s against 10 s
+    report.dlm_dpo_steps(str(tmp_path), "3e-4", "3e-3", "100", "2")
+    assert capsys.readouterr().out.strip() == "158"  # seed 2's stages: 12 + 7 s against 12 s
     ev("align-s0", [True] * 6 + [False] * 4, [False] * 10)
     for s in ("1", "2"):
         write(tmp_path / f"ar-map-3e-4-s{s}/merge.json", dict(best_gamma=0.25 * int(s)))
