@@ -4,7 +4,7 @@ block-diffusion (BD3-LM) forward that scores and trains block DLMs.
 
     xt, masked, t = corrupt(x0, mask_id, shift, generator)        # t ~ U(eps, 1-eps) per sequence
     loss = diffusion_loss(model, x0, xt, masked, t, norm="mean")   # or "elbo"
-    nats = nelbo(model, x0, generator)                             # (B,) one draw of -ELBO/token (BD3-LM's for blocks)
+    nats = nelbo(model, x0, generator)                             # one draw of -ELBO/token (BD3-LM's for blocks)
 
 Notes on the design: docs/methods.md, "diffusion.py" under §8.
 """
@@ -174,13 +174,16 @@ def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None,
     return (loss, hidden) if output_hidden_states else loss
 
 
-def nelbo(model, x0, generator, eps=1e-3):
-    """(B,) one draw of each sequence's negative ELBO in nats per token, on a corruption of x0 (their mean is
-    diffusion_loss(norm="elbo") on it): (1/L_b) Σ_{i∈M_b} CE_{b,i} / t_{b,i}, L_b the tokens modelled."""
+def nelbo(model, x0, generator, eps=1e-3, per_sequence=False):
+    """One draw of the negative ELBO in nats per token: diffusion_loss(norm="elbo") on a corruption of x0. With
+    per_sequence, (B,): each sequence's own, (1/L_b) Σ_{i∈M_b} CE_{b,i} / t_{b,i} (their mean is the former, to
+    rounding), the unit of a paired test."""
     c, (B, T) = model.config, x0.shape
     bs = c.block_size if c.attn == "block" else None
     xt, masked, t = corrupt(x0, c.mask_token_id, c.shift, generator, eps, block_size=bs)
-    return -sequence_elbo(model, x0, masked, t) / maskable(B, T, c.shift, None, x0.device).sum(1).clamp(min=1)
+    if per_sequence:
+        return -sequence_elbo(model, x0, masked, t) / maskable(B, T, c.shift, None, x0.device).sum(1).clamp(min=1)
+    return diffusion_loss(model, x0, xt, masked, t, "elbo")
 
 
 def sequence_elbo(model, x0, masked, t, attn=None):
@@ -220,7 +223,7 @@ def fixed_mask_eval(model, batches, ctx=None, ratios=EVAL_RATIOS, seed=EVAL_SEED
                 ce[k] += ce_k.item()
                 acc[k] += (top == target).sum().item()
                 n[k] += target.numel()
-            nats += nelbo(model, x0, g, elbo_eps).mean().item() / len(batches)
+            nats += nelbo(model, x0, g, elbo_eps).item() / len(batches)
     n = [max(v, 1) for v in n]
     return {**{f"val_loss@{r}": ce[k] / n[k] for k, r in enumerate(ratios)},
             **{f"val_acc@{r}": acc[k] / n[k] for k, r in enumerate(ratios)}, "val_nelbo": nats}

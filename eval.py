@@ -57,7 +57,8 @@ def dlm_nelbo(model, batches, ctx, n_draws, seed, eps=1e-3):
     with torch.no_grad():
         for _ in tqdm(range(n_draws), desc="ELBO draws", leave=False):
             with ctx:
-                seqs = torch.cat([diffusion.nelbo(model, x0, g, eps).float() for x0 in batches]) / LN2  # (n_seq,)
+                seqs = torch.cat([diffusion.nelbo(model, x0, g, eps, per_sequence=True).float()
+                                  for x0 in batches]) / LN2  # (n_seq,) bits per token
             draws.append(seqs.mean().item())
             total = total + seqs
     mean = sum(draws) / len(draws)

@@ -614,6 +614,15 @@ def repro_align_tasks(*args):
               + f" | {fmt([e[last]['task_acc@1'] for e in ev])} | {fmt([e[last]['val_nelbo'] for e in ev])} |")
 
 
+def time_steps(*args):
+    """The protocol's equal-time arm: the cheaper arm's steps in the costlier one's time, printed. args: COSTLY_RUN,
+    CHEAP_RUN, STEPS: round(STEPS × their median seconds per step (results.json), costly over cheap), or STEPS when
+    the costly arm is not more than 5% slower (no time arm then)."""
+    a, b = (json.loads((Path(run) / "results.json").read_text())["step_seconds_median"] for run in args[:2])
+    steps = int(args[2])
+    print(round(steps * a / b) if a > 1.05 * b else steps)
+
+
 def val_sweep(*args):
     """The protocol's sweep (repro_align_tasks.sh, repro_tasks.sh): the rate it chooses, printed. args: R, PREFIX,
     RATES...: the highest final validation exact match at threshold 0.9 (task_acc of R/PREFIX-RATE-s1; a tie: the
@@ -1178,7 +1187,7 @@ def repro_rl(*args):
 
 
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
-                                  repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
+                                  time_steps, repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo,
                                   repro_mark, real_world, real_sweep, real_sweep_table, real_verdicts, rl_sweep,
                                   repro_rl, val_sweep, align_protocol, opdlm_protocol, l2_sweep, l2_protocol,
                                   mark_sweep, dlm_dpo_steps, mark_protocol, nelbo_sweep, stdlib_align_protocol,

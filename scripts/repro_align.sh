@@ -57,8 +57,7 @@ if [ "$ONLY" = protocol ]; then
   done
   r0=$("$PYTHON" scripts/report.py nelbo_sweep $P val-lam0 $SWEEP_LRS)
   r10=$("$PYTHON" scripts/report.py nelbo_sweep $P val-lam10 $SWEEP_LRS)
-  k=$("$PYTHON" -c 'import json, sys; a, b = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[1:])
-print(round(100 * a / b))' $P/lam10-$r10-s$s0 $P/lam0-$r0-s$s0)  # λ = 0's steps in λ = 10's 100 steps of time
+  k=$("$PYTHON" scripts/report.py time_steps $P/lam10-$r10-s$s0 $P/lam0-$r0-s$s0 100)  # λ = 0's in λ = 10's time
   for s in $SEEDS; do
     prun lam0-$r0 $s --lambda_align 0 $(lr $r0)
     prun lam10-$r10 $s --lambda_align 10 $(lr $r10)

@@ -62,8 +62,7 @@ for r in $SWEEP_LRS; do
 done
 r0=$("$PYTHON" scripts/report.py val_sweep $R p-lam0 $SWEEP_LRS)
 r10=$("$PYTHON" scripts/report.py val_sweep $R p-lam10 $SWEEP_LRS)
-k=$("$PYTHON" -c 'import json, sys; a, b = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[1:])
-print(round(80 * a / b))' $R/p-lam10-$r10-s1 $R/p-lam0-$r0-s1)
+k=$("$PYTHON" scripts/report.py time_steps $R/p-lam10-$r10-s1 $R/p-lam0-$r0-s1 80)  # λ = 0's steps in λ = 10's time
 mkdir -p $R/eval
 for s in $SEEDS; do
   run p-lam0-$r0 $s --lambda_align 0 $(lr $r0) "${VAL[@]}"

@@ -106,8 +106,7 @@ if [ "$PART" = protocol ]; then
   done
   ron=$("$PYTHON" scripts/report.py nelbo_sweep $P val-on $SWEEP_LRS)
   roff=$("$PYTHON" scripts/report.py nelbo_sweep $P val-off $SWEEP_LRS)
-  k=$("$PYTHON" -c 'import json, sys; on, off = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[2:])
-print(round(int(sys.argv[1]) * on / off) if on > 1.05 * off else sys.argv[1])' "$ITERS" $P/on-$ron-s$s0 $P/off-$roff-s$s0)
+  k=$("$PYTHON" scripts/report.py time_steps $P/on-$ron-s$s0 $P/off-$roff-s$s0 "$ITERS")  # off's steps in on's time
   for s in $SEEDS; do
     run protocol/on-$ron-s$s out/dlm-block "$ITERS" $s --policy on $(lr $ron)
     run protocol/off-$roff-s$s out/dlm-block "$ITERS" $s --policy off $(lr $roff)

@@ -44,8 +44,7 @@ if [ "$PART" = protocol ]; then
   done
   ron=$("$PYTHON" scripts/report.py val_sweep $P on $SWEEP_LRS)
   roff=$("$PYTHON" scripts/report.py val_sweep $P off $SWEEP_LRS)
-  k=$("$PYTHON" -c 'import json, sys; on, off = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[1:])
-print(round(200 * on / off) if on > 1.05 * off else 200)' $P/on-$ron-s1 $P/off-$roff-s1)  # off's steps in on's time
+  k=$("$PYTHON" scripts/report.py time_steps $P/on-$ron-s1 $P/off-$roff-s1 200)  # off's steps in on's time
   for s in $SEEDS; do
     run $P/on-$ron-s$s "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" $(lr $ron) --seed $s
     run $P/off-$roff-s$s "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" --policy off $(lr $roff) --seed $s

@@ -559,3 +559,14 @@ def test_stdlib_l2_protocol(tmp_path, capsys):
     assert "| L2, λ = 0.3 | 7.500, 0.600 s | 7.000, 0.600 s * |" in out and "| L2, λ = 1 | 7.000, 0.600 s |" in out
     p = report.paired_t([7.0, 7.4] * 2, [6.9, 7.0] * 2)
     assert f"| cosine against L2 | 7.200 | 6.950 | -0.250 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} |" in out
+
+
+def test_time_steps(tmp_path, capsys):
+    """The equal-time arm's steps: the cheaper arm's steps in the costlier one's time, or STEPS when the costlier is
+    within 5% (no time arm)."""
+    for name, sec in (("costly", 0.13), ("cheap", 0.10), ("close", 0.104)):
+        write(tmp_path / f"{name}/results.json", dict(step_seconds_median=sec))
+    report.time_steps(str(tmp_path / "costly"), str(tmp_path / "cheap"), "80")
+    assert capsys.readouterr().out.strip() == "104"  # 80 × 1.3
+    report.time_steps(str(tmp_path / "close"), str(tmp_path / "cheap"), "80")
+    assert capsys.readouterr().out.strip() == "80"
