@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules
 import cli  # noqa: E402
 import realworld  # noqa: E402
-from scripts.report import holm, mcnemar, paired_t  # noqa: E402
+from scripts.stats import holm, mcnemar, paired_t  # noqa: E402
 
 RULES = [("free", 0.0), ("last", 0.0), ("penalty", 1.0), ("penalty", 3.0)]
 THRESHOLDS = (0.5, 0.7, 0.9, 1.0)

@@ -1,12 +1,13 @@
-"""scripts/report.py: each table of run.sh and the reproduction scripts, rendered from small JSON files made here
-(the shapes eval.py, merge.py, align.py and distill.py write), with the numbers where they belong."""
+"""scripts/report.py, protocol.py and stats.py: each table of run.sh and the reproduction scripts, rendered from
+small JSON files made here (the shapes eval.py, merge.py, align.py and distill.py write), with the numbers where they
+belong; the statistics against tables' critical values and by-hand computations."""
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-from scripts import report
+from scripts import protocol, report, stats
 
 
 def write(path, obj):
@@ -26,10 +27,10 @@ def task_run(threshold, right, tpf):
 def test_t_two_sided_against_tables():
     """Student's t two-sided p at the tables' critical values, and the Cauchy case (df 1) in closed form."""
     for t, df, p in ((2.7764, 4, 0.05), (2.1318, 4, 0.10), (4.6041, 4, 0.01), (4.3027, 2, 0.05), (2.0860, 20, 0.05)):
-        assert report.t_two_sided(t, df) == pytest.approx(p, abs=2e-4)
+        assert stats.t_two_sided(t, df) == pytest.approx(p, abs=2e-4)
     for t in (0.5, 3.0):
-        assert report.t_two_sided(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-6)
-    assert report.t_two_sided(0.0, 4) == pytest.approx(1.0)
+        assert stats.t_two_sided(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-6)
+    assert stats.t_two_sided(0.0, 4) == pytest.approx(1.0)
 
 
 def test_paired_by_hand():
@@ -38,13 +39,13 @@ def test_paired_by_hand():
     m = sum(d) / 5
     sd = math.sqrt(sum((x - m) ** 2 for x in d) / 4)
     t = m / (sd / math.sqrt(5))
-    assert report.paired(a, b) == (f"{m:+.3f} ± {sd:.3f}, t = {t:.2f}, p = {report.t_two_sided(t, 4):.3f}, "
+    assert stats.paired(a, b) == (f"{m:+.3f} ± {sd:.3f}, t = {t:.2f}, p = {stats.t_two_sided(t, 4):.3f}, "
                                    "ahead in 4/5")
-    assert report.paired([0.5, 0.5], [0.5, 0.5]).endswith("t = 0.00, p = 1.000, ahead in 0/2")
-    assert report.paired([0.5, 0.4], [0.6, 0.5]).endswith("t = inf, p = 0.000, ahead in 2/2")  # equal differences
-    assert report.paired([0.5], [0.7]) == "+0.200 (one seed: no test)"
+    assert stats.paired([0.5, 0.5], [0.5, 0.5]).endswith("t = 0.00, p = 1.000, ahead in 0/2")
+    assert stats.paired([0.5, 0.4], [0.6, 0.5]).endswith("t = inf, p = 0.000, ahead in 2/2")  # equal differences
+    assert stats.paired([0.5], [0.7]) == "+0.200 (one seed: no test)"
     with pytest.raises(ValueError):
-        report.paired([0.5], [0.5, 0.6])  # not paired
+        stats.paired([0.5], [0.5, 0.6])  # not paired
 
 
 MERGE = dict(best_gamma=0.5, gammas=[0, 0.5], train=dict(n_pairs=8, reward_accuracy=[0.5, 0.875]),
@@ -144,7 +145,7 @@ def test_repro_tasks(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| REPR-ALIGN, λ = 10 | 0.75 ± 0.21 / 2.00 ± 0.00 | 0.75 ± 0.21 / 1.00 ± 0.00 | 0.75 ± 0.21 |" in out
     t = 0.15 / (0.1 / math.sqrt(2) / math.sqrt(2))  # differences 0.1, 0.2: mean 0.15, sd 0.0707: t = 3
-    assert (f"| REPR-ALIGN λ = 10 − λ = 0 | 0.9 | +0.150 ± 0.071, t = {t:.2f}, p = {report.t_two_sided(t, 1):.3f}, "
+    assert (f"| REPR-ALIGN λ = 10 − λ = 0 | 0.9 | +0.150 ± 0.071, t = {t:.2f}, p = {stats.t_two_sided(t, 1):.3f}, "
             "ahead in 2/2 |") in out
     assert "| OPDLM on-policy − off-policy | 0.5 | +0.000 ± 0.000, t = 0.00, p = 1.000, ahead in 0/2 |" in out
     assert "| sort | 4 | 5 | 2.00 | 2.00 | 2.00 | 2.00 |" in out  # tokens per forward at 0.9 by answer length
@@ -242,14 +243,14 @@ def test_paired_statistics_by_hand():
     """McNemar's exact test, the paired t-test and Holm's correction (scripts/report.py), against values worked
     out here."""
     a, b = [True, True, False, False, True], [False, True, True, True, True]  # discordant: 1 and 2
-    assert report.mcnemar(a, b) == pytest.approx(2 * (1 + 3) / 8)  # capped at 1
-    assert report.mcnemar([False] * 6, [True] * 6) == pytest.approx(2 / 64)
-    assert report.mcnemar([True, False], [True, False]) == 1.0
-    assert report.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.mcnemar(a, b) == pytest.approx(2 * (1 + 3) / 8)  # capped at 1
+    assert stats.mcnemar([False] * 6, [True] * 6) == pytest.approx(2 / 64)
+    assert stats.mcnemar([True, False], [True, False]) == 1.0
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     d = [0.5, 0.25, 0.0, 0.75]  # b - a
     t = (sum(d) / 4) / (math.sqrt(sum((x - 0.375) ** 2 for x in d) / 3) / 2)
-    assert report.paired_t([1, 1, 1, 1], [1 + x for x in d]) == pytest.approx(report.t_two_sided(t, 3))
-    assert report.paired_t([1, 2], [1, 2]) == 1.0
+    assert stats.paired_t([1, 1, 1, 1], [1 + x for x in d]) == pytest.approx(stats.t_two_sided(t, 3))
+    assert stats.paired_t([1, 2], [1, 2]) == 1.0
 
 
 def test_real_sweep_rules_choose_as_named(tmp_path, capsys):
@@ -323,9 +324,9 @@ def test_align_protocol(tmp_path, capsys):
         for r, a in zip(("3e-3", "1e-3", "3e-4"), accs):
             write(tmp_path / f"{arm}-{r}-s1/results.json", {"task_acc": a, "task_acc@1": a / 2,
                                                            "step_seconds_median": 0.1})
-    report.val_sweep(str(tmp_path), "p-lam0", "3e-3", "1e-3", "3e-4")
+    protocol.val_sweep(str(tmp_path), "p-lam0", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-4"  # 1e-3 and 3e-4 tie: the lower rate
-    report.val_sweep(str(tmp_path), "p-lam10", "3e-3", "1e-3", "3e-4")
+    protocol.val_sweep(str(tmp_path), "p-lam10", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-3"
 
     def ev(name, correct):
@@ -336,7 +337,7 @@ def test_align_protocol(tmp_path, capsys):
         ev(f"p-lam0-3e-4-s{s}", [False] * 8)
         ev(f"p-lam10-3e-3-s{s}", [True] * 4 + [False] * 4)
         ev(f"p-lam0time-3e-4-s{s}", [True] * 4 + [False] * 4)
-    report.align_protocol(str(tmp_path), "3e-4", "3e-3", "118", "3e-3 1e-3 3e-4", "1", "2")
+    protocol.align_protocol(str(tmp_path), "3e-4", "3e-3", "118", "3e-3 1e-3 3e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| λ = 0 | 0.200 (0.100), 0.100 s | 0.500 (0.250), 0.100 s | 0.500 (0.250), 0.100 s * |" in out
     p = 2 / 2 ** 8  # 8 discordant (seed, prompt) pairs, all one way; Holm: the two at this p take 4× and 3×
@@ -353,7 +354,7 @@ def test_l2_protocol(tmp_path, capsys):
     for lam, accs in (("0.3", (0.1, 0.4)), ("1", (0.4, 0.2)), ("3", (0.3, 0.3))):
         for r, a in zip(("1e-2", "1e-3"), accs):
             write(tmp_path / f"p-l2-{lam}-{r}-s1/results.json", {"task_acc": a, "step_seconds_median": 0.2})
-    report.l2_sweep(str(tmp_path), "0.3 1 3", "1e-2 1e-3")
+    protocol.l2_sweep(str(tmp_path), "0.3 1 3", "1e-2 1e-3")
     assert capsys.readouterr().out.strip() == "0.3 1e-3"  # 0.4 twice: the lower λ
 
     def ev(name, correct):
@@ -363,7 +364,7 @@ def test_l2_protocol(tmp_path, capsys):
     for s in ("1", "2", "3"):
         ev(f"p-l2-0.3-1e-3-s{s}", [False] * 4)
         ev(f"p-lam10-3e-3-s{s}", [True] * 4)
-    report.l2_protocol(str(tmp_path), "3e-3", "0.3", "1e-3", "0.3 1 3", "1e-2 1e-3", "1", "2", "3")
+    protocol.l2_protocol(str(tmp_path), "3e-3", "0.3", "1e-3", "0.3 1 3", "1e-2 1e-3", "1", "2", "3")
     out = capsys.readouterr().out
     assert "| L2, λ = 0.3 | 0.100, 0.200 s | 0.400, 0.200 s * |" in out
     assert "| L2, λ = 1 | 0.400, 0.200 s | 0.200, 0.200 s |" in out
@@ -387,14 +388,14 @@ def test_opdlm_protocol(tmp_path, capsys):
         ev(f"on-1e-3-s{s}", [True] * 5 + [False] * 5)
         ev(f"off-1e-2-s{s}", [False] * 10)
         ev(f"offtime-1e-2-s{s}", [True] * 5 + [False] * 5)
-    report.opdlm_protocol(str(tmp_path), "1e-3", "1e-2", "200", "1e-2 1e-3", "1", "2")
+    protocol.opdlm_protocol(str(tmp_path), "1e-3", "1e-2", "200", "1e-2 1e-3", "1", "2")
     out = capsys.readouterr().out
     p = 2 / 2 ** 10  # 10 discordant pairs, all one way; Holm over five equal p: each × 5
     assert f"| on against off, equal steps | 0.95 | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3g} | {5 * p:.3g} |" \
         in out
     assert "equal time" not in out and "Holm across the 5" in out
     assert "| on-policy | 0.500, 0.100 s | 0.500, 0.100 s * |" in out  # a tie goes to the lower rate, 1e-3
-    report.opdlm_protocol(str(tmp_path), "1e-3", "1e-2", "230", "1e-2 1e-3", "1", "2")
+    protocol.opdlm_protocol(str(tmp_path), "1e-3", "1e-2", "230", "1e-2 1e-3", "1", "2")
     out = capsys.readouterr().out
     assert "| on against off, equal time | 1 | 0.500 | 0.500 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
     assert "off-policy, lr 1e-2, 230 steps (on-policy's 200 steps of time)" in out and "Holm across the 10" in out
@@ -414,15 +415,15 @@ def test_mark_protocol(tmp_path, capsys):
             ev(f"val-{route}-{r}", [False] * 10, [True] * k + [False] * (10 - k))
     for r in ("3e-3", "1e-3", "3e-4"):
         write(tmp_path / f"ar-map-{r}-s1/merge.json", dict(best_gamma=0.25))
-    report.mark_sweep(str(tmp_path), "ar-map", "3e-3", "1e-3", "3e-4")
+    protocol.mark_sweep(str(tmp_path), "ar-map", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-4"  # 1e-3 and 3e-4 tie: the lower rate
-    report.mark_sweep(str(tmp_path), "dlm-dpo", "3e-3", "1e-3", "3e-4")
+    protocol.mark_sweep(str(tmp_path), "dlm-dpo", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-3"
     write(tmp_path / "seconds.tsv", "ar-dpo 3e-4 1\t10\nmerge 3e-4 1\t5\ndlm-dpo 3e-3 1\t10\ndlm-dpo 3e-3 2\t12\n"
           "ar-dpo 3e-4 2\t12\nmerge 3e-4 2\t7\n")
-    report.dlm_dpo_steps(str(tmp_path), "3e-4", "3e-3", "100", "1")
+    protocol.dlm_dpo_steps(str(tmp_path), "3e-4", "3e-3", "100", "1")
     assert capsys.readouterr().out.strip() == "150"  # AR-MAP's 15 s against 10 s
-    report.dlm_dpo_steps(str(tmp_path), "3e-4", "3e-3", "100", "2")
+    protocol.dlm_dpo_steps(str(tmp_path), "3e-4", "3e-3", "100", "2")
     assert capsys.readouterr().out.strip() == "158"  # seed 2's stages: 12 + 7 s against 12 s
     ev("align-s0", [True] * 6 + [False] * 4, [False] * 10)
     for s in ("1", "2"):
@@ -430,7 +431,7 @@ def test_mark_protocol(tmp_path, capsys):
         ev(f"ar-map-3e-4-s{s}", [True] * 2 + [False] * 8, [False] * 2 + [True] * 6 + [False] * 2)  # right 8, pref 6
         ev(f"dlm-dpo-3e-3-s{s}", [False] * 10, [True] * 6 + [False] * 4)  # right 6, preferred 6
         ev(f"dlm-dpo-time-3e-3-s{s}", [False] * 10, [True] * 6 + [False] * 4)
-    report.mark_protocol(str(tmp_path), "3e-4", "3e-3", "150", "3e-3 1e-3 3e-4", "1", "2")
+    protocol.mark_protocol(str(tmp_path), "3e-4", "3e-3", "150", "3e-3 1e-3 3e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| ar-map | 0.200 (0.200), γ 0.25 | 0.400 (0.400), γ 0.25 | 0.400 (0.400), γ 0.25 * |" in out
     assert "| AR-MAP, DPO lr 3e-4 | 0.800 | 0.600 | 0.600 / 0.600 | 1.20 | 0.25, 0.5 | 17 |" in out  # (15 + 19) / 2
@@ -444,7 +445,7 @@ def test_mark_protocol(tmp_path, capsys):
         in out
     assert "| AR-MAP against DPO on the DLM, equal time | preferred | 0.600 | 0.600 | 0 ahead, 2 tied of 2 | 1 | 1 |" \
         in out
-    report.mark_protocol(str(tmp_path), "3e-4", "3e-3", "100", "3e-3 1e-3 3e-4", "1", "2")  # no time arm
+    protocol.mark_protocol(str(tmp_path), "3e-4", "3e-3", "100", "3e-3 1e-3 3e-4", "1", "2")  # no time arm
     out = capsys.readouterr().out
     assert "equal time" not in out and "AR-MAP's seconds" not in out and "Holm across the 2" in out
 
@@ -459,18 +460,18 @@ def test_stdlib_align_protocol(tmp_path, capsys):
         for r, v in zip(("3e-3", "1e-3", "3e-4"), vals):
             lik(f"val-{arm}-{r}", [v, v])
             write(tmp_path / f"{arm}-{r}-s1/results.json", dict(step_seconds_median=0.5))
-    report.nelbo_sweep(str(tmp_path), "val-lam0", "3e-3", "1e-3", "3e-4")
+    protocol.nelbo_sweep(str(tmp_path), "val-lam0", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-4"  # 6.5 twice: the lower rate
     base, arm = {"1": [7.0, 7.2, 6.9], "2": [7.1, 7.0, 7.3]}, {"1": [6.8, 7.0, 6.9], "2": [7.0, 6.7, 7.3]}
     for s in ("1", "2"):
         lik(f"lam0-3e-4-s{s}", base[s])
         lik(f"lam10-3e-3-s{s}", arm[s])
         lik(f"lam0time-3e-4-s{s}", arm[s])
-    report.stdlib_align_protocol(str(tmp_path), "3e-4", "3e-3", "130", "3e-3 1e-3 3e-4", "1", "2")
+    protocol.stdlib_align_protocol(str(tmp_path), "3e-4", "3e-3", "130", "3e-3 1e-3 3e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| λ = 10 | 6.000, 0.500 s * | 6.800, 0.500 s | 7.200, 0.500 s |" in out
     a, b = base["1"] + base["2"], arm["1"] + arm["2"]
-    p = report.paired_t(a, b)
+    p = stats.paired_t(a, b)
     d = sum(y - x for x, y in zip(a, b)) / 6
     assert (f"| λ = 10 against λ = 0, equal steps | {sum(a) / 6:.3f} | {sum(b) / 6:.3f} | {d:+.3f} | "
             f"2 ahead, 0 tied of 2 | {p:.3g} | {2 * p:.3g} |") in out  # Holm: the smaller of two p's × 2
@@ -491,12 +492,12 @@ def test_stdlib_opdlm_protocol(tmp_path, capsys):
         lik(f"on-1e-3-s{s}", [6.0, 6.2])
         lik(f"off-1e-3-s{s}", [6.1, 6.5])
         lik(f"offtime-1e-3-s{s}", [6.0, 6.2])
-    report.stdlib_opdlm_protocol(str(tmp_path), "1e-3", "1e-3", "60", "60", "1e-3", "1", "2")
+    protocol.stdlib_opdlm_protocol(str(tmp_path), "1e-3", "1e-3", "60", "60", "1e-3", "1", "2")
     out = capsys.readouterr().out
-    p = report.paired_t([6.1, 6.5] * 2, [6.0, 6.2] * 2)
+    p = stats.paired_t([6.1, 6.5] * 2, [6.0, 6.2] * 2)
     assert f"| on against off, equal steps | 6.300 | 6.100 | -0.200 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} |" in out
     assert "equal time" not in out and "Holm across the 1" in out
-    report.stdlib_opdlm_protocol(str(tmp_path), "1e-3", "1e-3", "75", "60", "1e-3", "1", "2")
+    protocol.stdlib_opdlm_protocol(str(tmp_path), "1e-3", "1e-3", "75", "60", "1e-3", "1", "2")
     out = capsys.readouterr().out
     assert "| off-policy, lr 1e-3, 75 steps (on-policy's 60 steps of time) | 6.100 |" in out and "across the 2" in out
     assert "| on against off, equal time | 6.100 | 6.100 | +0.000 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
@@ -511,9 +512,9 @@ def test_stdlib_armap_protocol(tmp_path, capsys):
     for r, wins in (("6e-4", [0.7, 0.6]), ("2e-4", [0.8, 0.6])):
         ev(f"val-{r}", dict(win_rates=wins))
         write(tmp_path / f"ar-map-{r}-s1/merge.json", dict(best_gamma=2.0))
-    report.winrate_sweep(str(tmp_path), "0", "6e-4", "2e-4")
+    protocol.winrate_sweep(str(tmp_path), "0", "6e-4", "2e-4")
     assert capsys.readouterr().out.strip() == "2e-4"
-    report.winrate_sweep(str(tmp_path), "1", "6e-4", "2e-4")
+    protocol.winrate_sweep(str(tmp_path), "1", "6e-4", "2e-4")
     assert capsys.readouterr().out.strip() == "2e-4"  # a tie: the lower rate
     write(tmp_path / "seconds.tsv", "ar-dpo 2e-4 1\t10\nmerge 2e-4 1\t20\ndlm-dpo 2e-4 1\t15\n"
           "ar-dpo 2e-4 2\t10\nmerge 2e-4 2\t20\ndlm-dpo 2e-4 2\t15\ndlm-dpo-time 2e-4 1\t30\ndlm-dpo-time 2e-4 2\t30\n")
@@ -525,15 +526,15 @@ def test_stdlib_armap_protocol(tmp_path, capsys):
         ev(f"lik-ar-map-2e-4-s{s}", dict(nelbo_bits_per_token=8.1, per_sequence=[7.9, 8.3]))
         ev(f"lik-dlm-dpo-2e-4-s{s}", dict(nelbo_bits_per_token=7.1, per_sequence=[7.0, 7.2]))
         ev(f"lik-dlm-dpo-time-2e-4-s{s}", dict(nelbo_bits_per_token=7.1, per_sequence=[7.0, 7.2]))
-    report.stdlib_armap_protocol(str(tmp_path), "2e-4", "2e-4", "60", "6e-4 2e-4", "1", "2")
+    protocol.stdlib_armap_protocol(str(tmp_path), "2e-4", "2e-4", "60", "6e-4 2e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| AR-MAP | 0.700, γ 2 | 0.800, γ 1 * |" in out and "| DPO on the DLM | 0.600 | 0.600 * |" in out
     assert "| AR-MAP, DPO lr 2e-4 | 0.900 / 0.900 | 0.833 | 8.100 | 1, 2 | 30 |" in out
     assert "| DPO on the DLM, lr 2e-4, 60 steps (AR-MAP's seconds) | 0.700 / 0.700 | 0.333 | 7.100 | — | 30 |" in out
     a, b = [-1.0, 0.0, -0.5] * 2, [1.0, 1.0, 0.5] * 2
     assert f"| the transfer: AR-MAP against the start, rule score | -0.500 | 0.833 | 2 ahead, 0 tied of 2 | " \
-           f"{report.paired_t(a, b):.3g} |" in out
-    p = report.paired_t([7.0, 7.2] * 2, [7.9, 8.3] * 2)
+           f"{stats.paired_t(a, b):.3g} |" in out
+    p = stats.paired_t([7.0, 7.2] * 2, [7.9, 8.3] * 2)
     assert "| AR-MAP against DPO on the DLM, equal time: -ELBO | 7.100 | 8.100 | 0 ahead, 0 tied of 2 |" in out
     assert f"| AR-MAP against DPO on the DLM, equal steps: -ELBO | 7.100 | 8.100 | 0 ahead, 0 tied of 2 | {p:.3g} |" \
         in out and "Holm across the 4" in out
@@ -549,15 +550,15 @@ def test_stdlib_l2_protocol(tmp_path, capsys):
         for r, v in zip(("3e-3", "1e-3"), vals):
             lik(f"val-l2-{lam}-{r}", [v])
             write(tmp_path / f"l2-{lam}-{r}-s1/results.json", dict(step_seconds_median=0.6))
-    report.nelbo_l2_sweep(str(tmp_path), "0.3 1", "3e-3 1e-3")
+    protocol.nelbo_l2_sweep(str(tmp_path), "0.3 1", "3e-3 1e-3")
     assert capsys.readouterr().out.strip() == "0.3 1e-3"  # 7.0 twice: the lower λ
     for s in ("1", "2"):
         lik(f"l2-0.3-1e-3-s{s}", [7.0, 7.4])
         lik(f"lam10-3e-3-s{s}", [6.9, 7.0])
-    report.stdlib_l2_protocol(str(tmp_path), "3e-3", "0.3", "1e-3", "0.3 1", "3e-3 1e-3", "1", "2")
+    protocol.stdlib_l2_protocol(str(tmp_path), "3e-3", "0.3", "1e-3", "0.3 1", "3e-3 1e-3", "1", "2")
     out = capsys.readouterr().out
     assert "| L2, λ = 0.3 | 7.500, 0.600 s | 7.000, 0.600 s * |" in out and "| L2, λ = 1 | 7.000, 0.600 s |" in out
-    p = report.paired_t([7.0, 7.4] * 2, [6.9, 7.0] * 2)
+    p = stats.paired_t([7.0, 7.4] * 2, [6.9, 7.0] * 2)
     assert f"| cosine against L2 | 7.200 | 6.950 | -0.250 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} |" in out
 
 
@@ -566,7 +567,7 @@ def test_time_steps(tmp_path, capsys):
     within 5% (no time arm)."""
     for name, sec in (("costly", 0.13), ("cheap", 0.10), ("close", 0.104)):
         write(tmp_path / f"{name}/results.json", dict(step_seconds_median=sec))
-    report.time_steps(str(tmp_path / "costly"), str(tmp_path / "cheap"), "80")
+    protocol.time_steps(str(tmp_path / "costly"), str(tmp_path / "cheap"), "80")
     assert capsys.readouterr().out.strip() == "104"  # 80 × 1.3
-    report.time_steps(str(tmp_path / "close"), str(tmp_path / "cheap"), "80")
+    protocol.time_steps(str(tmp_path / "close"), str(tmp_path / "cheap"), "80")
     assert capsys.readouterr().out.strip() == "80"
