@@ -123,7 +123,6 @@ FAMILIES=${REAL_FAMILIES:-sum,capital} PER=${REAL_PER_FAMILY:-20} CHATS=${REAL_C
 STEPS=${REAL_STEPS:-50} DSTEPS=${REAL_DISTILL_STEPS:-30} PSTEPS=${REAL_DPO_STEPS:-30} SEQ=${REAL_SEQ_LEN:-96}
 EVERY=${REAL_EVAL_INTERVAL:-20} THRESHOLDS=${REAL_THRESHOLDS:-0.5,0.7,0.9,1} SEED=${REAL_SEED:-1337}
 # each arm's peak learning rate (the cosine's floor a tenth of it), as scripts/repro_real.sh's sweep chose them
-lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
 LR0=$(lr "${REAL_LR_SFT:-3e-4}") LR10=$(lr "${REAL_LR_ALIGN:-1e-4}") LR_ON=$(lr "${REAL_LR_ON:-1e-4}")
 LR_OFF=$(lr "${REAL_LR_OFF:-1e-4}") LR_DPO=$(lr "${REAL_LR_DPO:-2e-7}") LR_DLM_DPO=$(lr "${REAL_LR_DLM_DPO:-2e-6}")
 if [ -n "${REAL_AR:-}" ]; then AR=$REAL_AR; else

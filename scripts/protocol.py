@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 import cli
-from scripts.stats import chosen_rate, holm, mcnemar, paired_t, seeds_ahead
+from scripts.stats import chosen_rate, equal_time_steps, holm, mcnemar, paired_t, seeds_ahead
 
 
 def pval(p):
@@ -29,13 +29,21 @@ def holm_table(header, tests):
                                                   for row, q in zip(tests, holm([x[-1] for x in tests]))])
 
 
+def paired_row(a, b, n_seeds, test, lower=False):
+    """b (the arm) against a (the baseline), each pooled over (seed, item) in seed order -> [mean a, mean b, the seeds
+    in which the arm is ahead (higher; lower with `lower`, as for a -ELBO), test(a, b)]: one row of a tests table."""
+    n = len(a) // n_seeds
+    d = [statistics.mean(b[j:j + n]) - statistics.mean(a[j:j + n]) for j in range(0, len(a), n)]  # per seed
+    return [f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}", seeds_ahead([-x for x in d] if lower else d),
+            test(a, b)]
+
+
 def time_steps(*args):
     """The protocol's equal-time arm: the cheaper arm's steps in the costlier one's time, printed. args: COSTLY_RUN,
     CHEAP_RUN, STEPS: round(STEPS × their median seconds per step (results.json), costly over cheap), or STEPS when
     the costly arm is not more than 5% slower (no time arm then)."""
     a, b = (json.loads((Path(run) / "results.json").read_text())["step_seconds_median"] for run in args[:2])
-    steps = int(args[2])
-    print(round(steps * a / b) if a > 1.05 * b else steps)
+    print(equal_time_steps(int(args[2]), a, b))
 
 
 def val_sweep(*args):
@@ -79,9 +87,7 @@ def test_tables(R, arms, comparisons, thresholds, seeds):
     for label, base, arm in comparisons:
         for t in thresholds:
             a, b = ([c for s in seeds for c in ev(m, s, t)["correct"]] for m in (base, arm))
-            d = [ev(arm, s, t)["accuracy"] - ev(base, s, t)["accuracy"] for s in seeds]
-            tests.append([label, f"{t:g}", f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}", seeds_ahead(d),
-                          mcnemar(a, b)])
+            tests.append([label, f"{t:g}", *paired_row(a, b, len(seeds), mcnemar)])
     print(f"\nThe tests named in advance: McNemar's exact test over (seed, prompt) pairs, Holm across the "
           f"{len(tests)}\n")
     print(holm_table(["comparison", "threshold", "baseline", "arm", "seeds"], tests))
@@ -104,7 +110,7 @@ def l2_sweep(*args):
     R, lambdas, rates = Path(args[0]), args[1].split(), args[2].split()
     acc = {(lam, r): json.loads((R / f"p-l2-{lam}-{r}-s1/results.json").read_text())["task_acc"]
            for lam in lambdas for r in rates}
-    print(*max(acc, key=lambda lr: (acc[lr], -float(lr[0]), -float(lr[1]))))
+    print(*chosen_rate(acc))
 
 
 def l2_protocol(*args):
@@ -149,8 +155,7 @@ def dlm_dpo_steps(*args):
     STEPS, SEED: the stages "ar-dpo RATE SEED" + "merge RATE SEED" against "dlm-dpo RATE SEED" in P/seconds.tsv."""
     P, ra, rd, steps, seed = args[0], args[1], args[2], int(args[3]), args[4]
     sec = stage_seconds(P)
-    armap, dlm = sec[f"ar-dpo {ra} {seed}"] + sec[f"merge {ra} {seed}"], sec[f"dlm-dpo {rd} {seed}"]
-    print(round(steps * armap / dlm) if armap > 1.05 * dlm else steps)
+    print(equal_time_steps(steps, sec[f"ar-dpo {ra} {seed}"] + sec[f"merge {ra} {seed}"], sec[f"dlm-dpo {rd} {seed}"]))
 
 
 def mark_protocol(*args):
@@ -194,12 +199,8 @@ def mark_protocol(*args):
           "forward, AR-MAP's γ per seed, seconds per route (process starts included; mean over seeds)\n")
     print(cli.table(["model", "right", "with the full stop", "per seed", "tok/fwd", "γ", "seconds"], rows))
 
-    n = len(first["correct"])
-
     def test(label, base, arm, key):
-        a, b = flags(base, key), flags(arm, key)
-        d = [statistics.mean(b[i:i + n]) - statistics.mean(a[i:i + n]) for i in range(0, len(a), n)]  # per seed
-        return [label, key, f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}", seeds_ahead(d), mcnemar(a, b)]
+        return [label, key, *paired_row(flags(base, key), flags(arm, key), len(seeds), mcnemar)]
     transfer = test("the transfer: AR-MAP against the start", "align", arms[1][0], "preferred")
     print("\nThe transfer, one test: McNemar's exact test over (seed, prompt) pairs\n")
     print(cli.table(["comparison", "outcome", "baseline", "arm", "seeds", "p"],
@@ -240,10 +241,8 @@ def nelbo_tables(P, sweep, rates, steps, arms, comparisons, seeds):
     tests = []
     for label, base, arm in comparisons:
         a, b = ([x for s in seeds for x in lik(f"{m}-s{s}")["per_sequence"]] for m in (base, arm))
-        lower = [lik(f"{base}-s{s}")["nelbo_bits_per_token"] - lik(f"{arm}-s{s}")["nelbo_bits_per_token"]
-                 for s in seeds]  # > 0: the arm's -ELBO is lower, the arm ahead
-        tests.append([label, f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}",
-                      f"{statistics.mean(y - x for x, y in zip(a, b)):+.3f}", seeds_ahead(lower), paired_t(a, b)])
+        mean_a, mean_b, ahead, p = paired_row(a, b, len(seeds), paired_t, lower=True)
+        tests.append([label, mean_a, mean_b, f"{statistics.mean(y - x for x, y in zip(a, b)):+.3f}", ahead, p])
     print(f"\nThe tests named in advance: the paired t-test on each sequence's -ELBO over (seed, sequence) pairs "
           f"(ahead: a lower -ELBO), Holm across the {len(tests)}\n")
     print(holm_table(["comparison", "baseline", "arm", "arm - baseline", "seeds"], tests))
@@ -264,9 +263,8 @@ def nelbo_l2_sweep(*args):
     """repro_align.sh ONLY=protocol: L2's λ and rate, printed "λ rate". args: P, "LAMBDAS", "RATES": the lowest
     -ELBO of P/eval/val-l2-λ-RATE.json (a tie: the lower λ, then the lower rate)."""
     P, lambdas, rates = Path(args[0]), args[1].split(), args[2].split()
-    nelbo = {(lam, r): json.loads((P / f"eval/val-l2-{lam}-{r}.json").read_text())["results"]["nelbo_bits_per_token"]
-             for lam in lambdas for r in rates}
-    print(*min(nelbo, key=lambda lr: (nelbo[lr], float(lr[0]), float(lr[1]))))
+    print(*chosen_rate({(lam, r): -json.loads((P / f"eval/val-l2-{lam}-{r}.json").read_text())["results"]
+                        ["nelbo_bits_per_token"] for lam in lambdas for r in rates}))
 
 
 def stdlib_l2_protocol(*args):
@@ -338,11 +336,8 @@ def stdlib_armap_protocol(*args):
           "the validation split's second half, AR-MAP's γ per seed, seconds per route (mean over seeds)\n")
     print(cli.table(["model", "win rate per seed", "rule score", "-ELBO", "γ", "seconds"], rows))
 
-    def test(label, a, b, higher=True):  # b (the arm) against a over (seed, item); ahead: higher, or lower -ELBO
-        n = len(a) // len(seeds)
-        d = [statistics.mean(b[j:j + n]) - statistics.mean(a[j:j + n]) for j in range(0, len(a), n)]
-        return [label, f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}",
-                seeds_ahead(d if higher else [-x for x in d]), paired_t(a, b)]
+    def test(label, a, b, lower=False):  # b (the arm) against a over (seed, item); ahead: higher, or lower -ELBO
+        return [label, *paired_row(a, b, len(seeds), paired_t, lower)]
     transfer = test("the transfer: AR-MAP against the start, rule score", scores(-1), scores(0))
     print("\nThe transfer, one test: the paired t-test over (seed, prompt) pairs\n")
     print(cli.table(["comparison", "baseline", "arm", "seeds", "p"], [[*transfer[:-1], pval(transfer[-1])]]))
@@ -350,7 +345,7 @@ def stdlib_armap_protocol(*args):
     for j, label in [(1, "equal steps")] + ([(2, "equal time")] if k != 30 else []):
         tests.append(test(f"AR-MAP against DPO on the DLM, {label}: rule score", scores(j), scores(0)))
         tests.append(test(f"AR-MAP against DPO on the DLM, {label}: -ELBO", nelbo(arms[j][0]), nelbo(arms[0][0]),
-                          higher=False))
+                          lower=True))
     print(f"\nAR-MAP against DPO on the DLM: the paired t-test over (seed, prompt) pairs for the rule score and "
           f"(seed, sequence) pairs for the -ELBO (ahead: lower), Holm across the {len(tests)}\n")
     print(holm_table(["comparison", "baseline", "arm", "seeds"], tests))

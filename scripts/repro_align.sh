@@ -21,6 +21,7 @@
 #     rate from L2_LAMBDAS × SWEEP_LRS. Writes $OUT/protocol/protocol.md and protocol-l2.md
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE
 PYTHON=${PYTHON:-python3}
 ITERS=${ITERS:-61}
 EVERY=${EVERY:-5}
@@ -50,7 +51,6 @@ if [ "$ONLY" = protocol ]; then
     [ -e $P/eval/$3.json ] || "$PYTHON" eval.py likelihood --ckpt $P/$1 --data "$DATA" --n_batches 8 --n_draws 4 \
       --half $2 --out $P/eval/$3.json > /dev/null
   }
-  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
   s0=${SEEDS%% *}
   for r in $SWEEP_LRS; do
     for l in 0 10; do prun lam$l-$r $s0 --lambda_align $l $(lr $r); lik lam$l-$r-s$s0 first val-lam$l-$r; done

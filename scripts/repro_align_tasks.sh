@@ -15,6 +15,7 @@
 # PART=parts: the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE
 source scripts/python_env.sh
 python_env requirements.txt scripts/repro_align_tasks.sh
 PART=${PART:-all}
@@ -55,7 +56,6 @@ fi
 [ "$PART" = parts ] && exit 0
 VAL=(--tasks $D/validation.jsonl --tasks_n 100)  # every evaluation during training on the validation split
 [ -e $D/validation.jsonl ] || { echo "scripts/repro_align_tasks.sh: no $D/validation.jsonl: run 'bash run.sh'" >&2; exit 1; }
-lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
 for r in $SWEEP_LRS; do
   run p-lam0-$r 1 --lambda_align 0 $(lr $r) "${VAL[@]}"
   run p-lam10-$r 1 --lambda_align 10 $(lr $r) "${VAL[@]}"

@@ -34,6 +34,7 @@
 #     the other half, paired t over (seed, sequence). Writes $OUT/protocol/protocol.md
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE
 PYTHON=${PYTHON:-python3}
 if [ -n "${SMOKE:-}" ]; then
   ITERS=${ITERS:-2}; ITERS_UNSHIFTED=${ITERS_UNSHIFTED:-2}; BATCH=${BATCH:-2}; OUT=${OUT:-out/repro_distill_smoke}
@@ -92,7 +93,6 @@ run() {  # run NAME INIT STEPS SEED [distill.py flags...]
 if [ "$PART" = protocol ]; then
   P=$OUT/protocol s0=${SEEDS%% *}
   mkdir -p $P/eval
-  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
   lik() {  # lik RUN HALF NAME: eval.py likelihood (the BD3-LM bound) on one half of the validation split
     # shellcheck disable=SC2086
     [ -e $P/eval/$3.json ] || quiet $P/eval/$3.log "$PYTHON" eval.py likelihood --ckpt $OUT/protocol/$1 \

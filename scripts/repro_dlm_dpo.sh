@@ -39,7 +39,6 @@ if [ "$PART" = protocol ]; then
   head -n 32 data/pairs/heldout.jsonl > $P/pairs_val.jsonl  # the sweep's prompts
   tail -n +33 data/pairs/heldout.jsonl > $P/pairs_test.jsonl  # the test's
   PAIRS=(--pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl)
-  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
   routes() {  # routes RATE_AR RATE_DLM SEED: AR-MAP (DPO on the teacher, merged) and DPO on the DLM
     stage "ar-dpo $1 $3" $P/ar-dpo-$1-s$3/results.json "$PYTHON" dpo.py --ar out/ar-tiny "${PAIRS[@]}" $STD_DPO \
       $(lr $1) --seed $3 --out_dir $P/ar-dpo-$1-s$3

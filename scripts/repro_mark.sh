@@ -42,7 +42,6 @@ DPO=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --max_iters 1
 if [ "$PART" = protocol ]; then
   P=$OUT/protocol STAGE_LOG=$OUT/protocol/seconds.tsv  # each stage's seconds: the routes' costs
   mkdir -p $P/eval
-  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
   routes() {  # routes RATE_AR RATE_DLM SEED: AR-MAP (DPO on the teacher, merged) and DPO on the DLM, at the rates
     stage "ar-dpo $1 $3" $P/ar-dpo-$1-s$3/results.json "$PYTHON" dpo.py --ar $OUT/ar "${DPO[@]}" $(lr $1) --seed $3 \
       --out_dir $P/ar-dpo-$1-s$3

@@ -31,7 +31,6 @@ DISTILL=(--init $O/block --teacher $O/ar --data $D/chat "${LOOP[@]}" --rollout_m
          --curriculum_steps 0 --max_iters 30)
 DPO=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --seq_len 96 --batch_size 8 --max_iters 30
      --eval_interval 20 --weights_only --seed 1337)
-lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
 peak() { "$PYTHON" -c 'import json, sys; print(max(json.loads(l).get("lr", 0) for l in open(sys.argv[1])))' "$1/log.jsonl"; }
 same() { awk "BEGIN { exit !($1 > 0.999 * $2 && $1 < 1.001 * $2) }"; }
 sweep() {  # sweep ARM START "RATES" SCRIPT FLAGS...: a run per rate, each scored on the validation prompts (run.sh's

@@ -39,7 +39,6 @@ steps() {  # steps BUDGET USED RUN: the steps of RUN's trainer that fill BUDGET 
   "$PYTHON" -c 'import json, sys; b, u = map(float, sys.argv[1:3]); s = json.load(open(sys.argv[3] + "/results.json"))
 print(max(2, int((b - u) / s["step_seconds"])))' "$@"
 }
-lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
 # the pairs, per seed: samples of the DLM (dlm-dpo) and of the teacher (ar-map), 8 per prompt, judged by tasks.check
 PAIRS=(--prompts $P --group $GROUP --threshold 0.9 --max_new_tokens 6 --heldout $HELD "${FIRST[@]}")
 for s in $SEEDS; do

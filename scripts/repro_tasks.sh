@@ -12,6 +12,7 @@
 #   out/tasks/repro/protocol/protocol.md; about 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE
 PYTHON=${PYTHON:-python3}
 PART=${PART:-all}
 SWEEP_LRS=${SWEEP_LRS:-"1e-2 3e-3 1e-3 3e-4"}
@@ -36,7 +37,6 @@ mkdir -p $R
 if [ "$PART" = protocol ]; then
   P=$R/protocol VAL=(--tasks $D/validation.jsonl --tasks_n 100 --eval_interval 100)  # evaluations: validation only
   mkdir -p $P/eval
-  lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }
   for r in $SWEEP_LRS; do
     for pol in on off; do
       run $P/$pol-$r-s1 "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" --policy $pol $(lr $r) --seed 1

@@ -9,3 +9,4 @@ stage() {
   if [ -n "${STAGE_LOG:-}" ]; then printf '%s\t%s\n' "$name" $((SECONDS - t)) >> "$STAGE_LOG"; fi
   echo "== $name: done in $((SECONDS - t)) s (total $((SECONDS - T0)) s)"
 }
+lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }  # lr RATE: a peak rate, its floor a tenth of it

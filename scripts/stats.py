@@ -71,5 +71,12 @@ def seeds_ahead(diffs):
 
 
 def chosen_rate(acc):
-    """{rate (text): validation score} -> the sweeps' rule: the highest score, a tie going to the lower rate."""
-    return max(acc, key=lambda r: (acc[r], -float(r)))
+    """{rate (text), or a tuple of settings such as (λ, rate): validation score} -> the sweeps' rule: the highest
+    score, a tie going to the lower rate (for a tuple: the lower first setting, then the next)."""
+    return max(acc, key=lambda k: (acc[k], *(-float(x) for x in (k if isinstance(k, tuple) else (k,)))))
+
+
+def equal_time_steps(steps, costly, cheap):
+    """The protocol's equal-time arm: the cheaper arm's steps in the time the costlier one takes for `steps`
+    (costly, cheap: seconds per step, or per run), or `steps` when it is not more than 5% slower (no time arm)."""
+    return round(steps * costly / cheap) if costly > 1.05 * cheap else steps
