@@ -19,7 +19,8 @@ from scripts.stats import chosen_rate, equal_time_steps, holm, mcnemar, paired_t
 
 
 def pval(p):
-    """A p-value in 3 significant digits; one below the floats' range (the exact test's sum underflows) as a bound."""
+    """A p-value in 3 significant digits; one below the floats' range (the exact computation underflows to 0) as a
+    bound that holds for every test here."""
     return f"{p:.3g}" if p > 0 else "< 1e-300"
 
 

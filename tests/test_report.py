@@ -24,13 +24,45 @@ def task_run(threshold, right, tpf):
                 lengths=lengths, canvas=6, forwards_answer=2.0, forwards_after=0.5)
 
 
-def test_t_two_sided_against_tables():
-    """Student's t two-sided p at the tables' critical values, and the Cauchy case (df 1) in closed form."""
-    for t, df, p in ((2.7764, 4, 0.05), (2.1318, 4, 0.10), (4.6041, 4, 0.01), (4.3027, 2, 0.05), (2.0860, 20, 0.05)):
-        assert stats.t_two_sided(t, df) == pytest.approx(p, abs=2e-4)
-    for t in (0.5, 3.0):
-        assert stats.t_two_sided(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-6)
-    assert stats.t_two_sided(0.0, 4) == pytest.approx(1.0)
+# scipy.stats' values (scipy 1.17.1), fixed here: 2 * t.sf(t, df) and binomtest(n01, n01 + n10).pvalue
+T_SCIPY = ((2.7764, 4, 0.05000230771740174), (1000, 4, 5.999960000209998e-12), (3.0, 343, 0.00289730529688209),
+           (2.0, 400, 0.04617594517356813), (25.0, 1000, 1.5203541383321418e-107),
+           (40.0, 10, 2.2808577430857535e-12), (1e6, 2, 9.999999999985001e-13), (0.3, 100000, 0.7641777791903376))
+MCNEMAR_SCIPY = ((0, 60, 1.734723475976807e-18), (3, 200, 2.1693555718929497e-55), (40, 60, 0.05688793364098089),
+                 (1, 1000, 9.351301457402253e-299))
+
+
+def test_t_two_sided_against_scipy():
+    """Student's t two-sided p against scipy's constants: large t, df >= 343 (where math.gamma overflows), p down
+    to 1e-107; the Cauchy case (df 1) in closed form; a t beyond the floats' range gives 0.0, a true bound."""
+    for t, df, p in T_SCIPY:
+        assert stats.t_two_sided(t, df) == pytest.approx(p, rel=1e-9)
+        assert stats.t_two_sided(-t, df) == pytest.approx(p, rel=1e-9)
+    for t in (0.5, 3.0, 1e4):
+        assert stats.t_two_sided(t, 1) == pytest.approx(2 / math.pi * math.atan(1 / t), rel=1e-9)
+    assert stats.t_two_sided(0.0, 4) == 1.0
+    assert 0.0 <= stats.t_two_sided(1e200, 400) < 1e-300
+    with pytest.raises(ValueError, match="df must be positive"):
+        stats.t_two_sided(1.0, 0)
+
+
+def test_t_two_sided_against_live_scipy():
+    """The same over a grid of t and df, where scipy is installed (requirements-dev.txt installs it)."""
+    sst = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 5, 10, 30, 342, 343, 1000, 10 ** 5):
+        for t in (0.0, 0.2, 1.0, 1.96, 3.0, 6.0, 20.0, 300.0):
+            p = 2 * float(sst.t.sf(t, df))
+            assert stats.t_two_sided(t, df) == pytest.approx(p, rel=1e-8, abs=1e-300)
+
+
+def test_paired_t_and_mcnemar_against_scipy():
+    """paired_t at df 399 (an OverflowError before) and McNemar's exact p down to 1e-298, against scipy."""
+    assert stats.paired_t([0.0] * 400, [(i % 3) * 0.1 for i in range(400)]) == pytest.approx(4.438058509598643e-81,
+                                                                                           rel=1e-8)
+    for n01, n10, p in MCNEMAR_SCIPY:
+        a, b = [True] * n01 + [False] * n10 + [True] * 5, [False] * n01 + [True] * n10 + [True] * 5
+        assert stats.mcnemar(a, b) == pytest.approx(p, rel=1e-9)
+    assert protocol.pval(0.0) == "< 1e-300" and protocol.pval(2.1693555718929497e-55) == "2.17e-55"
 
 
 def test_paired_by_hand():
