@@ -18,6 +18,7 @@ import data
 import diffusion
 import runner
 import training
+from model import packed_mask
 
 p = cli.parser(__doc__)
 p.add_argument("--init", default="out/dlm-tiny", help="the student: a bidirectional DLM checkpoint (convert.py)")
@@ -77,19 +78,21 @@ def repr_align_loss(student_hidden, teacher_hidden, positions, *, layers, metric
 
 
 def loss_step(student, teacher, x0, xt, masked, t, *, layers, lambda_align=10.0, metric="cos", norm="mean",
-              positions="masked", extra_ce=False):
+              positions="masked", extra_ce=False, doc=None, pos=None):
     """x0 (B, T) and its corruption (diffusion.corrupt) -> (L, stats), L = L_diff + lambda_align · L_align (over
-    `layers`, at `positions` "masked" or "all"). teacher None: the λ = 0 baseline, the diffusion loss alone."""
+    `layers`, at `positions` "masked" or "all"). teacher None: the λ = 0 baseline, the diffusion loss alone.
+    doc, pos (B, T): packed rows (data.packed_batch), each conversation read alone by both models."""
     if teacher is None and lambda_align > 0:
         raise ValueError("loss_step: lambda_align > 0 needs a teacher")
     out = diffusion.diffusion_loss(student, x0, xt, masked, t, norm, extra_ce=extra_ce,
-                                   output_hidden_states=teacher is not None)
+                                   output_hidden_states=teacher is not None, doc=doc, pos=pos)
     if teacher is None:
         return out, dict(diff_loss=out)
     l_diff, hs = out
     with torch.no_grad():  # the clean x0, same positions; no rows for lm_head: the hidden states alone
-        _, ht = teacher(x0, "causal", rows=NO_ROWS, output_hidden_states=True)
-    S = align_rows(masked, student.config.shift, positions)
+        causal = "causal" if doc is None else packed_mask("causal", doc, pos)
+        _, ht = teacher(x0, causal, rows=NO_ROWS, output_hidden_states=True, pos=pos)
+    S = align_rows(masked, student.config.shift, positions) & (True if doc is None else doc >= 0)
     l_align, per_layer = repr_align_loss(hs, ht, S, layers=layers, metric=metric)
     return l_diff + lambda_align * l_align, dict(diff_loss=l_diff, align_loss=l_align, align_per_layer=per_layer)
 
@@ -134,7 +137,8 @@ if __name__ == "__main__":
 
     student = run.start(fresh)
     c = student.config
-    training.require_dlm(c, run.out_dir if args.resume else args.init, "align", "bidirectional")
+    training.require_dlm(c, run.out_dir if args.resume else args.init, "align",
+                         "bidirectional" if args.lambda_align > 0 else None)  # λ = 0 trains a block DLM too
     tok = training.load_tokenizer(args.data, c)
     training.freeze(student, args.freeze)
     if c.tie_word_embeddings and ({"embed", "lm_head"} & set(args.freeze)):
@@ -172,18 +176,29 @@ if __name__ == "__main__":
     # ---- training --------------------------------------------------------------------------------
     fpt = training.flops_per_token(student, args.seq_len, forward_only=teacher)
 
-    def draw():  # a batch of clean windows and its corruption (answer-only: only the answers may be masked)
-        x0, where = data.answer_batch(train_data, answers, args.batch_size, args.seq_len, device, run.gen,
-                                      starts=starts["train"])
-        return x0, *diffusion.corrupt(x0, c.mask_token_id, c.shift, run.gen, args.eps, where=where)
+    spans = data.conversation_spans(train_data, tok.eos_id, args.seq_len, "align") if args.assistant_only else None
+    block = c.block_size if c.attn == "block" else None
+
+    def draw():  # a batch of clean windows, or of packed conversations (--assistant_only), and its corruption
+        if spans is None:  # (answer-only: only the answers may be masked)
+            x0, where = data.answer_batch(train_data, answers, args.batch_size, args.seq_len, device, run.gen,
+                                          starts=starts["train"])
+            return x0, *diffusion.corrupt(x0, c.mask_token_id, c.shift, run.gen, args.eps, where=where,
+                                          block_size=block), None, None
+        x0, where, doc, pos = data.packed_batch(train_data, answers, spans, args.batch_size, args.seq_len, device,
+                                                run.gen, pad_id=tok.eos_id)
+        return x0, *diffusion.corrupt(x0, c.mask_token_id, c.shift, run.gen, args.eps, where=where, doc=doc, pos=pos,
+                                      block_size=block), doc, pos
 
     for step in run.steps():
-        for x0, xt, masked, t in run.micro_batches(draw):
+        for x0, xt, masked, t, doc, pos in run.micro_batches(draw):
             with ctx:
                 loss, stats = loss_step(student, teacher, x0, xt, masked, t, layers=layers,
                                         lambda_align=args.lambda_align, metric=args.align_metric,
-                                        norm=args.loss_norm, positions=args.align_positions, extra_ce=args.extra_ce)
-            run.backward(loss, stats, tokens=x0.numel(), flops=fpt * x0.numel())
+                                        norm=args.loss_norm, positions=args.align_positions, extra_ce=args.extra_ce,
+                                        doc=doc, pos=pos)
+            useful = x0.numel() if doc is None else int((doc >= 0).sum())  # a packed row's pads are not counted
+            run.backward(loss, stats, tokens=useful, flops=fpt * x0.numel())
         rec = run.update()
         if run.eval_due():
             rec.update(run.evaluate(evaluate))

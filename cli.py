@@ -24,6 +24,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """The description as written (usage lines keep their layout), and each flag's default after its help text."""
 
 
+AUTOCASTS = ("auto", "bf16", "none")  # --autocast: bf16 autocast on CUDA only (auto), everywhere, nowhere
+
 def short(doc):
     """A module docstring's first paragraph and the indented (usage) paragraphs right after it."""
     paras = doc.strip("\n").split("\n\n")
@@ -157,6 +159,9 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
     for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
         p.add_argument(f"--{name}", type=float, default=d[name], help=helps[name])
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--autocast", default="auto", choices=AUTOCASTS, help="bf16 autocast of the forward and backward "
+                   "(fp32 weights and optimizer); auto: on CUDA, not on a CPU (there bf16 pays only where the CPU has "
+                   "bf16 instructions: bench.py --what pack measures it)")
     p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu; under torchrun "
                    "cuda means cuda:LOCAL_RANK")
@@ -233,8 +238,9 @@ def atomic_write(path, write):
 
 # ---- a script's start: --device, --seed, its place in a torchrun job, Ctrl-C in one line ----------------
 
-def setup(device="auto", seed=1337):
-    """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there); the RNGs seeded.
+def setup(device="auto", seed=1337, autocast="auto"):
+    """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there) unless autocast
+    is "bf16" ("none": fp32 everywhere); the RNGs seeded.
     Ctrl-C prints one line instead of a traceback (a Run replaces it with its own, which names the checkpoint).
     Under torchrun (WORLD_SIZE > 1) it joins the job: nccl on CUDA (the device cuda:LOCAL_RANK), gloo on a CPU;
     every rank but 0 prints nothing; the process group is torn down at exit. One process: no process group."""
@@ -270,7 +276,8 @@ def setup(device="auto", seed=1337):
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        return device, torch.autocast("cuda", dtype=torch.bfloat16)
+    if autocast == "bf16" or (autocast == "auto" and device.type == "cuda"):
+        return device, torch.autocast(device.type, dtype=torch.bfloat16)
     return device, contextlib.nullcontext()
 
 

@@ -446,6 +446,45 @@ def loss_targets(args, tok, train_data, val_data, window, who):
     return answers, starts
 
 
+def conversation_spans(data, eos_id, seq_len, who="", split="train"):
+    """(n, 2) int64 array: the first offset and length of each conversation of a chat split (its tokens up to and
+    including its eos) that fits seq_len; longer ones are left out (not cut), and counted in one line."""
+    ends = np.flatnonzero(np.asarray(data) == eos_id) + 1
+    spans = np.stack([np.concatenate([[0], ends[:-1]]), ends - np.concatenate([[0], ends[:-1]])], 1)
+    fits = spans[:, 1] <= seq_len
+    if not fits.all():
+        print(f"{who}: {int((~fits).sum())} of {len(spans)} {split} conversations are longer than --seq_len "
+              f"{seq_len}: left out (not cut)")
+    if not fits.any():
+        raise SystemExit(f"{who}: no {split} conversation fits --seq_len {seq_len}")
+    return spans[fits]
+
+
+def packed_batch(data, answers, spans, batch_size, seq_len, device="cpu", generator=None, pad_id=0):
+    """batch_size rows of seq_len tokens, each filled with whole conversations (spans: conversation_spans) drawn at
+    random, one after another while they fit; a drawn one that does not fit the row's rest opens the next row ->
+    x (B, T) (pad_id after a row's last conversation), answers (B, T) bool (the tokens to train on; None: every
+    token of a conversation), doc (B, T) long (the conversation's index in its row; -1: a pad) and pos (B, T) (its
+    positions, from 0). A fixed number of draws per batch, so the generator advances the same whatever the lengths."""
+    shortest = int(spans[:, 1].min())
+    draws = torch.randint(len(spans), (batch_size * (seq_len // shortest + 1),), generator=generator).tolist()
+    x = np.full((batch_size, seq_len), pad_id, dtype=np.int64)
+    doc, pos = np.full((batch_size, seq_len), -1, dtype=np.int64), np.zeros((batch_size, seq_len), dtype=np.int64)
+    ans = np.zeros((batch_size, seq_len), dtype=bool)
+    row, at, k = 0, 0, 0
+    for i in draws:
+        first, n = spans[i]
+        if at + n > seq_len:  # the next row
+            row, at, k = row + 1, 0, 0
+            if row == batch_size:
+                break
+        x[row, at:at + n] = data[first:first + n]
+        ans[row, at:at + n] = True if answers is None else answers[first:first + n]
+        doc[row, at:at + n], pos[row, at:at + n] = k, np.arange(n)
+        at, k = at + n, k + 1
+    return tuple(torch.from_numpy(a).to(device) for a in (x, ans, doc, pos))
+
+
 # -----------------------------------------------------------------------------
 # JSONL inputs of the later scripts
 

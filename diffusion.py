@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask
 
 import data
-from model import attend
+from model import attend, packed_mask
 
 NORMS = ("mean", "elbo")
 # Every evaluation here scores each checkpoint on the same corruptions: masks from a generator of this seed, at
@@ -23,28 +23,40 @@ NORMS = ("mean", "elbo")
 EVAL_RATIOS, EVAL_SEED, ELBO_EPS = (0.15, 0.5, 0.9), 1234, 1e-3
 
 
-def maskable(B, T, shift, prompt_lens=None, device=None):
-    """(B, T) bool: the positions that may be masked: not 0 under shift, not the prompt (< prompt_lens[b])."""
-    pos = torch.arange(T, device=device).expand(B, T)
+def maskable(B, T, shift, prompt_lens=None, device=None, pos=None):
+    """(B, T) bool: the positions that may be masked: not 0 under shift (pos (B, T): each slot's position, as in
+    packed rows, where every conversation has its own 0), not the prompt (< prompt_lens[b])."""
+    pos = torch.arange(T, device=device).expand(B, T) if pos is None else pos
     ok = pos >= int(bool(shift))
     if prompt_lens is not None:
         ok = ok & (pos >= torch.as_tensor(prompt_lens, device=device)[:, None])
     return ok
 
 
-def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=None, *, block_size=None, where=None):
-    """-> xt (B, T), masked (B, T) bool, t (B,), or (B, T) per position with block_size. t ~ U(eps, 1-eps) per
-    sequence (per block), or the given t; each maskable token (and where (B, T) allows) masked w.p. t."""
+def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=None, *, block_size=None, where=None,
+            doc=None, pos=None):
+    """-> xt (B, T), masked (B, T) bool, t (B,), or (B, T) per position with block_size or doc. t ~ U(eps, 1-eps) per
+    sequence (per block), or the given t; each maskable token (and where (B, T) allows) masked w.p. t. Packed rows
+    (data.packed_batch): doc (B, T) each slot's conversation, pos (B, T) its position: t per conversation (per block
+    of its own positions, with block_size), position 0 of each one never masked under shift."""
     B, T = x0.shape
     gdev = generator.device if generator is not None else torch.device("cpu")
-    shape = (B, -(-T // block_size)) if block_size else (B,)
+    unit = pos // block_size if block_size and doc is not None else None  # a packed row's blocks: by position
+    n = int(doc.max()) + 1 if doc is not None else 1
+    shape = ((B, n, -(-T // block_size)) if unit is not None else (B, n) if doc is not None
+             else (B, -(-T // block_size)) if block_size else (B,))
     if t is None:
         t = eps + (1 - 2 * eps) * torch.rand(shape, generator=generator, device=gdev)  # t ~ U(eps, 1 - eps)
     t = torch.as_tensor(t, dtype=torch.float32, device=gdev).expand(shape)
-    if block_size:
+    if doc is not None:  # (B, T): each slot its conversation's t (its block's, with block_size); 0 on pads
+        d = doc.clamp(min=0).to(gdev)
+        t = t[torch.arange(B, device=gdev)[:, None], d] if unit is None else t[torch.arange(B, device=gdev)[:, None],
+                                                                                d, unit.to(gdev)]
+    elif block_size:
         t = t.repeat_interleave(block_size, 1)[:, :T]  # (B, T): each position its block's t
     u = torch.rand(B, T, generator=generator, device=gdev)
-    masked = (u < per_position(t)).to(x0.device) & maskable(B, T, shift, prompt_lens, x0.device)  # P(masked) = t
+    ok = maskable(B, T, shift, prompt_lens, x0.device, pos) & (True if doc is None else doc >= 0)
+    masked = (u < per_position(t)).to(x0.device) & ok  # P(masked) = t
     masked = masked if where is None else masked & where
     return torch.where(masked, torch.full_like(x0, mask_id), x0), masked, t.to(x0.device)
 
@@ -90,56 +102,68 @@ def per_block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None)
     return out[sel]
 
 
-def train_rule(real, N, bs):
+def train_rule(real, N, bs, doc=None, pos=None):
     """The attention rule over [x, xt] (x = [prompt, x0], L = P + N slots; then N noisy ones) as a FlexAttention
-    mask_mod rule(b, h, q, k): BD3-LM's M_BC | M_OBC | M_BD; pads (real (B, L) False) hidden, a slot sees itself."""
+    mask_mod rule(b, h, q, k): BD3-LM's M_BC | M_OBC | M_BD; pads (real (B, L) False) hidden, a slot sees itself.
+    Packed rows (doc, pos (B, L): each slot's conversation and position, P = 0): the blocks are those of each
+    conversation's own positions, and a slot sees its own conversation only."""
     L = real.shape[1]
     key_real = torch.cat([real, real[:, L - N:]], 1)  # (B, L + N): a noisy slot is real where its clean one is
+    if doc is not None:
+        blocks, conv = torch.cat([pos, pos[:, L - N:]], 1) // bs, torch.cat([doc, doc[:, L - N:]], 1)  # (B, L + N)
 
     def rule(b, h, q, k):
         q_noisy, k_noisy = q >= L, k >= L
-        q_blk = torch.where(q_noisy, q - N, q) // bs  # the noisy copy lives in the same blocks as the clean one
-        k_blk = torch.where(k_noisy, k - N, k) // bs
+        if doc is None:
+            q_blk = torch.where(q_noisy, q - N, q) // bs  # the noisy copy lives in the same blocks as the clean one
+            k_blk = torch.where(k_noisy, k - N, k) // bs
+        else:
+            q_blk, k_blk = blocks[b, q], blocks[b, k]
         block_diagonal = q_noisy & k_noisy & (k_blk == q_blk)  # M_BD: a noisy block sees itself
         offset_block_causal = q_noisy & ~k_noisy & (k_blk < q_blk)  # M_OBC: ... and the clean blocks before it
         block_causal = ~q_noisy & ~k_noisy & (k_blk <= q_blk)  # M_BC: the clean stream, block-causal
-        return ((block_diagonal | offset_block_causal | block_causal) & key_real[b, k]) | (q == k)
+        seen = (block_diagonal | offset_block_causal | block_causal) & key_real[b, k]
+        return (seen if doc is None else seen & (conv[b, q] == conv[b, k])) | (q == k)
     return rule
 
 
-def train_mask(real, N, bs, *, flex=False):
+def train_mask(real, N, bs, *, flex=False, doc=None, pos=None):
     """train_rule as a FlexAttention BlockMask (flex) or a dense (B, 1, T, T) bool mask, T = L + N."""
     B, T, dev = real.shape[0], real.shape[1] + N, real.device
     if flex:
-        return create_block_mask(train_rule(real, N, bs), B, None, T, T, device=dev)
+        return create_block_mask(train_rule(real, N, bs, doc, pos), B, None, T, T, device=dev)
     i = torch.arange(T, device=dev)
-    return train_rule(real, N, bs)(torch.arange(B, device=dev)[:, None, None, None], None, i[:, None], i)
+    return train_rule(real, N, bs, doc, pos)(torch.arange(B, device=dev)[:, None, None, None], None, i[:, None], i)
 
 
 def block_logits(model, x, xt, sel, *, P=0, real=None, pos=None, shift=None, flex=False, targets=None,
-                 reduction="none", argmax=False):
+                 reduction="none", argmax=False, doc=None):
     """per_block_logits in one forward over [x, xt] under train_rule, the noisy copy at the clean one's RoPE
-    positions -> logits (n_sel, V) row-major (targets: the CE instead, as Qwen3.forward); flex: a BlockMask."""
+    positions -> logits (n_sel, V) row-major (targets: the CE instead, as Qwen3.forward); flex: a BlockMask.
+    doc (B, L): packed rows (data.packed_batch; P = 0, pos their positions), each conversation its own blocks."""
     B, L = x.shape
     N, bs, shift = L - P, model.config.block_size, int(model.config.shift if shift is None else shift)
     if P % bs:
         raise ValueError(f"the prompt length P={P} must be a multiple of the block size {bs}")
     if shift and P == 0:
-        never_first(sel)
-    real = torch.ones_like(x, dtype=torch.bool) if real is None else real
+        never_first(sel if doc is None else sel & (pos == 0))  # packed: no conversation's first position
+    real = (torch.ones_like(x, dtype=torch.bool) if doc is None else doc >= 0) if real is None else real
     pos = torch.arange(L, device=x.device).expand(B, L) if pos is None else pos
     b, i = sel.nonzero(as_tuple=True)
-    rows = torch.where((i % bs == 0) & bool(shift), P + i - 1, L + i - shift)  # the slot that denoises position i
-    return model(torch.cat([x, xt], 1), train_mask(real, N, bs, flex=flex), pos=torch.cat([pos, pos[:, P:]], 1),
-                 rows=(b, rows), targets=targets, reduction=reduction, argmax=argmax)
+    first = (i if doc is None else pos[b, i]) % bs == 0  # position i opens its block
+    rows = torch.where(first & bool(shift), P + i - 1, L + i - shift)  # the slot that denoises position i
+    mask = train_mask(real, N, bs, flex=flex, doc=doc, pos=None if doc is None else pos)
+    return model(torch.cat([x, xt], 1), mask, pos=torch.cat([pos, pos[:, P:]], 1), rows=(b, rows), targets=targets,
+                 reduction=reduction, argmax=argmax)
 
 
 # ---- the losses ----------------------------------------------------------------------------------------------
 
 def denoiser_ce(model, x0, xt, masked, *, attn=None, shift=None, reduction="none", argmax=False,
-                output_hidden_states=False):
+                output_hidden_states=False, doc=None, pos=None):
     """-> CE_i = -log p_θ(x0_i | xt) (n_masked,), row-major [, hidden_states], lm_head on the denoiser_rows only
-    (reduction, argmax: as Qwen3.forward). attn "block": block b given the clean blocks before it (block_logits)."""
+    (reduction, argmax: as Qwen3.forward). attn "block": block b given the clean blocks before it (block_logits).
+    doc, pos (B, T): packed rows (data.packed_batch), each conversation read alone (model.packed_mask)."""
     attn, shift = model.config.attn if attn is None else attn, model.config.shift if shift is None else shift
     if shift is None:
         raise ValueError("the model's config has no `shift`: is it a DLM converted by convert.py?")
@@ -147,19 +171,26 @@ def denoiser_ce(model, x0, xt, masked, *, attn=None, shift=None, reduction="none
         if output_hidden_states:
             raise ValueError("a block DLM is read over [x0, xt] (BD3-LM): hidden states are not offered")
         return block_logits(model, x0, xt, masked, shift=shift, targets=x0[masked], reduction=reduction,
-                            argmax=argmax)
+                            argmax=argmax, doc=doc, pos=pos)
+    if doc is not None:
+        if shift:
+            never_first(masked & (pos == 0))  # nothing in a conversation predicts its first position
+        attn = packed_mask(attn, doc, pos, model.config.block_size)
     return model(xt, attn, rows=denoiser_rows(masked, shift), targets=x0[masked], reduction=reduction, argmax=argmax,
-                 output_hidden_states=output_hidden_states)
+                 output_hidden_states=output_hidden_states, pos=pos)
 
 
 def diffusion_loss(model, x0, xt, masked, t, norm="mean", attn=None, shift=None, prompt_lens=None,
-                   extra_ce=False, output_hidden_states=False):
+                   extra_ce=False, output_hidden_states=False, doc=None, pos=None):
     """-> the masked-diffusion loss [, hidden_states]; t (B,) or (B, T) as corrupt's. norm "mean": the mean CE
     over masked tokens; "elbo": the negative ELBO in nats per maskable token (LLaDA/MDLM; BD3-LM for a block DLM).
-    extra_ce: + sg(exp(-CE))·CE per masked token."""
+    extra_ce: + sg(exp(-CE))·CE per masked token. doc, pos: packed rows (denoiser_ce), with norm "mean"."""
     if norm not in NORMS:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-    out = denoiser_ce(model, x0, xt, masked, attn=attn, shift=shift, output_hidden_states=output_hidden_states)
+    if doc is not None and norm != "mean":
+        raise ValueError("packed rows take norm 'mean' (the ELBO's per-sequence normalisation is per row)")
+    out = denoiser_ce(model, x0, xt, masked, attn=attn, shift=shift, output_hidden_states=output_hidden_states,
+                      doc=doc, pos=pos)
     ce, hidden = out if output_hidden_states else (out, None)  # CE_i = -log p_θ(x0_i | xt), (n_masked,)
     if extra_ce:
         ce = ce + torch.exp(-ce.detach()) * ce  # CE_i + sg(exp(-CE_i)) · CE_i

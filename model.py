@@ -184,16 +184,24 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 def attention_mask(attn, q_pos, k_pos, block_size=None, k_len=None):
-    """Boolean (Tq, Tk) mask, True = may attend, for query/key sequence indices q_pos, k_pos.
+    """Boolean (..., Tq, Tk) mask, True = may attend, for query/key sequence indices q_pos (..., Tq), k_pos (..., Tk).
     k_len (a 0-d tensor) additionally hides cache slots >= k_len that hold nothing yet."""
-    q, k = q_pos[:, None], k_pos[None, :]
+    q, k = q_pos[..., :, None], k_pos[..., None, :]
     if attn == "causal":
         m = k <= q
     elif attn == "block":
         m = torch.div(k, block_size, rounding_mode="floor") <= torch.div(q, block_size, rounding_mode="floor")
     else:  # bidirectional
-        m = torch.ones(q.shape[0], k.shape[1], dtype=torch.bool, device=q.device)
+        m = torch.ones(torch.broadcast_shapes(q.shape, k.shape), dtype=torch.bool, device=q.device)
     return m if k_len is None else m & (k < k_len)
+
+
+def packed_mask(rule, doc, pos, block_size=None):
+    """(B, 1, T, T) bool for rows that pack several conversations: doc (B, T) each slot's conversation (-1: a pad),
+    pos (B, T) its position within it (from 0). A conversation attends only within itself, under the rule on its
+    own positions, so each computes what it would alone (with pos as its RoPE positions); pads see pads."""
+    same_conversation = doc[:, :, None] == doc[:, None, :]  # (B, T, T)
+    return (same_conversation & attention_mask(rule, pos, pos, block_size))[:, None]
 
 
 def attend(rule, q, real, block_size=None):

@@ -36,7 +36,7 @@ def align_step(preset, device, dtype, B, T, lam, freeze=()):
     teacher = None
     if lam:
         teacher = share_frozen(student, build_ours(preset, device, dtype).requires_grad_(False).eval())
-    opt = configure_optimizer(student, 1e-4, 0.1, device_type=device.type)
+    opt = configure_optimizer(student, 1e-4, 0.1)
     layers = list(range(c.num_hidden_layers + 1))
     g = torch.Generator(device).manual_seed(0)
 
@@ -119,7 +119,7 @@ class DistillRun:
         c.attn, c.block_size, c.mask_token_id, c.shift = "block", bs, c.vocab_size - 1, False  # OPDLM's student
         self.eos_id, self.vocab = c.mask_token_id, c.vocab_size - 1
         self.hp = distill.p.parse_args([])
-        self.opt = configure_optimizer(self.student, 1e-4, 0.1, device_type=device.type)
+        self.opt = configure_optimizer(self.student, 1e-4, 0.1)
         self.gen = torch.Generator(device).manual_seed(0)
         self.items = [(torch.randint(0, self.vocab, (16,), generator=self.gen, device=device).tolist(), [])
                       for _ in range(B)]

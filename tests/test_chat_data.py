@@ -119,9 +119,9 @@ def test_prepare_marks_assistant_tokens_and_counts_skips(world, tmp_path):
 
 
 def test_align_assistant_only(world, tmp_path, monkeypatch):
-    """Every corruption may mask only assistant tokens (the marks of the window's offsets), windows begin at a
-    conversation, and a conversation longer than --seq_len is left out and counted. Refused on plain data and with
-    --loss_after."""
+    """Every corruption may mask only assistant tokens (the marks of its conversations), each training row packs
+    whole conversations at their own positions, and a conversation longer than --seq_len is left out (not cut) and
+    counted. Refused on plain data and with --loss_after."""
     import diffusion
     src = write_jsonl(tmp_path / "chats.jsonl", conversations(60, long_every=7))
     d = tmp_path / "d"
@@ -129,22 +129,27 @@ def test_align_assistant_only(world, tmp_path, monkeypatch):
     ids, roles = np.asarray(data.load_split(d, "train")), np.asarray(data.load_roles(d, "train"))
     tok = Tokenizer.from_pretrained(d)
     seen, corrupt = [], diffusion.corrupt
-    monkeypatch.setattr(diffusion, "corrupt", lambda x0, *a, where=None, **kw: seen.append((x0, where)) or corrupt(
+    monkeypatch.setattr(diffusion, "corrupt", lambda x0, *a, where=None, **kw: seen.append((x0, where, kw)) or corrupt(
         x0, *a, where=where, **kw))
     common = ["--init", world / "dlm_chat", "--data", d, "--seq_len", 48, "--batch_size", 4, "--eval_batches", 1,
               "--eval_interval", 2, "--samples", 0, "--device", "cpu", "--lambda_align", 0]
     r = run_script("align.py", *common, "--assistant_only", "--max_iters", 2, "--out_dir", tmp_path / "run")
     assert r.returncode == 0, r.stderr[-2000:]
     n_long = sum(len(tok.encode(r["messages"][1]["content"])) > 20 for r in conversations(60, 7))
-    assert "longer than --seq_len 48" in r.stdout and n_long > 0
+    assert "longer than --seq_len 48: left out (not cut)" in r.stdout and n_long > 0
     starts = np.concatenate([[0], np.flatnonzero(ids == tok.eos_id) + 1])
-    seen = [(x0, w) for x0, w in seen if w is not None]  # training's draws (evaluation masks every position)
+    whole = {tuple(ids[s:e].tolist()): roles[s:e].astype(bool).tolist() for s, e in zip(starts, starts[1:])}
+    seen = [(x0, w, kw) for x0, w, kw in seen if w is not None]  # training's draws (evaluation masks every position)
     assert len(seen) == 2
-    for x0, where in seen:
-        for row, w in zip(x0.numpy(), where.numpy()):
-            ix = next(int(s) for s in starts if s + 48 <= len(ids) and (ids[s:s + 48] == row).all())
-            assert (w == roles[ix:ix + 48].astype(bool)).all() and w.any()
-            assert (ids[ix:np.flatnonzero(ids[ix:] == tok.eos_id)[0] + ix + 1].size <= 48)  # it fits whole
+    for x0, where, kw in seen:
+        doc, pos = kw["doc"], kw["pos"]
+        for b in range(x0.shape[0]):
+            for k in range(int(doc[b].max()) + 1):
+                slots = (doc[b] == k).nonzero()[:, 0]
+                conv = tuple(x0[b, slots].tolist())
+                assert conv in whole and where[b, slots].tolist() == whole[conv] and any(whole[conv])
+                assert pos[b, slots].tolist() == list(range(len(slots))) and len(slots) <= 48  # it fits whole
+            assert not where[b, doc[b] < 0].any()
     r = run_script("align.py", *common, "--assistant_only", "--data", world / "data", "--init", world / "dlm",
                    "--max_iters", 1, "--out_dir", tmp_path / "plain")
     assert r.returncode == 1 and "needs a chat dataset" in r.stderr
