@@ -107,7 +107,8 @@ def prompt_ids(tok, item):
 def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, counts=None, **sampler):
     """Each item answered by the checkpoint's own sampler in its chat template (greedy unless told) -> the replies'
     texts, cut at the first end id. counts: a list that gets, per reply, its tokens per forward (tokens up to and
-    including the end token / forwards) and, for a DLM, its forwards split into answer and after (forwards_split)."""
+    including the end token / forwards), for a DLM its forwards split into answer and after (forwards_split), and
+    whether it ended (an end id within max_new_tokens)."""
     import torch
 
     import sample
@@ -124,7 +125,8 @@ def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, counts=None,
                                                                                    or min(32, max_new_tokens))
             answer, after = tasks.forwards_split(gen, block) if dlm else (gen.row_nfe, 0 * gen.row_nfe)
             counts += [dict(tokens_per_forward=float(gen.tokens_per_forward[b]), forwards_answer=int(answer[b]),
-                            forwards_after=int(after[b])) for b in range(len(prompts))]
+                            forwards_after=int(after[b]), ended=bool(set(gen.generated[b].tolist()) & set(ends)))
+                       for b in range(len(prompts))]
     return out
 
 
