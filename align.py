@@ -204,6 +204,7 @@ if __name__ == "__main__":
             rec.update(run.evaluate(evaluate))
         if run.save_due(args.ckpt_interval):
             run.save(student, tok)
+        run.snapshot(student, tok)
         run.log(rec, diff=f"{rec['diff_loss']:.3f}", align=f"{rec.get('align_loss', 0):.3f}",
                 val_acc=f"{run.last_eval.get('val_acc@0.5', float('nan')):.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
 

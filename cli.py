@@ -140,6 +140,17 @@ def sampler_kwargs(args):
 
 # ---- a training script's loop flags -------------------------------------------------------------------------
 
+def comma_ints(text):
+    """"50,100,200" -> [50, 100, 200]: positive integers, comma-separated (argparse's error otherwise)."""
+    try:
+        out = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers, comma-separated") from None
+    if any(n <= 0 for n in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers, comma-separated")
+    return out
+
+
 def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
     """The training-loop flags every training script shares, with that script's defaults (max_iters, batch_size,
     seq_len, lr, min_lr, warmup, eval_interval, eval_batches). frozen: what the script's frozen model is (e.g. "the
@@ -169,6 +180,8 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
     p.add_argument("--fsdp", action="store_true",
                    help="under torchrun, shard the trained model over the processes (FSDP2: one unit per decoder "
                         "layer, then the root) instead of replicating it; checkpoints are --weights_only")
+    p.add_argument("--snapshots", type=comma_ints, default=[], metavar="N,N,...", help="after these many steps, "
+                   "also the weights alone in --out_dir/step-N, with the training seconds so far (a curve's points)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
     p.add_argument("--allow_changed_settings", action="store_true",
                    help="--resume even where settings differ from the checkpoint's (the new values are used)")

@@ -461,27 +461,27 @@ def conversation_spans(data, eos_id, seq_len, who="", split="train"):
 
 
 def packed_batch(data, answers, spans, batch_size, seq_len, device="cpu", generator=None, pad_id=0):
-    """batch_size rows of seq_len tokens, each filled with whole conversations (spans: conversation_spans) drawn at
-    random, one after another while they fit; a drawn one that does not fit the row's rest opens the next row ->
+    """batch_size rows of seq_len tokens filled with whole conversations (spans: conversation_spans) drawn at random,
+    each put in the first row it fits (first fit: a short one fills an earlier row's gap) until one fits nowhere ->
     x (B, T) (pad_id after a row's last conversation), answers (B, T) bool (the tokens to train on; None: every
     token of a conversation), doc (B, T) long (the conversation's index in its row; -1: a pad) and pos (B, T) (its
     positions, from 0). A fixed number of draws per batch, so the generator advances the same whatever the lengths."""
     shortest = int(spans[:, 1].min())
-    draws = torch.randint(len(spans), (batch_size * (seq_len // shortest + 1),), generator=generator).tolist()
+    draws = torch.randint(len(spans), (batch_size * (seq_len // shortest) + 1,), generator=generator).tolist()
     x = np.full((batch_size, seq_len), pad_id, dtype=np.int64)
     doc, pos = np.full((batch_size, seq_len), -1, dtype=np.int64), np.zeros((batch_size, seq_len), dtype=np.int64)
     ans = np.zeros((batch_size, seq_len), dtype=bool)
-    row, at, k = 0, 0, 0
+    used, count = [0] * batch_size, [0] * batch_size  # each row's tokens and conversations so far
     for i in draws:
         first, n = spans[i]
-        if at + n > seq_len:  # the next row
-            row, at, k = row + 1, 0, 0
-            if row == batch_size:
-                break
+        row = next((r for r in range(batch_size) if used[r] + n <= seq_len), None)
+        if row is None:  # the batch is full
+            break
+        at, k = used[row], count[row]
         x[row, at:at + n] = data[first:first + n]
         ans[row, at:at + n] = True if answers is None else answers[first:first + n]
         doc[row, at:at + n], pos[row, at:at + n] = k, np.arange(n)
-        at, k = at + n, k + 1
+        used[row], count[row] = at + n, k + 1
     return tuple(torch.from_numpy(a).to(device) for a in (x, ans, doc, pos))
 
 

@@ -230,6 +230,7 @@ if __name__ == "__main__":
             rec.update(run.evaluate(run_eval))
         if run.save_due():
             run.save(student, tok)
+        run.snapshot(student, tok)
         run.log(rec, kl=f"{rec['kl']:.3f}", L=L, tpf=f"{rec.get('tokens_per_forward', 0):.2f}",
                 val_kl=f"{run.last_eval.get('val_kl', float('nan')):.3f}")
 

@@ -162,6 +162,7 @@ if __name__ == "__main__":
             lora = {k: v for k, v in policy.state_dict().items() if "lora_" in k}
             run.save(policy, tok, extra=dict(args=vars(args), lora=lora), exact=() if args.lora_rank else None,
                      state_dict=merged_state(policy) if args.lora_rank else None)
+        run.snapshot(policy, tok, state_dict=(lambda: merged_state(policy)) if args.lora_rank else None)
         run.log(rec, loss=f"{rec['loss']:.3f}", acc=f"{rec['reward_acc']:.2f}",
                 val_acc=f"{run.last_eval.get('heldout_reward_acc', float('nan')):.2f}")
 

@@ -124,9 +124,9 @@ class KVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
         self.max_len = max_len
 
-    def update(self, layer, slots, k, v):
-        self.k[layer].index_copy_(2, slots, k)
-        self.v[layer].index_copy_(2, slots, v)
+    def update(self, layer, slots, k, v):  # under autocast k (after the fp32 q/k norm) and v may differ in dtype
+        self.k[layer].index_copy_(2, slots, k.to(self.k[layer].dtype))
+        self.v[layer].index_copy_(2, slots, v.to(self.v[layer].dtype))
         return self.k[layer], self.v[layer]
 
 
@@ -328,8 +328,11 @@ class Qwen3(WeightsFile, nn.Module):
         return (ce, torch.cat(pred)) if argmax else ce
 
     def new_cache(self, batch_size, max_len):
+        """A KVCache in the dtype the keys will have: the weights', or autocast's where it is on (bf16 keys)."""
         w = self.model.embed_tokens.weight
-        return KVCache(self.config, batch_size, max_len, w.device, w.dtype)
+        on = torch.is_autocast_enabled(w.device.type)
+        return KVCache(self.config, batch_size, max_len, w.device,
+                       torch.get_autocast_dtype(w.device.type) if on else w.dtype)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once

@@ -95,6 +95,7 @@ if __name__ == "__main__":
             rec["val_loss"] = last_val = evaluate(model, val_batches, ctx, **loss_kw)
         if run.save_due():
             run.save(model, tok)
+        run.snapshot(model, tok)
         run.log(rec, loss=f"{rec['loss']:.3f}", val=f"{last_val:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
 
     val = evaluate(model, val_batches, ctx, **loss_kw)

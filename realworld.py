@@ -63,7 +63,9 @@ def make(family, rng):
 def check(item, reply):
     """Is the reply right? sum, letters: its last integer is the answer ("18 + 9 = 27", "It has 5 letters."); copy,
     reverse, sort: its words, read in order and stripped of punctuation, are the answer's (nothing else); capital: it
-    names the capital."""
+    names the capital. None for an open question (no answer: worlds/conversion.py), judged against the teacher."""
+    if item.get("answer") is None:
+        return None
     if item["family"] in ("sum", "letters"):
         n = re.findall(r"-?\d+", reply)
         return bool(n) and n[-1] == item["answer"]
@@ -172,12 +174,16 @@ def evaluate(model, tok, items, *, thresholds=(None,), teacher=None, max_new_tok
         rows = [dict(family=it["family"], prompt=it["prompt"], reply=r, right=check(it, r), full_stop=full_stop(r),
                      **c, **({} if teacher is None else dict(agree=r == teacher[k], f1=token_f1(r, teacher[k]))))
                 for k, (it, r, c) in enumerate(zip(items, texts, counts))]
-        summary = {k: sum(row[k] for row in rows) / len(rows) for k in ("right", "full_stop", "tokens_per_forward",
+        summary = {k: sum(row[k] for row in rows) / len(rows) for k in ("full_stop", "tokens_per_forward",
                                                                         "forwards_answer", "forwards_after")}
-        summary["accuracy"] = summary.pop("right")
+        checked = [row["right"] for row in rows if row["right"] is not None]  # open questions have no answer
+        summary["accuracy"] = sum(checked) / len(checked) if checked else None
         for f in sorted({it["family"] for it in items}):
-            fam = [row["right"] for row in rows if row["family"] == f]
-            summary[f"accuracy_{f}"] = sum(fam) / len(fam)
+            fam = [row for row in rows if row["family"] == f]
+            if fam[0]["right"] is not None:
+                summary[f"accuracy_{f}"] = sum(r["right"] for r in fam) / len(fam)
+            if teacher is not None:
+                summary[f"f1_{f}"] = sum(r["f1"] for r in fam) / len(fam)
         if teacher is not None:
             summary.update(agree=sum(r["agree"] for r in rows) / len(rows), f1=sum(r["f1"] for r in rows) / len(rows))
         out["greedy" if thr is None else f"{thr:g}"] = dict(summary, canvas=max_new_tokens, rows=rows)
@@ -204,6 +210,8 @@ def main():
                    "prompts")
     p.add_argument("--out_dir", default=None, help="write train.jsonl and heldout.jsonl (the prompts and answers)")
     p.add_argument("--per_family", type=int, default=40, help="held-out (or validation) prompts per family")
+    p.add_argument("--prompts", default=None, help="--ckpt answers this JSONL's prompts instead "
+                   "(worlds/conversion.py's heldout.jsonl: sum, capital and open ones)")
     p.add_argument("--split", default="heldout", choices=("heldout", "validation"), help="--ckpt answers the "
                    "held-out prompts (the test) or the validation ones (training prompts no chat data reaches: "
                    "learning rates are chosen there)")
@@ -232,6 +240,8 @@ def main():
         p.error("--chats needs --ckpt (whose replies) and --out_dir (where chats.jsonl goes)")
     if args.chats and args.split != "heldout":
         p.error("--chats writes the held-out preference pairs: run it with --split heldout")
+    if args.prompts and (args.chats or args.out_dir or args.split != "heldout" or not args.ckpt):
+        p.error("--prompts goes with --ckpt alone (not --chats, --out_dir or --split)")
     train, held = build(seed=args.seed, n_heldout=args.per_family, families=args.families)
     if args.chats > len(train) // 2:
         p.error(f"--chats {args.chats}: at most {len(train) // 2} (the second half of the training prompts is the "
@@ -242,6 +252,9 @@ def main():
         for name, items in (("train", train), ("heldout", held)):
             (out / f"{name}.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
         print(f"wrote {out}: {len(train)} train, {len(held)} held-out prompts")
+    if args.prompts:
+        held = data.read_jsonl(args.prompts, ("family", "prompt"))
+        args.families = list(dict.fromkeys(it["family"] for it in held))
     if args.ckpt:
         measure(args, validation(train, args.families, args.per_family) if args.split == "validation" else held,
                 train)
@@ -273,10 +286,12 @@ def measure(args, held, train):
     for f in args.families:
         for r in [r for r in first if r["family"] == f][:args.show]:
             print(f"{f}: {r['prompt']!r} -> {r['reply']!r} ({'right' if r['right'] else 'wrong'})")
-    cols = [f"accuracy_{f}" for f in args.families] + ["accuracy", "full_stop"]
-    cols += ["agree", "f1"] if teacher is not None else []
-    rows = [[k, *(f"{run[c]:.2f}" for c in cols), f"{run['tokens_per_forward']:.2f} (N {run['canvas']}; "
-             f"{run['forwards_answer']:.2f} + {run['forwards_after']:.2f})"] for k, run in runs.items()]
+    first_run = next(iter(runs.values()))
+    cols = [f"accuracy_{f}" for f in args.families if f"accuracy_{f}" in first_run] + ["accuracy", "full_stop"]
+    cols += ["agree", "f1"] + [f"f1_{f}" for f in args.families] if teacher is not None else []
+    rows = [[k, *("-" if run[c] is None else f"{run[c]:.2f}" for c in cols),
+             f"{run['tokens_per_forward']:.2f} (N {run['canvas']}; {run['forwards_answer']:.2f} + "
+             f"{run['forwards_after']:.2f})"] for k, run in runs.items()]
     print("\n" + cli.table(["threshold", *cols, "tokens per forward (canvas; forwards: answer + after)"], rows))
     if teacher is not None:
         print(f"negative ELBO of the teacher's replies: {res['nelbo_bits']:.3f} bits per token")

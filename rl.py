@@ -226,6 +226,7 @@ if __name__ == "__main__":
             rec.update(run.evaluate(run_eval))
         if (step + 1) % args.eval_interval == 0 or step == args.max_iters - 1:  # where a batch of rollouts ends
             run.save(policy, tok)
+        run.snapshot(policy, tok)
         run.log(rec, reward=f"{buffer[0]['stats']['reward']:.2f}", kl=f"{rec['kl']:.4f}")
 
     final = run.final(run_eval)

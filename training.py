@@ -204,6 +204,22 @@ class Run:
         self.checkpoint = self.step
         runner.barrier()  # no rank reads or resumes a checkpoint before it is whole
 
+    def snapshot(self, model, tokenizer, state_dict=None):
+        """--snapshots: after each listed number of steps, the weights alone (in --save_dtype) in out_dir/step-N, and
+        snapshot.json with the seconds the steps of this process took so far (evaluations and saves not counted): a
+        curve's point. state_dict: a function giving the weights to write instead of the model's (called only then)."""
+        if self.step + 1 not in self.args.snapshots:
+            return
+        full = runner.full_state_dict(model) if self.fsdp else state_dict() if state_dict else None
+        where = self.out_dir / f"step-{self.step + 1}"
+        if self.is_main:
+            check_saving(tokenizer, model.config, where)
+            checkpoint.save_checkpoint(where, model, tokenizer, None, self.step, self.gen, weights_only=True,
+                                       dtype=save_dtype(model.config, self.args.save_dtype), state_dict=full)
+            (where / "snapshot.json").write_text(json.dumps(dict(step=self.step + 1,
+                                                                 train_seconds=sum(self.step_times))) + "\n")
+        runner.barrier()
+
     def log(self, rec, **postfix):
         """One record in log.jsonl (rank 0), and the bar's postfix."""
         self.log_file(**rec, world_size=self.world_size)

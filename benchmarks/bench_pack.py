@@ -7,8 +7,8 @@ with the others' (median of --iters after one warmup, which also compiles):
 
 - λ = 0 (masked-diffusion SFT) and REPR-ALIGN (λ = 10, the causal teacher's forward too), cumulatively:
   before: windows of 8 x 96 tokens that begin at a conversation (the old --assistant_only), fp32, AdamW's per-tensor
-  loop; packed: 3 x 256 rows of whole conversations, each attending within itself (data.packed_batch); fused AdamW;
-  bf16 autocast (--autocast bf16); torch.compile of the decoder (--compile);
+  loop; packed: 3 x 256, or one row of 768, whole conversations each attending within itself (data.packed_batch);
+  then on the one row: fused AdamW; bf16 autocast (--autocast bf16); torch.compile of the decoder (--compile);
 - OPDLM (block 4, on-policy): 8 prompts of the chat data, a 16-token rollout at threshold 0.9 and the update; before
   (fp32, per-tensor AdamW) and after (fused AdamW, bf16 autocast). Useful: the prompts' real tokens and the rollout.
 
@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.common import machine, race
 
-BEFORE, PACKED = (8, 96), (3, 256)  # (rows, tokens): the same 768 slots a step
+BEFORE, PACKED = (8, 96), {"packed": (3, 256), "packed, one row": (1, 768)}  # (rows, tokens): 768 slots a step
 
 
 def window_useful(spans, starts, T):
@@ -31,7 +31,7 @@ def window_useful(spans, starts, T):
     return sum(int(spans[(first >= s) & (end <= s + T), 1].sum()) for s in starts)
 
 
-def sft_step(student, teacher, train, roles, spans, starts, *, packed, fused, bf16, lam, gen, eos_id):
+def sft_step(student, teacher, train, roles, spans, starts, *, shape, fused, bf16, lam, gen, eos_id):
     """-> step() running one align.py step on the variant's batch; it returns the useful tokens it trained on."""
     import align
     import data
@@ -43,8 +43,8 @@ def sft_step(student, teacher, train, roles, spans, starts, *, packed, fused, bf
     ctx = torch.autocast("cpu", torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def step():
-        if packed:
-            x0, where, doc, pos = data.packed_batch(train, roles, spans, *PACKED, generator=gen, pad_id=eos_id)
+        if shape != BEFORE:
+            x0, where, doc, pos = data.packed_batch(train, roles, spans, *shape, generator=gen, pad_id=eos_id)
             useful = int((doc >= 0).sum())
         else:
             ix = data.offsets(len(train), BEFORE[0], BEFORE[1], gen, starts)
@@ -113,11 +113,13 @@ def bench_pack(args, device, dtype):
             print(f"| {arm} | {k} | {batch[k]} | {sec:.2f} | {useful} | {useful / sec:,.0f} | "
                   f"{useful / sec / base:.2f}x |", flush=True)
 
-    variants = {"before": dict(packed=False, fused=False, bf16=False), "packed": dict(packed=True, fused=False,
-                bf16=False), "+ fused AdamW": dict(packed=True, fused=True, bf16=False),
-                "+ bf16 autocast": dict(packed=True, fused=True, bf16=True),
-                "+ compile": dict(packed=True, fused=True, bf16=True, compile=True)}
-    batch = {k: "x".join(map(str, PACKED if v["packed"] else BEFORE)) for k, v in variants.items()}
+    one_row = PACKED["packed, one row"]
+    variants = {"before": dict(shape=BEFORE, fused=False, bf16=False),
+                **{k: dict(shape=shape, fused=False, bf16=False) for k, shape in PACKED.items()},
+                "+ fused AdamW": dict(shape=one_row, fused=True, bf16=False),
+                "+ bf16 autocast": dict(shape=one_row, fused=True, bf16=True),
+                "+ compile": dict(shape=one_row, fused=True, bf16=True, compile=True)}
+    batch = {k: "x".join(map(str, v["shape"])) for k, v in variants.items()}
     for arm, lam in (("λ = 0", 0.0), ("REPR-ALIGN", 10.0)):
         runs = {}
         for k, v in variants.items():
@@ -128,7 +130,7 @@ def bench_pack(args, device, dtype):
                 student.model.compile()
                 if teacher is not None:
                     teacher.model.compile()
-            runs[k] = sft_step(student, teacher, train, roles, spans, starts, packed=v["packed"], fused=v["fused"],
+            runs[k] = sft_step(student, teacher, train, roles, spans, starts, shape=v["shape"], fused=v["fused"],
                                bf16=v["bf16"], lam=lam, gen=gen, eos_id=tok.eos_id)
         rows(arm, runs, batch)
         del runs

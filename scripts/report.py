@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules (eval.py, distill.py, ...)
 import cli  # noqa: E402
-from scripts import protocol  # noqa: E402
+from scripts import conversion, protocol  # noqa: E402
 from scripts.protocol import stage_seconds  # noqa: E402
 from scripts.stats import chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead  # noqa: E402
 
@@ -787,7 +787,8 @@ def repro_rl(*args):
 
 TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo, repro_mark, real_world,
-                                  real_sweep, real_sweep_table, real_verdicts, rl_sweep, repro_rl, *protocol.COMMANDS)}
+                                  real_sweep, real_sweep_table, real_verdicts, rl_sweep, repro_rl, *protocol.COMMANDS,
+                                  *conversion.COMMANDS)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

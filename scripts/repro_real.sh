@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real world's verdicts under the protocol (docs/results.md, "The verdict protocol"), after `bash run.sh real`
+# The real world's verdicts under the protocol (docs/results.md, "The verdict protocol"), after `bash scripts/real_arms.sh`
 # (its prompts, chat data, conversions and teacher are reused; each of its runs, seed 1337, stands for the sweep's
 # point at the rate it ran at):
 #   1. sweep, seed 1337 (out/real-sweep): each arm's peak learning rate from three, judged on the 38 validation prompts
@@ -8,7 +8,7 @@
 #      DPO on the teacher and DPO on the DLM: the highest full-stop share among the rates whose −ELBO stays within
 #      0.5 bits per token of the model they start from (none: the lowest −ELBO). A best at the lowest rate gets one
 #      more rate below it. DPO on the DLM starts from λ = 10 at its chosen rate.
-#   2. seeds SEEDS: run.sh real at the chosen rates in out/real-s<seed> (seed 1337 reuses the sweep's runs).
+#   2. seeds SEEDS: scripts/real_arms.sh at the chosen rates in out/real-s<seed> (seed 1337 reuses the sweep's runs).
 #   3. the paired tests over the seeds: scripts/report.py real_verdicts, out/real-seeds.md.
 # About 120 minutes on 2 cores (the sweep ~60, each further seed ~45); finished stages are reused.
 #   bash scripts/repro_real.sh                 # SEEDS="1337 1338"
@@ -19,11 +19,11 @@ source scripts/python_env.sh
 python_env requirements.txt scripts/repro_real.sh
 SEEDS=${SEEDS:-"1337 1338"} ONLY=${ONLY:-all}
 LRS=${LRS:-"1e-3 3e-4 1e-4"} DPO_LRS=${DPO_LRS:-"2e-4 2e-5 2e-6"}
-D=data/real O=out/real S=out/real-sweep
-[ -e $O/eval/ar.json ] || { echo "scripts/repro_real.sh: run 'bash run.sh real' first" >&2; exit 1; }
+D=data/real-arms O=out/real-arms S=out/real-sweep
+[ -e $O/eval/ar.json ] || { echo "scripts/repro_real.sh: run 'bash scripts/real_arms.sh' first" >&2; exit 1; }
 T0=$SECONDS
 source scripts/stage.sh
-PROMPTS=(--families sum,capital --per_family 20 --max_new_tokens 16)  # run.sh real's
+PROMPTS=(--families sum,capital --per_family 20 --max_new_tokens 16)  # real_arms.sh's
 VAL=("${PROMPTS[@]}" --split validation --thresholds 0.9 --cache dual --teacher $S/eval/ar.json)
 LOOP=(--seq_len 96 --batch_size 8 --eval_interval 20 --eval_batches 2 --weights_only --seed 1337)
 ALIGN=(--init $O/dlm --data $D/chat --assistant_only "${LOOP[@]}" --samples 0 --ckpt_interval 1000 --max_iters 50)
@@ -33,7 +33,7 @@ DPO=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --seq_len 96 
      --eval_interval 20 --weights_only --seed 1337)
 peak() { "$PYTHON" -c 'import json, sys; print(max(json.loads(l).get("lr", 0) for l in open(sys.argv[1])))' "$1/log.jsonl"; }
 same() { awk "BEGIN { exit !($1 > 0.999 * $2 && $1 < 1.001 * $2) }"; }
-sweep() {  # sweep ARM START "RATES" SCRIPT FLAGS...: a run per rate, each scored on the validation prompts (run.sh's
+sweep() {  # sweep ARM START "RATES" SCRIPT FLAGS...: a run per rate, each scored on the validation prompts (real_arms.sh's
   local arm=$1 start=$2 rates=$3; shift 3  # own, $O/ARM, stands for the rate it ran at unless REUSE=no); a best at the
   for r in $rates; do                      # lowest rate gets one more below it, as the protocol asks
     train_rate "$arm" "$r" "$@"
@@ -73,7 +73,7 @@ sweep ar-dpo ar-self "$DPO_LRS" dpo.py --ar $O/ar "${DPO[@]}"
 LR_ALIGN=$(chosen align - "$(rates align)")
 stage "validate align $LR_ALIGN (as DPO's start)" $S/eval/dlm-dpo-start.json cp $S/eval/align-$LR_ALIGN.json \
   $S/eval/dlm-dpo-start.json
-same "$(peak $O/align)" "$LR_ALIGN" || REUSE=no  # run.sh's dlm-dpo started from its own λ = 10 run
+same "$(peak $O/align)" "$LR_ALIGN" || REUSE=no  # real_arms.sh's dlm-dpo started from its own λ = 10 run
 sweep dlm-dpo dlm-dpo-start "$DPO_LRS" dpo.py --dlm --ar $S/align-$LR_ALIGN "${DPO[@]}"
 "$PYTHON" scripts/report.py real_sweep_table $S | tee $S/results.md
 [ "$ONLY" = sweep ] && exit 0
@@ -96,7 +96,7 @@ for seed in $SEEDS; do
       [ -e $R/$arm ] || ln -s "$PWD/$S/$arm-$rate" $R/$arm
     done
   fi
-  env "${RATES[@]}" REAL_SEED=$seed REAL_AR=$O/ar REAL_OUT=$R bash run.sh real
+  env "${RATES[@]}" REAL_SEED=$seed REAL_AR=$O/ar REAL_OUT=$R bash scripts/real_arms.sh
 done
 "$PYTHON" scripts/report.py real_verdicts $(for s in $SEEDS; do echo out/real-s$s; done) | tee out/real-seeds.md
 echo "scripts/repro_real.sh: done in $((SECONDS - T0)) s; out/real-sweep/results.md, out/real-seeds.md"

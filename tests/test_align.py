@@ -431,3 +431,25 @@ def test_each_ablation_flag_does_what_it_says(world, tmp_path):
         assert rec["diff_loss"] == base["diff_loss"]  # the same masks and the same denoising loss
     assert extra["diff_loss"] > base["diff_loss"] and elbo["diff_loss"] != pytest.approx(base["diff_loss"], abs=1e-3)
     assert extra["align_per_layer"] == base["align_per_layer"]  # the alignment term is untouched
+
+
+def test_snapshots_and_a_block_student(world, tmp_path):
+    """--snapshots 1,3: the weights after 1 and 3 steps in step-1, step-3 (step-3 equal to the run's last weights),
+    each with the seconds trained so far; λ = 0 trains a block DLM too (BD3-LM's loss), under bf16 autocast."""
+    out = tmp_path / "run"
+    r = run(*common(world, out, "--max_iters", "3", "--lambda_align", "0", "--snapshots", "1,3",
+                    "--eval_interval", "5"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = (json.loads((out / f"step-{n}" / "snapshot.json").read_text()) for n in (1, 3))
+    assert a["step"] == 1 and b["step"] == 3 and 0 < a["train_seconds"] < b["train_seconds"]
+    last, snap = (Qwen3.from_pretrained(d) for d in (out, out / "step-3"))
+    assert all(torch.equal(x, y) for x, y in zip(last.state_dict().values(), snap.state_dict().values()))
+    assert not torch.equal(Qwen3.from_pretrained(out / "step-1").lm_head.weight, last.lm_head.weight)
+    convert.convert(world / "ar", tmp_path / "block", "block", 4, shift=True)
+    r = run("--init", tmp_path / "block", "--data", world / "data", "--out_dir", tmp_path / "b", *SMALL,
+            "--max_iters", "2", "--lambda_align", "0", "--autocast", "bf16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "b" / "results.json").read_text())["steps"] == 2
+    r = run("--init", tmp_path / "block", "--data", world / "data", "--out_dir", tmp_path / "c", *SMALL,
+            "--max_iters", "1")
+    assert r.returncode == 1 and "is not a bidirectional DLM" in r.stderr  # λ > 0 needs the bidirectional student

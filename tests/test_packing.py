@@ -151,3 +151,15 @@ def test_packed_teacher_and_align_loss_equal_unpacked():
     assert torch.allclose(loss.double(), ref.double(), atol=1e-6)  # the alignment's cosines are taken in fp32
     for n, p in student.named_parameters():
         assert torch.allclose(grads[n], p.grad, atol=1e-6), n
+
+
+def test_samplers_run_under_bf16_autocast():
+    """distill.py rolls out under the run's autocast (bf16 on CUDA, --autocast bf16 on a CPU): every sampler's KV
+    cache holds the keys in autocast's dtype, so writing bf16 keys into it works."""
+    import sample
+    prompts = [[1, 2, 3], [4, 5]]
+    with torch.autocast("cpu", torch.bfloat16):
+        ar = sample.ar_generate(micro("causal", None), prompts, 6)
+        block = sample.block_generate(micro("block", True), prompts, 8, 4, eos_id=EOS)
+        masked = sample.diffusion_generate(micro("bidirectional", True), prompts, 8, 8, 8, cache="dual")
+    assert ar.generated.shape == (2, 6) and block.generated.shape == (2, 8) and masked.generated.shape == (2, 8)

@@ -145,9 +145,9 @@ def test_full_stop_pairs_in_the_chat_template(chat_world, tmp_path):
     assert x == R.prompt_ids(tok, items[0]) and yw == tok.encode("3.") + [end] and yl == tok.encode("3") + [end]
 
 
-def test_run_sh_real_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
-    """bash run.sh real, two steps a stage, on the tiny chat AR model in place of SmolLM2 (REAL_AR): every stage
-    runs, each model is scored, and the table names every model with its numbers."""
+def test_real_arms_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
+    """bash scripts/real_arms.sh, two steps a stage, on the tiny chat AR model in place of SmolLM2 (REAL_AR): every
+    stage runs, each model is scored, and the table names every model with its numbers."""
     import os
     import subprocess
     import sys
@@ -160,7 +160,8 @@ def test_run_sh_real_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
                REAL_OUT=str(tmp_path / "o"), REAL_PER_FAMILY="2", REAL_CHATS="24", REAL_CANVAS="8", REAL_STEPS="2",
                REAL_DISTILL_STEPS="2", REAL_DPO_STEPS="2", REAL_SEQ_LEN="160", REAL_EVAL_INTERVAL="1",
                REAL_THRESHOLDS="0.9,1", REAL_LR_SFT="3e-4", REAL_LR_ALIGN="1e-3", REAL_SEED="7")
-    r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "real_arms.sh")], capture_output=True, text=True, env=env,
+                       cwd=ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     table = (tmp_path / "o" / "results.md").read_text()
     for name in ("AR teacher", "REPR-ALIGN, λ = 10", "as long as λ = 10 takes", "OPDLM (`distill.py`)",
@@ -197,3 +198,39 @@ def test_run_sh_real_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
         for row in (x for x in grid["rows"] if x["model"] == m):
             assert set(row["rules"]) == {"free", "last", "penalty 1", "penalty 3"}
     assert "| align | 8 | 4 | 0.5 |" in r.stdout
+
+
+def test_run_sh_real_converts_at_a_toy_size(chat_world, tmp_path):
+    """bash run.sh real on a tiny chat AR model in place of SmolLM2 (REAL_AR; its end token's embedding doubled, so
+    that about half its replies end within the canvas): the data, the block conversion, two steps of training on
+    packed conversations, the teacher and the student on the held-out sums, capitals and open prompts, the table;
+    a second run reuses every stage."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT, randomise
+    ar = tmp_path / "ar"
+    shutil.copytree(chat_world / "ar_chat", ar)
+    model = randomise(Qwen3.from_pretrained(ar), seed=1)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[Tokenizer.from_pretrained(ar).special_tokens["<|im_end|>"]] *= 2
+    model.save_pretrained(ar)
+    env = dict(os.environ, PYTHON=sys.executable, REAL_AR=str(ar), REAL_DATA=str(tmp_path / "d"),
+               REAL_OUT=str(tmp_path / "o"), REAL_PER_FAMILY="2", REAL_CHATS="40", REAL_CANVAS="16", REAL_STEPS="2",
+               REAL_SEQ_LEN="192", REAL_ROWS="2", REAL_THRESHOLDS="0.9,1", REAL_COMPILE="", REAL_VAL_FRACTION="0.3")
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    table = (tmp_path / "o" / "results.md").read_text()
+    for name in ("teacher (AR)", "student, threshold 0.9", "student, threshold 1 ", "kept", "F1 (open)",
+                 "2 capital, 2 sum, 2 open"):
+        assert name in table, name
+    student = json.loads((tmp_path / "o" / "student" / "config.json").read_text())
+    assert student["attn"] == "block" and student["block_size"] == 4 and student["shift"] is True
+    res = json.loads((tmp_path / "o" / "eval" / "student.json").read_text())
+    assert set(res["runs"]) == {"0.9", "1"} and res["nelbo_bits"] > 0 and res["prompts"] == 6
+    assert {r["family"] for r in res["runs"]["0.9"]["rows"]} == {"sum", "capital", "open"}
+    log = [json.loads(line) for line in (tmp_path / "o" / "student" / "log.jsonl").read_text().splitlines()]
+    assert len([x for x in log if "loss" in x]) == 2
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.count("reusing") == 6 and (tmp_path / "o" / "results.md").read_text() == table

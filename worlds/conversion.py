@@ -93,6 +93,7 @@ def make(family, rng, heldout_fraction=0.25):
     if family == "capital":
         x = rng.choice(sorted(CAPITALS))
         return dict(family="capital", prompt=ask.format(x=x), answer=CAPITALS[x], subject=f"capital {x}")
+    ask += " Answer in one sentence."  # the teacher's reply then ends within a canvas of 32 tokens more often
     x = rng.choice(TABLES[family])
     side, second = data.is_val(f"{family} {x}", heldout_fraction), "object" if family == "adjective" else family
     y = rng.choice([v for v in TABLES[second] if v != x and data.is_val(f"{second} {v}", heldout_fraction) == side])

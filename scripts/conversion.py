@@ -1,0 +1,93 @@
+"""
+The real model's conversion tables (run.sh real, and the curves of scripts/repro_real.sh's parts), read from the JSON
+that realworld.py and the training scripts write. scripts/report.py dispatches to them:
+
+    python scripts/report.py conversion out/real            # the student against its teacher: out/real/results.md
+"""
+import json
+from pathlib import Path
+
+import cli
+
+
+def kept(student, teacher):
+    """The share of the teacher's accuracy a student keeps, as text."""
+    return f"{student / teacher:.0%}" if teacher else "—"
+
+
+def conversion(*args):
+    """run.sh real: the chosen student against the teacher on the held-out prompts, at each threshold. args: OUT
+    (holding eval/ar.json, eval/student.json and student/results.json)."""
+    O = Path(args[0])
+    ar, st = (json.loads((O / f"eval/{m}.json").read_text()) for m in ("ar", "student"))
+    teacher = ar["runs"]["greedy"]
+    fams = [k.removeprefix("accuracy_") for k in teacher if k.startswith("accuracy_")]
+    train = json.loads((O / "student/results.json").read_text())
+    counts = ", ".join(f"{sum(r['family'] == f for r in teacher['rows'])} {f}" for f in fams + ["open"])
+    print(f"SmolLM2-135M-Instruct and the block DLM converted from it (`{O}/student`: {train['steps']} steps, "
+          f"{train['train_seconds_this_run'] / 60:.1f} min of training), on {ar['prompts']} held-out prompts "
+          f"({counts}; no "
+          f"held-out country, sum or subject in any training prompt), greedy, in the chat template, a canvas of "
+          f"N = {teacher['canvas']}. Kept: the student's accuracy over the teacher's. F1: the words' overlap with "
+          f"the teacher's reply. −ELBO: the teacher's replies under the model, bits per token.\n")
+    rows = [["teacher (AR)", *(f"{teacher[f'accuracy_{f}']:.2f}" for f in fams), f"{teacher['accuracy']:.2f}", "—",
+             "1.00", "1.00", "1.00", f"{ar['nelbo_bits']:.3f}" if "nelbo_bits" in ar else "—"]]
+    for thr, run in st["runs"].items():
+        rows.append([f"student, threshold {thr}", *(f"{run[f'accuracy_{f}']:.2f}" for f in fams),
+                     f"{run['accuracy']:.2f}", kept(run["accuracy"], teacher["accuracy"]), f"{run['f1']:.2f}",
+                     f"{run.get('f1_open', float('nan')):.2f}", f"{run['tokens_per_forward']:.2f}",
+                     f"{st.get('nelbo_bits', float('nan')):.3f}"])
+    print(cli.table(["model", *fams, "sum and capital", "kept", "F1", "F1 (open)", "tokens per forward", "−ELBO"],
+                    rows))
+    thr = "0.9" if "0.9" in st["runs"] else next(iter(st["runs"]))
+    picks = [next(k for k, r in enumerate(teacher["rows"]) if r["family"] == f) for f in fams + ["open"]]
+    print(f"\nThe first held-out prompt of each family, the teacher's reply and the student's (threshold {thr}, its "
+          f"tokens per forward):\n")
+    print(cli.table(["prompt", "teacher", "student", "tokens per forward"], [[
+        cell(teacher["rows"][k]["prompt"]), cell(teacher["rows"][k]["reply"]),
+        cell(st["runs"][thr]["rows"][k]["reply"]), f"{st['runs'][thr]['rows'][k]['tokens_per_forward']:.2f}"]
+        for k in picks]))
+
+
+def cell(text):
+    return repr(text).replace("|", "\\|")
+
+
+def curve_points(R, teacher=None):
+    """A run's snapshots (scripts/repro_conversion.sh) -> [(step, training minutes, {threshold: realworld run},
+    −ELBO bits)], in step order; teacher: its greedy run, for the kept share."""
+    R, out = Path(R), []
+    for f in sorted((R / "eval").glob("step-*.json"), key=lambda f: int(f.stem.split("-")[1])):
+        snap = json.loads((R / f.stem / "snapshot.json").read_text())
+        res = json.loads(f.read_text())
+        out.append((snap["step"], snap["train_seconds"] / 60, res["runs"], res.get("nelbo_bits")))
+    return out
+
+
+def conversion_curve(*args):
+    """scripts/repro_conversion.sh: one arm's curve: each snapshot at threshold 0.9 against the minutes it trained,
+    then the last snapshot at every threshold it was scored at (the frontier). args: RUN [TEACHER_EVAL]."""
+    R = Path(args[0])
+    teacher = json.loads(Path(args[1] if len(args) > 1 else "out/real/eval/ar.json").read_text())["runs"]["greedy"]
+    points = curve_points(R)
+    print(f"{R}: the held-out prompts at threshold 0.9, against minutes of training (2-core CPU; the compiled "
+          f"step's first call included). Teacher: sum {teacher['accuracy_sum']:.2f}, capital "
+          f"{teacher['accuracy_capital']:.2f}, both {teacher['accuracy']:.2f}.\n")
+    rows = []
+    for step, minutes, runs, nelbo in points:
+        r = runs.get("0.9") or next(iter(runs.values()))
+        rows.append([step, f"{minutes:.1f}", f"{r['accuracy_sum']:.2f}", f"{r['accuracy_capital']:.2f}",
+                     f"{r['accuracy']:.2f}", kept(r["accuracy"], teacher["accuracy"]), f"{r['f1']:.2f}",
+                     f"{r.get('f1_open', float('nan')):.2f}", f"{nelbo:.3f}" if nelbo is not None else "—",
+                     f"{r['tokens_per_forward']:.2f}"])
+    print(cli.table(["step", "minutes", "sum", "capital", "both", "kept", "F1", "F1 (open)", "−ELBO",
+                     "tokens per forward"], rows))
+    step, minutes, runs, _ = points[-1]
+    print(f"\nThe last snapshot (step {step}, {minutes:.1f} min) at each threshold: accuracy on sums and capitals "
+          f"against tokens per forward\n")
+    print(cli.table(["threshold", "both", "kept", "F1", "tokens per forward"], [
+        [t, f"{r['accuracy']:.2f}", kept(r["accuracy"], teacher["accuracy"]), f"{r['f1']:.2f}",
+         f"{r['tokens_per_forward']:.2f}"] for t, r in runs.items()]))
+
+
+COMMANDS = (conversion, conversion_curve)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The conversion's curves on SmolLM2-135M-Instruct (docs/results.md, "Converting SmolLM2"), one arm per call (a part
+# of at most about 100 minutes on 2 cores), after `bash run.sh real` (its import, data and conversions are reused):
+# the arm trained for STEPS steps with the weights kept at SNAPS (align.py --snapshots: about 5, 10, 20, 40 and 60
+# minutes of training at the step time measured on a 2-core VM), then each snapshot scored on run.sh real's 300
+# held-out prompts at threshold 0.9 (accuracy on sums and capitals, F1 with the teacher, −ELBO of its replies, answer
+# tokens per forward), the last one also at thresholds 0.5-1 (the frontier), then the arm's curve table.
+#   ARM=block0 bash scripts/repro_conversion.sh     # λ = 0 on the block conversion (blocks of 4, shifted)
+#   ARM=masked0 bash scripts/repro_conversion.sh    # λ = 0 on the bidirectional conversion
+#   ARM=align bash scripts/repro_conversion.sh      # REPR-ALIGN, λ = 10, on the bidirectional conversion
+# LR (default 1e-4), SEED (1337), STEPS and SNAPS (the arm's defaults below) set a run; out/conversion/ARM-LR-sSEED.
+set -euo pipefail
+cd "$(dirname "$0")/.."  # the project root
+source scripts/python_env.sh
+python_env requirements.txt scripts/repro_conversion.sh
+D=data/real O=out/real
+[ -e $O/eval/ar.json ] && [ -e $O/block/config.json ] || { echo "scripts/repro_conversion.sh: run 'bash run.sh real' first" >&2; exit 1; }
+ARM=${ARM:?set ARM=block0, masked0 or align} LR=${LR:-1e-4} SEED=${SEED:-1337}
+[ -e $O/dlm/config.json ] || "$PYTHON" convert.py --ar $O/ar --out_dir $O/dlm --attn bidirectional
+case $ARM in  # steps at the measured seconds a step (docs/results.md): the snapshots at ~5, 10, 20, 40, 60 minutes
+  block0)  INIT=$O/block FLAGS=(--lambda_align 0) DEF_STEPS=800 DEF_SNAPS=65,130,265,530 ;;
+  masked0) INIT=$O/dlm FLAGS=(--lambda_align 0) DEF_STEPS=1400 DEF_SNAPS=115,230,460,930 ;;
+  align)   INIT=$O/dlm FLAGS=(--lambda_align 10) DEF_STEPS=1000 DEF_SNAPS=80,165,330,660 ;;
+  *) echo "scripts/repro_conversion.sh: ARM=$ARM: choose block0, masked0 or align" >&2; exit 2 ;;
+esac
+STEPS=${STEPS:-$DEF_STEPS} SNAPS=${SNAPS:-$DEF_SNAPS}
+R=out/conversion/$ARM-$LR-s$SEED
+T0=$SECONDS
+source scripts/stage.sh
+stage "train $ARM" $R/results.json "$PYTHON" align.py --init $INIT --data $D/chat --assistant_only "${FLAGS[@]}" \
+  --seq_len 256 --batch_size 3 --max_iters $STEPS $(lr $LR) --warmup 20 --autocast bf16 --compile \
+  --eval_interval $STEPS --eval_batches 2 --samples 0 --weights_only --seed $SEED --snapshots $SNAPS,$STEPS \
+  --out_dir $R
+EVAL=(--prompts $D/heldout.jsonl --max_new_tokens 32 --teacher $O/eval/ar.json)
+for s in ${SNAPS//,/ } $STEPS; do
+  thr=$([ "$s" = "$STEPS" ] && echo 0.5,0.7,0.9,0.95,1 || echo 0.9)
+  stage "eval $ARM step $s" $R/eval/step-$s.json "$PYTHON" realworld.py --ckpt $R/step-$s "${EVAL[@]}" \
+    --thresholds $thr --out $R/eval/step-$s.json
+done
+"$PYTHON" scripts/report.py conversion_curve $R | tee $R/curve.md
+echo "scripts/repro_conversion.sh: done in $((SECONDS - T0)) s; $R/curve.md"
