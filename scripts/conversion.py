@@ -90,4 +90,30 @@ def conversion_curve(*args):
          f"{r['tokens_per_forward']:.2f}"] for t, r in runs.items()]))
 
 
-COMMANDS = (conversion, conversion_curve)
+def conversion_plot(*args):
+    """The arms' curves as one PNG: accuracy on the held-out sums and capitals, and F1 with the teacher's replies to
+    the open prompts, at threshold 0.9, against minutes of training; the teacher as a line. args: PNG RUN [RUN...]
+    (matplotlib needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    png, runs = args[0], args[1:]
+    teacher = json.loads(Path("out/real/eval/ar.json").read_text())["runs"]["greedy"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for R in runs:
+        pts = curve_points(R)
+        at = [(m, r.get("0.9") or next(iter(r.values()))) for _, m, r, _ in pts]
+        axes[0].plot([m for m, _ in at], [r["accuracy"] for _, r in at], marker="o", label=Path(R).name)
+        axes[1].plot([m for m, _ in at], [r.get("f1_open", float("nan")) for _, r in at], marker="o",
+                     label=Path(R).name)
+    axes[0].axhline(teacher["accuracy"], color="k", ls="--", label="teacher")
+    axes[1].axhline(1.0, color="k", ls="--", label="teacher")
+    for ax, title in zip(axes, ("held-out sums and capitals: accuracy", "held-out open prompts: F1 with the teacher")):
+        ax.set(title=title, xlabel="minutes of training (2-core CPU)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    print(f"wrote {png}")
+
+
+COMMANDS = (conversion, conversion_curve, conversion_plot)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import protocol, report, stats
+from scripts import conversion, protocol, report, stats
 
 
 def write(path, obj):
@@ -603,3 +603,37 @@ def test_time_steps(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "104"  # 80 × 1.3
     protocol.time_steps(str(tmp_path / "close"), str(tmp_path / "cheap"), "80")
     assert capsys.readouterr().out.strip() == "80"
+
+
+def conversion_run(acc_sum, acc_cap, tpf, f1):
+    rows = [dict(family=f, prompt=f"{f} prompt", reply=f"{f} reply", right=None if f == "open" else True,
+                 tokens_per_forward=tpf) for f in ("capital", "sum", "open")]
+    return dict(accuracy_capital=acc_cap, accuracy_sum=acc_sum, accuracy=(acc_sum + acc_cap) / 2, f1=f1, f1_open=f1,
+                tokens_per_forward=tpf, canvas=32, rows=rows)
+
+
+def test_conversion_curve_and_table(tmp_path, capsys):
+    """scripts/conversion.py: an arm's curve from its snapshots (minutes from snapshot.json, kept = student over
+    teacher) and the frontier of its last snapshot; run.sh real's student-against-teacher table."""
+    write(tmp_path / "ar.json", dict(prompts=3, runs=dict(greedy=conversion_run(0.4, 0.6, 1.0, 1.0))))
+    R = tmp_path / "arm"
+    for step, sec, acc in ((10, 300, 0.2), (40, 1200, 0.45)):
+        write(R / f"step-{step}" / "snapshot.json", dict(step=step, train_seconds=sec))
+        runs = {"0.9": conversion_run(acc, acc, 1.8, 0.5)} | ({"1": conversion_run(acc, 0.5, 1.0, 0.6)}
+                                                              if step == 40 else {})
+        write(R / "eval" / f"step-{step}.json", dict(runs=runs, nelbo_bits=2.5))
+    conversion.conversion_curve(str(R), str(tmp_path / "ar.json"))
+    out = capsys.readouterr().out
+    assert "| 10 | 5.0 | 0.20 | 0.20 | 0.20 | 40% | 0.50 | 0.50 | 2.500 | 1.80 |" in out
+    assert "| 40 | 20.0 | 0.45 | 0.45 | 0.45 | 90% |" in out
+    assert "| 1 | 0.47 | 95% | 0.60 | 1.00 |" in out  # the last snapshot at threshold 1
+    O = tmp_path / "real"
+    write(O / "eval" / "ar.json", dict(prompts=3, runs=dict(greedy=conversion_run(0.4, 0.6, 1.0, 1.0))))
+    write(O / "eval" / "student.json", dict(prompts=3, nelbo_bits=2.25, runs={"0.9": conversion_run(0.4, 0.5, 1.6,
+                                                                                                  0.7)}))
+    write(O / "student" / "results.json", dict(steps=400, train_seconds_this_run=1500))
+    conversion.conversion(str(O))
+    out = capsys.readouterr().out
+    assert "400 steps, 25.0 min of training" in out and "1 capital, 1 sum, 1 open" in out
+    assert "| student, threshold 0.9 | 0.50 | 0.40 | 0.45 | 90% | 0.70 | 0.70 | 1.60 | 2.250 |" in out
+    assert "| 'open prompt' | 'open reply' | 'open reply' | 1.60 |" in out
