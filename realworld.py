@@ -142,8 +142,10 @@ def token_f1(reply, reference):
 
 
 def full_stop(reply):
-    """The preference a rule judges: the reply ends with a full stop."""
-    return reply.rstrip().endswith(".")
+    """The preference a rule judges: the reply ends with one full stop, after a character that is not a stop
+    ("Paris." yes; "3......", "Why?." and "." no)."""
+    r = reply.rstrip()
+    return len(r) >= 2 and r[-1] == "." and r[-2] not in ".!?"
 
 
 def stop_pairs(items, replies):

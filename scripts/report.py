@@ -777,7 +777,8 @@ def repro_rl(*args):
             if "reward" in rec:
                 curve.setdefault(rec["step"], []).append((rec["reward"], rec.get("tokens_per_forward", math.nan)))
     steps = sorted(curve)
-    bins = [steps[i:i + max(1, len(steps) // 8)] for i in range(0, len(steps), max(1, len(steps) // 8))]
+    k = min(8, len(steps))  # eight bins of equal size (their sizes differ by one at most)
+    bins = [steps[len(steps) * j // k:len(steps) * (j + 1) // k] for j in range(k)]
     print("\nRL's reward curve: the rollouts' mean reward (temperature 1, threshold 0.9) and tokens per forward, "
           "by steps, mean over seeds\n")
     print(cli.table(["steps", "reward", "tok/fwd"], [

@@ -105,7 +105,9 @@ def test_evaluate_scores_counts_and_agrees_with_a_slow_reference(chat_world):
     texts = [r["reply"] for r in run["rows"]]
     assert run["accuracy"] == sum(R.check(it, t) for it, t in zip(items, texts)) / 4 and run["canvas"] == 8
     assert run["tokens_per_forward"] == 1.0 and run["forwards_after"] == 0 and "agree" not in run
-    assert run["full_stop"] == sum(t.rstrip().endswith(".") for t in texts) / 4
+    assert run["full_stop"] == sum(R.full_stop(t) for t in texts) / 4
+    assert [R.full_stop(t) for t in ("Paris.", "Paris. ", "3......", "Why?.", ".", "Paris")] == [True, True, False,
+                                                                                               False, False, False]
     own = R.evaluate(ar, tok, items, teacher=texts, max_new_tokens=8)["greedy"]
     assert own["agree"] == own["f1"] == 1.0 and [r["reply"] for r in own["rows"]] == texts
     other = R.evaluate(ar, tok, items, teacher=["Paris."] * 4, max_new_tokens=8)["greedy"]

@@ -336,7 +336,7 @@ def test_repro_rl(tmp_path, capsys):
         ev(f"dlm-dpo-{s}.test", [run(0.9, start), run(1.0, start)])
         ev(f"ar-map-{s}.test", [run(0.9, [True] + [False] * 9), run(1.0, start)])
         write(tmp_path / s / "rl-3e-5/log.jsonl",
-              "".join(json.dumps(dict(step=i, reward=0.1 * i, tokens_per_forward=1.0)) + "\n" for i in range(0, 16, 4)))
+              "".join(json.dumps(dict(step=i, reward=0.1 * i, tokens_per_forward=1.0)) + "\n" for i in range(0, 40, 4)))
     write(tmp_path / "seconds.tsv", "rl 1 3e-5\t100\nrl 2 3e-5\t120\npairs ar 1\t10\nar-dpo 1 ar-map-x\t1\n")
     report.repro_rl(str(tmp_path), "1", "2")
     out = capsys.readouterr().out
@@ -346,7 +346,8 @@ def test_repro_rl(tmp_path, capsys):
     p = 2 / 2 ** 10
     assert f"| rl against the start | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3f} | {5 * p:.3f} |" in out
     assert "| dlm-dpo against the start | 0.000 | 0.000 | 0 ahead, 2 tied of 2 | 1.000 | 1.000 |" in out
-    assert "| 0-0 | 0.000 | 1.00 |" in out and "| 12-12 | 1.200 | 1.00 |" in out
+    assert "| 0-0 | 0.000 | 1.00 |" in out and "| 32-36 | 3.400 | 1.00 |" in out  # 10 steps: 8 bins of 1 or 2
+    assert "| 36-36 |" not in out
 
 
 def test_align_protocol(tmp_path, capsys):
