@@ -122,7 +122,7 @@ real_world() {
 # 300 held-out prompts. The other arms side by side: scripts/real_arms.sh. Sizes from REAL_* (the test: a toy chain).
 D=${REAL_DATA:-data/real} O=${REAL_OUT:-out/real}
 CHATS=${REAL_CHATS:-5000} PER=${REAL_PER_FAMILY:-100} N=${REAL_CANVAS:-32} STEPS=${REAL_STEPS:-400}
-SEQ=${REAL_SEQ_LEN:-768} ROWS=${REAL_ROWS:-1} SEED=${REAL_SEED:-1337} THRESHOLDS=${REAL_THRESHOLDS:-0.5,0.7,0.9,1}
+SEQ=${REAL_SEQ_LEN:-256} ROWS=${REAL_ROWS:-3} SEED=${REAL_SEED:-1337} THRESHOLDS=${REAL_THRESHOLDS:-0.5,0.7,0.9,1}
 LR=$(lr "${REAL_LR:-1e-4}") COMPILE=${REAL_COMPILE---compile}
 if [ -n "${REAL_AR:-}" ]; then AR=$REAL_AR; else
   AR=$O/ar
