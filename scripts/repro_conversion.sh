@@ -25,6 +25,7 @@ case $ARM in  # steps at the measured seconds a step (docs/results.md): the snap
 esac
 STEPS=${STEPS:-$DEF_STEPS} SNAPS=${SNAPS:-$DEF_SNAPS}
 R=out/conversion/$ARM-$LR-s$SEED
+mkdir -p $R
 T0=$SECONDS
 source scripts/stage.sh
 stage "train $ARM" $R/results.json "$PYTHON" align.py --init $INIT --data $D/chat --assistant_only "${FLAGS[@]}" \

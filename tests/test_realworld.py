@@ -236,3 +236,36 @@ def test_run_sh_real_converts_at_a_toy_size(chat_world, tmp_path):
     assert len([x for x in log if "loss" in x]) == 2
     r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.count("reusing") == 6 and (tmp_path / "o" / "results.md").read_text() == table
+
+
+@pytest.mark.parametrize("arm,init", [("block0", "out/real/block"), ("masked0", "out/real/dlm"),
+                                      ("align", "out/real/dlm")])
+def test_repro_conversion_names_every_stage(arm, init, tmp_path):
+    """scripts/repro_conversion.sh, dry: a stand-in Python that only logs its arguments; the arm trains from its
+    conversion with its snapshots, every snapshot is scored (the last at every threshold), then the curve."""
+    import os
+    import subprocess
+
+    from conftest import ROOT
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+    for f in ("out/real/eval/ar.json", "out/real/block/config.json", "out/real/dlm/config.json"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("{}")
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls.log\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), ARM=arm, STEPS="40", SNAPS="10,20")
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "repro_conversion.sh")], capture_output=True, text=True,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    train = next(c for c in calls if c.startswith("align.py"))
+    assert f"--init {init}" in train and "--snapshots 10,20,40" in train and "--assistant_only" in train
+    R = f"out/conversion/{arm}-1e-4-s1337"
+    evals = [c for c in calls if c.startswith("realworld.py")]
+    assert [e.split()[2] for e in evals] == [f"{R}/step-{s}" for s in (10, 20, 40)]
+    assert "--thresholds 0.9 " in evals[0] and "--thresholds 0.5,0.7,0.9,0.95,1 " in evals[2]
+    assert calls[-1] == f"scripts/report.py conversion_curve {R}"
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "repro_conversion.sh")], capture_output=True, text=True,
+                       env=dict(env, ARM="nope"), cwd=tmp_path)
+    assert r.returncode == 2 and "choose block0, masked0 or align" in r.stderr
