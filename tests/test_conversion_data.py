@@ -81,3 +81,12 @@ def test_fingerprint_names_weights_and_settings(tmp_path):
     assert a == C.fingerprint(tmp_path, max_new_tokens=32) != C.fingerprint(tmp_path, max_new_tokens=16)
     (tmp_path / "model.safetensors").write_bytes(b"abd")
     assert C.fingerprint(tmp_path, max_new_tokens=32) != a
+
+
+def test_bad_input_is_refused_in_one_line(tmp_path):
+    from conftest import run_script
+    for flags, says in ((["--chats", "0"], "must be positive"), (["--per_family", "-1"], "must be positive")):
+        r = run_script("worlds/conversion.py", "--ckpt", tmp_path, "--out_dir", tmp_path / "o", *flags)
+        assert r.returncode == 2 and says in r.stderr and not (tmp_path / "o").exists()
+    r = run_script("worlds/conversion.py", "--ckpt", tmp_path / "none", "--out_dir", tmp_path / "o")
+    assert r.returncode == 1 and "conversion: --ckpt" in r.stderr and not (tmp_path / "o").exists()
