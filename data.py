@@ -418,8 +418,9 @@ def loss_targets(args, tok, train_data, val_data, window, who):
     array along it, for data.answer_batch; None: every token; evaluation masks every position) and, per split, the
     offsets at which a window of `window` tokens may begin (None: any). --loss_after: answers_only's rule, applied
     to the whole split at once (a window begins at a document, so it sees each answer's document from its start).
-    --assistant_only: a chat dataset's assistant marks (load_roles), windows beginning at a conversation that
-    fits whole in one (with its eos); the others are left out and counted."""
+    --assistant_only: a chat dataset's assistant marks (load_roles); training packs whole conversations (packed_batch),
+    the evaluation's windows begin at a validation conversation that fits whole in one (the others are left out and
+    counted)."""
     if not getattr(args, "assistant_only", False):
         sep_id, starts = answers_only(args.loss_after, tok, train_data, val_data, window, who)
         if sep_id is None:
@@ -428,21 +429,20 @@ def loss_targets(args, tok, train_data, val_data, window, who):
         return after_separator(x, sep_id, tok.eos_id)[0].numpy(), starts
     if args.loss_after is not None:
         raise SystemExit(f"{who}: --assistant_only and --loss_after choose the trained tokens two ways: pass one")
-    answers, starts = load_roles(args.data, "train"), {}
+    answers, starts = load_roles(args.data, "train"), dict(train=None)
     if answers is None:
         raise SystemExit(f"{who}: --assistant_only needs a chat dataset ({args.data} holds plain documents): "
                          "python data.py --source CONVERSATIONS.jsonl --tokenizer CHECKPOINT --out_dir DIR")
-    for split, d in (("train", train_data), ("val", val_data)):
-        ends = np.flatnonzero(np.asarray(d) == tok.eos_id)  # each conversation's eos
-        first = np.concatenate([[0], ends[:-1] + 1])  # and its first token
-        fits = (ends - first + 1 <= window) & (first <= len(d) - window)
-        if not fits.all():
-            print(f"{who}: --assistant_only: {int((ends - first + 1 > window).sum())} of {len(first)} {split} "
-                  f"conversations are longer than --seq_len {window} and {int((first > len(d) - window).sum())} "
-                  f"begin in the split's last {window} tokens: left out")
-        if not fits.any():
-            raise SystemExit(f"{who}: --assistant_only: no {split} conversation fits --seq_len {window}")
-        starts[split] = first[fits]
+    ends = np.flatnonzero(np.asarray(val_data) == tok.eos_id)  # each validation conversation's eos
+    first = np.concatenate([[0], ends[:-1] + 1])  # and its first token
+    fits = (ends - first + 1 <= window) & (first <= len(val_data) - window)
+    if not fits.all():
+        print(f"{who}: --assistant_only: {int((ends - first + 1 > window).sum())} of {len(first)} val conversations "
+              f"are longer than --seq_len {window} and {int((first > len(val_data) - window).sum())} begin in the "
+              f"split's last {window} tokens: no evaluation window starts at them")
+    if not fits.any():
+        raise SystemExit(f"{who}: --assistant_only: no val conversation fits --seq_len {window}")
+    starts["val"] = first[fits]
     return answers, starts
 
 
