@@ -11,9 +11,10 @@
 #   bash run.sh stdlib   the standard-library world, out/results.md:
 #       corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversions ->
 #       REPR-ALIGN (and λ = 0) -> OPDLM -> DPO + AR-MAP merge -> likelihood and generation quality of every model
-#   bash run.sh real     the real model, out/real/results.md and the student in out/real/student: SmolLM2-135M-Instruct
-#       from its GGUF -> its own replies to 5,000 prompts made in code -> a block DLM trained on them -> the student
-#       and the teacher on held-out prompts (accuracy kept, agreement, tokens per forward, −ELBO)
+#   bash run.sh real     the real model, out/real/results.md and the student in out/real/student (about 55 minutes
+#       on 2 cores, from its stages' times): SmolLM2-135M-Instruct from its GGUF -> its own replies to 5,000 prompts
+#       made in code -> a block DLM trained on them for about 20 minutes -> the student and the teacher on held-out
+#       prompts (accuracy kept, agreement, tokens per forward, −ELBO)
 #
 # A stage whose output exists is reused, and says so; an interrupted training run is resumed; a failing stage stops
 # the run with its name. Settings are the scripts' defaults except where set below (shorter runs, so that the whole
@@ -121,8 +122,8 @@ real_world() {
 # (align.py, λ = 0: whole conversations packed into rows, bf16 autocast, compiled) -> the teacher and the student on
 # 300 held-out prompts. The other arms side by side: scripts/real_arms.sh. Sizes from REAL_* (the test: a toy chain).
 D=${REAL_DATA:-data/real} O=${REAL_OUT:-out/real}
-CHATS=${REAL_CHATS:-5000} PER=${REAL_PER_FAMILY:-100} N=${REAL_CANVAS:-32} STEPS=${REAL_STEPS:-400}
-SEQ=${REAL_SEQ_LEN:-256} ROWS=${REAL_ROWS:-3} SEED=${REAL_SEED:-1337} THRESHOLDS=${REAL_THRESHOLDS:-0.5,0.7,0.9,1}
+CHATS=${REAL_CHATS:-5000} PER=${REAL_PER_FAMILY:-100} N=${REAL_CANVAS:-32} STEPS=${REAL_STEPS:-250}
+SEQ=${REAL_SEQ_LEN:-256} ROWS=${REAL_ROWS:-3} SEED=${REAL_SEED:-1337} THRESHOLDS=${REAL_THRESHOLDS:-0.7,0.9}
 LR=$(lr "${REAL_LR:-1e-4}") COMPILE=${REAL_COMPILE---compile}
 if [ -n "${REAL_AR:-}" ]; then AR=$REAL_AR; else
   AR=$O/ar

@@ -17,10 +17,11 @@ D=data/real O=out/real
 [ -e $O/eval/ar.json ] && [ -e $O/block/config.json ] || { echo "scripts/repro_conversion.sh: run 'bash run.sh real' first" >&2; exit 1; }
 ARM=${ARM:?set ARM=block0, masked0 or align} LR=${LR:-1e-4} SEED=${SEED:-1337}
 [ -e $O/dlm/config.json ] || "$PYTHON" convert.py --ar $O/ar --out_dir $O/dlm --attn bidirectional
-case $ARM in  # steps at the measured seconds a step (docs/results.md): the snapshots at ~5, 10, 20, 40, 60 minutes
-  block0)  INIT=$O/block FLAGS=(--lambda_align 0) DEF_STEPS=800 DEF_SNAPS=65,130,265,530 ;;
-  masked0) INIT=$O/dlm FLAGS=(--lambda_align 0) DEF_STEPS=1400 DEF_SNAPS=115,230,460,930 ;;
-  align)   INIT=$O/dlm FLAGS=(--lambda_align 10) DEF_STEPS=1000 DEF_SNAPS=80,165,330,660 ;;
+case $ARM in  # 60 minutes at the seconds a step measured on a 2-core VM (block 5.0, masked 2.1, REPR-ALIGN 2.8; the
+  # last two from bench.py --what pack), the snapshots at about 5, 10, 20 and 40 minutes
+  block0)  INIT=$O/block FLAGS=(--lambda_align 0) DEF_STEPS=720 DEF_SNAPS=60,120,240,480 ;;
+  masked0) INIT=$O/dlm FLAGS=(--lambda_align 0) DEF_STEPS=1700 DEF_SNAPS=140,285,570,1140 ;;
+  align)   INIT=$O/dlm FLAGS=(--lambda_align 10) DEF_STEPS=1280 DEF_SNAPS=105,215,430,860 ;;
   *) echo "scripts/repro_conversion.sh: ARM=$ARM: choose block0, masked0 or align" >&2; exit 2 ;;
 esac
 STEPS=${STEPS:-$DEF_STEPS} SNAPS=${SNAPS:-$DEF_SNAPS}
