@@ -287,7 +287,8 @@ def measure(args, held, train):
     first = next(iter(runs.values()))["rows"]
     for f in args.families:
         for r in [r for r in first if r["family"] == f][:args.show]:
-            print(f"{f}: {r['prompt']!r} -> {r['reply']!r} ({'right' if r['right'] else 'wrong'})")
+            verdict = "no checker" if r["right"] is None else "right" if r["right"] else "wrong"
+            print(f"{f}: {r['prompt']!r} -> {r['reply']!r} ({verdict})")
     first_run = next(iter(runs.values()))
     cols = [f"accuracy_{f}" for f in args.families if f"accuracy_{f}" in first_run] + ["accuracy", "full_stop"]
     cols += ["agree", "f1"] + [f"f1_{f}" for f in args.families] if teacher is not None else []
