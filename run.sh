@@ -11,7 +11,7 @@
 #   bash run.sh stdlib   the standard-library world, out/results.md:
 #       corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversions ->
 #       REPR-ALIGN (and λ = 0) -> OPDLM -> DPO + AR-MAP merge -> likelihood and generation quality of every model
-#   bash run.sh real     the real model, out/real/results.md and the student in out/real/student (about 55 minutes
+#   bash run.sh real     the real model, out/real/results.md and the student in out/real/student (about 58 minutes
 #       on 2 cores, from its stages' times): SmolLM2-135M-Instruct from its GGUF -> its own replies to 5,000 prompts
 #       made in code -> a block DLM trained on them for about 20 minutes -> the student and the teacher on held-out
 #       prompts (accuracy kept, agreement, tokens per forward, −ELBO)

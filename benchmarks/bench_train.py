@@ -92,9 +92,10 @@ def student_mask(how, distill=None):
     import diffusion
     train_mask, block_logits = diffusion.train_mask, getattr(distill, "block_logits", None)
     if how in ("dense", "flex"):
-        diffusion.train_mask = lambda real, N, bs, flex=False: train_mask(real, N, bs, flex=how == "flex")
+        diffusion.train_mask = lambda real, N, bs, flex=False, **packed: train_mask(real, N, bs, flex=how == "flex",
+                                                                                    **packed)
     if how == "per-block":
-        distill.block_logits = lambda *a, flex=False, **kw: diffusion.per_block_logits(*a, **kw)
+        distill.block_logits = lambda *a, flex=False, doc=None, **kw: diffusion.per_block_logits(*a, **kw)
     try:
         yield
     finally:
