@@ -433,24 +433,19 @@ def loss_targets(args, tok, train_data, val_data, window, who):
     if answers is None:
         raise SystemExit(f"{who}: --assistant_only needs a chat dataset ({args.data} holds plain documents): "
                          "python data.py --source CONVERSATIONS.jsonl --tokenizer CHECKPOINT --out_dir DIR")
-    ends = np.flatnonzero(np.asarray(val_data) == tok.eos_id)  # each validation conversation's eos
-    first = np.concatenate([[0], ends[:-1] + 1])  # and its first token
-    fits = (ends - first + 1 <= window) & (first <= len(val_data) - window)
-    if not fits.all():
-        print(f"{who}: --assistant_only: {int((ends - first + 1 > window).sum())} of {len(first)} val conversations "
-              f"are longer than --seq_len {window} and {int((first > len(val_data) - window).sum())} begin in the "
-              f"split's last {window} tokens: no evaluation window starts at them")
-    if not fits.any():
-        raise SystemExit(f"{who}: --assistant_only: no val conversation fits --seq_len {window}")
-    starts["val"] = first[fits]
+    first = conversation_spans(val_data, tok.eos_id, window, f"{who}: --assistant_only", "val")[:, 0]
+    starts["val"] = first[first <= len(val_data) - window]  # an evaluation window starts at one of them
+    if not len(starts["val"]):
+        raise SystemExit(f"{who}: --assistant_only: no val conversation starts a window of --seq_len {window}")
     return answers, starts
 
 
 def conversation_spans(data, eos_id, seq_len, who="", split="train"):
     """(n, 2) int64 array: the first offset and length of each conversation of a chat split (its tokens up to and
     including its eos) that fits seq_len; longer ones are left out (not cut), and counted in one line."""
-    ends = np.flatnonzero(np.asarray(data) == eos_id) + 1
-    spans = np.stack([np.concatenate([[0], ends[:-1]]), ends - np.concatenate([[0], ends[:-1]])], 1)
+    ends = np.flatnonzero(np.asarray(data) == eos_id) + 1  # one past each conversation's eos
+    first = np.concatenate([[0], ends[:-1]])
+    spans = np.stack([first, ends - first], 1)
     fits = spans[:, 1] <= seq_len
     if not fits.all():
         print(f"{who}: {int((~fits).sum())} of {len(spans)} {split} conversations are longer than --seq_len "

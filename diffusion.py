@@ -41,17 +41,17 @@ def corrupt(x0, mask_id, shift, generator=None, eps=1e-3, t=None, prompt_lens=No
     of its own positions, with block_size), position 0 of each one never masked under shift."""
     B, T = x0.shape
     gdev = generator.device if generator is not None else torch.device("cpu")
-    unit = pos // block_size if block_size and doc is not None else None  # a packed row's blocks: by position
-    n = int(doc.max()) + 1 if doc is not None else 1
-    shape = ((B, n, -(-T // block_size)) if unit is not None else (B, n) if doc is not None
-             else (B, -(-T // block_size)) if block_size else (B,))
+    nb = -(-T // block_size) if block_size else 1  # blocks a row (a conversation) can hold
+    if doc is not None:  # packed rows: a rate per conversation, or per block of its own positions
+        unit = doc.clamp(min=0) * nb + (pos // block_size if block_size else 0)  # (B, T): each slot's rate
+        shape = (B, (int(doc.max()) + 1) * nb)
+    else:
+        shape = (B, nb) if block_size else (B,)
     if t is None:
         t = eps + (1 - 2 * eps) * torch.rand(shape, generator=generator, device=gdev)  # t ~ U(eps, 1 - eps)
     t = torch.as_tensor(t, dtype=torch.float32, device=gdev).expand(shape)
-    if doc is not None:  # (B, T): each slot its conversation's t (its block's, with block_size); 0 on pads
-        d = doc.clamp(min=0).to(gdev)
-        t = t[torch.arange(B, device=gdev)[:, None], d] if unit is None else t[torch.arange(B, device=gdev)[:, None],
-                                                                                d, unit.to(gdev)]
+    if doc is not None:
+        t = t.gather(1, unit.to(gdev))  # (B, T); a pad takes the first conversation's (and is never masked)
     elif block_size:
         t = t.repeat_interleave(block_size, 1)[:, :T]  # (B, T): each position its block's t
     u = torch.rand(B, T, generator=generator, device=gdev)

@@ -141,11 +141,12 @@ def countries_in(text):
 def fingerprint(ckpt, **settings):
     """The teacher's identity: a hash of its config.json and weight files, and of the generation settings."""
     h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    for f in sorted(Path(ckpt).glob("*.json")) + sorted(Path(ckpt).glob("*.safetensors")):
-        if f.name in ("config.json", "generation_config.json") or f.suffix == ".safetensors":
-            with open(f, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 22), b""):
-                    h.update(chunk)
+    ckpt = Path(ckpt)
+    files = [ckpt / "config.json", ckpt / "generation_config.json", *sorted(ckpt.glob("*.safetensors"))]
+    for f in [f for f in files if f.exists()]:
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
     return h.hexdigest()
 
 
