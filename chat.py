@@ -1,8 +1,9 @@
 """
-The terminal side of sampling, for sample.py: a multi-turn chat in a checkpoint's chat template (`session`), a DLM's
-answer redrawn before every forward (`live_view`), the round of its block that committed each token of a block DLM's
-text (`show_rounds`), and sample.py's samples and speed (`print_samples`). Nothing here samples: sample.py passes
-its sampler, or its Generation, in.
+The terminal side of sampling, for sample.py: a multi-turn chat in a checkpoint's chat template (`session`, its
+sampling settings changed by /set: `set_setting`), an AR answer streamed as it is made (`stream_view`), a DLM's answer
+redrawn before every forward (`live_view`), the round of its block that committed each token of a block DLM's text
+(`show_rounds`), and sample.py's samples and speed (`print_samples`). Nothing here samples: sample.py passes its
+sampler, or its Generation, in.
 """
 import sys
 
@@ -67,7 +68,8 @@ def show_rounds(pieces, rounds, *, width=100, colour=False):
 
 def add_args(p):
     """sample.py's flags: the checkpoint, the prompts, the sampler's (cli.sampler_args), the views, seed, device."""
-    p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory; its config.attn picks the sampler")
+    p.add_argument("--ckpt", required=True, help="a Qwen3 checkpoint directory or Hugging Face model id "
+                   "(org/name[@revision]); its config.attn picks the sampler")
     p.add_argument("--prompt", default=None, help="the text to continue (encoded with the checkpoint's tokenizer); "
                    "default 'def ', with --chat: an interactive session")
     p.add_argument("--num_samples", type=int, default=1, help="rows of one batch, all from --prompt")
@@ -138,32 +140,92 @@ def live_view(tok, P, mask_id, width=100):
     return hook
 
 
-def session(model, tok, max_new_tokens, answer, block_size=None):
+def stream_view(tok, P, ends):
+    """A forward pre-hook (as live_view's) for an AR answer: prints each token of the answer as it is fed back
+    (the token a forward produced enters the next one), up to the first of the end ids; -> (hook, printed), the
+    text printed so far in printed[0]. The last token, never fed, is the caller's to print."""
+    ids, printed = [], [""]
+
+    def hook(module, args, kwargs):
+        x, slots = args[0][0].tolist(), kwargs.get("slots")  # row 0; the slots fed (all from 0 without a cache)
+        for s, t in zip(range(len(x)) if slots is None else slots.tolist(), x):
+            if s == P + len(ids) and not (ids and ids[-1] in ends):
+                ids.append(t)
+        text = tok.decode([t for t in ids if t not in ends]).rstrip("\ufffd")  # a character cut short waits
+        if text.startswith(printed[0]) and len(text) > len(printed[0]):
+            sys.stdout.write(text[len(printed[0]):])
+            sys.stdout.flush()
+            printed[0] = text
+    return hook, printed
+
+
+SETTINGS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float}
+
+
+def describe(settings):
+    """The sampling settings in one line: 'greedy' or 'temperature T', then each filter and the penalty that is on."""
+    parts = ["greedy" if settings["temperature"] == 0 else f"temperature {settings['temperature']:g}"]
+    if settings["temperature"]:
+        parts += [f"{k} {settings[k]:g}" for k in ("top_k", "top_p", "min_p") if settings[k] is not None]
+    if settings["repetition_penalty"] != 1:
+        parts.append(f"repetition_penalty {settings['repetition_penalty']:g}")
+    return ", ".join(parts)
+
+
+def set_setting(settings, line):
+    """'/set NAME VALUE' -> settings updated in place (VALUE 'none' or 0 turns top_k, top_p or min_p off), or a
+    ValueError naming what is wrong; the settings stay as they were then."""
+    parts = line.split()
+    if len(parts) != 3 or parts[1] not in SETTINGS:
+        raise ValueError(f"usage: /set NAME VALUE, NAME one of {', '.join(SETTINGS)}")
+    name, value = parts[1], parts[2]
+    try:
+        new = None if value.lower() == "none" and name in ("top_k", "top_p", "min_p") else SETTINGS[name](value)
+    except ValueError:
+        raise ValueError(f"/set {name}: {value!r} is not a{'n integer' if name == 'top_k' else ' number'}") from None
+    trial = {k: settings[k] for k in SETTINGS} | {name: new}
+    trial["top_k"] = trial["top_k"] or None
+    cli.check_sampling(**trial)
+    settings.update(trial)
+
+
+def session(model, tok, max_new_tokens, answer, settings, block_size=None):
     """A multi-turn session in the checkpoint's chat template (sample.py --chat without --prompt), each answer by
     answer(prompt ids, end ids) -> (reply ids without the end token, the round of each (block DLMs) or None): the
-    checkpoint's sampler. On a terminal a DLM's answer is redrawn before every forward (live_view); a block DLM's
-    answer is then shown with the round view. Ctrl-C ends the turn (its question is dropped), /reset forgets the
-    conversation, Ctrl-D or /quit ends the session. The oldest turns are dropped, and said so, when the
-    conversation outgrows the model's positions."""
+    checkpoint's sampler, reading the sampling settings from `settings` (a dict holding SETTINGS' keys), which
+    /set NAME VALUE changes. An AR answer streams as it is generated (stream_view); on a terminal a DLM's answer
+    is redrawn before every forward (live_view), and a block DLM's is then shown with the round view. Ctrl-C ends
+    the turn (its question is dropped), /reset forgets the conversation, Ctrl-D, the end of the input or /quit ends
+    the session. A terminal's lines come through input() (its line editing); piped input is read from sys.stdin
+    line by line, each line echoed after the prompt and taken in order, so that none of it is lost. The oldest turns
+    are dropped, and said so, when the conversation outgrows the model's positions."""
     c = model.config
     ends = tok.end_ids(c, turn=True)  # and <|im_end|>, the turn's end
     live, bs = sys.stdout.isatty() and c.attn != "causal", block_size or c.block_size
+    piped = not sys.stdin.isatty()
+    lines = (line.rstrip("\n") for line in sys.stdin) if piped else prompts()
     messages = []
-    print("chat: Ctrl-C ends a turn, /reset forgets the conversation, Ctrl-D or /quit ends the session")
+    print(f"chat: {describe(settings)}. /set NAME VALUE changes a setting, Ctrl-C ends a turn, /reset forgets "
+          "the conversation, Ctrl-D or /quit ends the session")
     while True:
-        try:
-            line = input("you> ")
-        except EOFError:
+        line = next(lines, None)
+        if line is None:
             print()
             return
-        except KeyboardInterrupt:
-            print()
-            continue
+        if piped:
+            print(f"you> {line}")  # the turn, as a terminal would show it
         if line.strip() in ("/quit", "/exit"):
             return
         if line.strip() == "/reset":
             messages = []
             print("(conversation forgotten)")
+            continue
+        if line.strip().startswith("/set"):
+            try:
+                set_setting(settings, line)
+                print(f"({describe(settings)})")
+            except ValueError as e:
+                print(f"(/set: {e})")
             continue
         if not line.strip():
             continue
@@ -177,7 +239,12 @@ def session(model, tok, max_new_tokens, answer, block_size=None):
         except ValueError as e:  # no template, or one that does not render
             raise SystemExit(f"sample: --chat: {e}")
         P = -(-len(ids) // bs) * bs if c.attn == "block" else len(ids)  # the first generated slot
-        hook = model.register_forward_pre_hook(live_view(tok, P, c.mask_token_id), with_kwargs=True) if live else None
+        printed = [""]
+        if c.attn == "causal":
+            hook, printed = stream_view(tok, P, ends)
+        else:
+            hook = live_view(tok, P, c.mask_token_id) if live else None
+        handle = None if hook is None else model.register_forward_pre_hook(hook, with_kwargs=True)
         try:
             reply, rounds = answer(ids, ends)
         except KeyboardInterrupt:
@@ -186,8 +253,24 @@ def session(model, tok, max_new_tokens, answer, block_size=None):
         except ValueError as e:
             raise SystemExit(f"sample: {e}")
         finally:
-            if hook is not None:
-                hook.remove()
-                print("\r\x1b[K", end="")
-        print(tok.decode(reply) if rounds is None else show_rounds(token_pieces(tok, reply), rounds, colour=live))
-        messages = turn + [{"role": "assistant", "content": tok.decode(reply)}]
+            if handle is not None:
+                handle.remove()
+                if live:
+                    print("\r\x1b[K", end="")
+        text = tok.decode(reply)
+        if rounds is not None:
+            print(show_rounds(token_pieces(tok, reply), rounds, colour=live))
+        else:  # the streamed text, then the rest (the last token, which no forward fed back)
+            print(text[len(printed[0]):] if text.startswith(printed[0]) else "\n" + text)
+        messages = turn + [{"role": "assistant", "content": text}]
+
+
+def prompts():
+    """The terminal's lines, through input() (its line editing), until Ctrl-D."""
+    while True:
+        try:
+            yield input("you> ")
+        except EOFError:
+            return
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh one
+            print()

@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import os
+import re
 import signal
 import struct
 import threading
@@ -24,6 +25,37 @@ COMMON = dict(hidden_act="silu", attention_dropout=0.0, initializer_range=0.02, 
 HF_KEYS = {"qwen3": dict(architectures=["Qwen3ForCausalLM"], **COMMON, use_sliding_window=False),  # written only
            "llama": dict(architectures=["LlamaForCausalLM"], **COMMON, mlp_bias=False, pretraining_tp=1)}
 NOT_SAVED = ("extra", "path", "generation")  # the config's fields that are not config.json keys
+
+
+HUB_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+             "tokenizer.json", "*.tiktoken", "tokenizer_config.json", "chat_template.jinja"]  # what a load reads
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")  # org/name, optionally @revision
+
+
+def resolve(path):
+    """A checkpoint directory, or a Hugging Face model id ("org/name", optionally "@revision") -> a local path.
+    A path that exists, or whose first part is a directory here (out/typo), is a path. An id is fetched through
+    huggingface_hub (imported only then): its cache, and a download of the files a load reads unless
+    HF_HUB_OFFLINE is set; FileNotFoundError in one line naming the id and what was tried."""
+    p = Path(path)
+    if p.exists() or not HUB_ID.fullmatch(str(path)) or Path(str(path).split("/")[0]).is_dir():
+        return p
+    repo, _, revision = str(path).partition("@")
+    try:
+        import huggingface_hub
+        from huggingface_hub import constants
+    except ImportError:
+        raise FileNotFoundError(f"{path}: no such directory, and reading it as a Hugging Face model id needs "
+                                "huggingface_hub (pip install huggingface_hub)") from None
+    where = f"the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    try:
+        return Path(huggingface_hub.snapshot_download(repo, revision=revision or None, allow_patterns=HUB_FILES))
+    except Exception as e:  # offline and not cached, not found, no network, gated: each its own class
+        tried = f"{where}, offline (HF_HUB_OFFLINE)" if constants.HF_HUB_OFFLINE else f"{where} and the Hub"
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        at = f" at revision {revision!r}" if revision else ""
+        raise FileNotFoundError(f"{path}: no such directory, and the model id {repo!r}{at} is not in {tried}: "
+                                f"{why}") from None
 
 
 def rows_with_mask(n_tokens):
@@ -73,7 +105,8 @@ class ConfigFile:
     def load(cls, path):
         """config.json of a checkpoint directory, with `path` set and generation_config.json read when present
         (tokenizer_sha256 as recorded: None for a checkpoint that records none; see tokenizer.trained_with)."""
-        f = Path(path) / "config.json"
+        path = resolve(path)
+        f = path / "config.json"
         if not f.is_file():
             raise FileNotFoundError(f"{f} not found: expected a Hugging Face Qwen3 checkpoint directory")
         try:
@@ -108,7 +141,7 @@ class WeightsFile:
         """Load a Hugging Face Qwen3 directory (config.json + model.safetensors or a sharded index).
         Tensors go straight to `device` in their stored dtype, or are cast to `dtype` there."""
         from safetensors import SafetensorError, safe_open
-        path = Path(path)
+        path = resolve(path)
         config = cls.config_class.load(path)
         files = weight_files(path)
         device = str(torch.device(device or "cpu"))

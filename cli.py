@@ -78,6 +78,17 @@ def check_eos_rule(eos_rule, eos_penalty):
                          f"and {eos_penalty}")
 
 
+def check_sampling(temperature=0.0, top_k=None, top_p=None, min_p=None, repetition_penalty=1.0):
+    """ValueError naming each sampling setting out of range (the samplers' check; the chat's /set)."""
+    bad = [f"{k} {v}" for k, v, ok in (
+        ("temperature", temperature, temperature >= 0), ("top_k", top_k, top_k is None or top_k >= 1),
+        ("top_p", top_p, top_p is None or 0 < top_p <= 1), ("min_p", min_p, min_p is None or 0 <= min_p <= 1),
+        ("repetition_penalty", repetition_penalty, repetition_penalty > 0)) if not ok]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: need temperature >= 0, top_k >= 1, top_p in (0, 1], min_p in [0, 1] "
+                         f"and repetition_penalty > 0")
+
+
 def eos_args(p):
     """--eos_rule and --eos_penalty: how a DLM sampler treats end tokens (sample.py, eval.py)."""
     def non_negative(text):
@@ -111,9 +122,15 @@ def sampler_args(p, max_new_tokens):
     sampler_kwargs turns them into its keyword arguments."""
     p.add_argument("--max_new_tokens", type=int, default=max_new_tokens, help="AR: at most; DLMs: the generation "
                    "length")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--top_k", type=int, default=None, help="sample among the k most likely tokens only")
+    p.add_argument("--temperature", type=float, default=None, help="0: greedy (default: the checkpoint's "
+                   "generation_config.json where the script reads it (sample.py), else 0)")
+    p.add_argument("--top_k", type=int, default=None, help="sample among the k most likely tokens only (0: off)")
     p.add_argument("--top_p", type=float, default=None, help="sample within the smallest set of mass >= p only")
+    p.add_argument("--min_p", type=float, default=None, help="sample among the tokens at least min_p times as "
+                   "likely as the most likely one only")
+    p.add_argument("--repetition_penalty", type=float, default=None, help="transformers' penalty (1: off): a "
+                   "logit of an id already in the prompt or the text so far (DLMs: the tokens committed so far) is "
+                   "divided by it if positive, multiplied if negative")
     p.add_argument("--block_length", type=int, default=None, help="diffusion: semi-AR block (default min(32, N))")
     p.add_argument("--steps", type=int, default=None, help="diffusion: steps in all (default N, one token a step)")
     p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"],
@@ -128,14 +145,24 @@ def sampler_args(p, max_new_tokens):
                    "still scores its completion up to the first)")
 
 
-def sampler_kwargs(args):
+SAMPLING = dict(temperature=0.0, top_k=None, top_p=None, min_p=None, repetition_penalty=1.0)  # greedy, as is
+
+
+def sampling(args, defaults=None):
+    """The sampling settings (SAMPLING's keys): each flag that is given, else defaults' (the checkpoint's
+    generation_config.json: sample.model_defaults), else SAMPLING's; top_k 0 is off."""
+    out = SAMPLING | (defaults or {}) | {k: getattr(args, k) for k in SAMPLING if getattr(args, k) is not None}
+    return out | dict(top_k=out["top_k"] or None)
+
+
+def sampler_kwargs(args, defaults=None):
     """sampler_args' flags -> the sample.generate keyword arguments they set (eos_id, generator, vocab_limit and
-    record are the caller's)."""
-    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                shift=None if args.shift is None else args.shift == "true", block_length=args.block_length,
-                steps=args.steps, remasking=args.remasking, threshold=args.threshold, block_size=args.block_size,
-                use_cache=not args.no_cache, cache=args.cache, finish_block=args.finish_block, eos_rule=args.eos_rule,
-                eos_penalty=args.eos_penalty, compile=args.compile)
+    record are the caller's); the sampling settings as `sampling` resolves them."""
+    return sampling(args, defaults) | dict(
+        shift=None if args.shift is None else args.shift == "true", block_length=args.block_length, steps=args.steps,
+        remasking=args.remasking, threshold=args.threshold, block_size=args.block_size, use_cache=not args.no_cache,
+        cache=args.cache, finish_block=args.finish_block, eos_rule=args.eos_rule, eos_penalty=args.eos_penalty,
+        compile=args.compile)
 
 
 # ---- a training script's loop flags -------------------------------------------------------------------------

@@ -18,13 +18,14 @@ import shutil
 from pathlib import Path
 
 import cli
-from checkpoint import rows_with_mask, weight_files
+from checkpoint import resolve, rows_with_mask, weight_files
 from model import Qwen3, Qwen3Config
 from cli import atomic_write
 from tokenizer import Tokenizer, trained_with
 
 p = cli.parser(__doc__)
-p.add_argument("--ar", help="the AR (causal) Qwen3 or Llama checkpoint directory")
+p.add_argument("--ar", help="the AR (causal) Qwen3 or Llama checkpoint: a directory, or a "
+               "Hugging Face model id (org/name[@revision], through huggingface_hub's cache)")
 p.add_argument("--gguf", help="instead of --ar: import this llama or qwen3 GGUF file as an AR checkpoint (the gguf "
                               "package dequantizes it); --attn and the DLM flags do not apply")
 p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="--gguf: the dtype the weights are stored in")
@@ -59,7 +60,10 @@ def from_gguf(path, out_dir, dtype="fp32", overwrite=False):
 
 
 def convert(ar, out_dir, attn, block_size=None, mask_token_id=None, shift=None, overwrite=False):
-    ar, out_dir = Path(ar), Path(out_dir)
+    try:
+        ar, out_dir = resolve(ar), Path(out_dir)  # a directory, or a Hugging Face model id
+    except FileNotFoundError as e:
+        raise SystemExit(f"convert: {e}")
     a, o = ar.resolve(), out_dir.resolve()
     if a == o or a in o.parents or o in a.parents:  # --overwrite would delete the AR checkpoint itself
         raise SystemExit(f"convert: --out_dir {out_dir} and --ar {ar} overlap (one is, or is inside, the other); "

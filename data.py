@@ -596,11 +596,13 @@ def add_pairs_command(sub, who):
 
 def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n, like=None, who="prompts"):
     """[(prompt ids, continuation ids)]: the last seq_len tokens of each record of the JSONL `prompts` (no
-    continuation), or about n windows of seq_len tokens and the span after them, spread over the val documents
-    (whose tokenizer must be the model like's); a one-line exit naming `who` for bad input."""
+    continuation; a record with "chat": true is one user turn in tok's chat template, as in tokenized_pairs), or
+    about n windows of seq_len tokens and the span after them, spread over the val documents (whose tokenizer must
+    be the model like's); a one-line exit naming `who` for bad input."""
     try:
         if prompts:
-            return [(tok.encode(r["prompt"])[-seq_len:], []) for r in read_prompts(prompts)]
+            return [((tok.apply_chat_template([{"role": "user", "content": r["prompt"]}]) if r.get("chat") is True
+                      else tok.encode(r["prompt"]))[-seq_len:], []) for r in read_prompts(prompts)]
         val, roles = load_splits(data_dir, who, like=like)[1], load_roles(data_dir, "val")
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"{who}: {e}")

@@ -225,7 +225,7 @@ if __name__ == "__main__":
             run.backward(loss, {k: float(v) for k, v in {**s, **st, "loss": loss.detach()}.items()}, tokens=n,
                          flops=training.flops_per_token(student, x.shape[1], forward_only=teacher) * n)
         rec = run.update()
-        rec.update(max_len=L, rollout_share=t_roll / run.step_times[-1])
+        rec.update(max_len=L, rollout_share=t_roll / rec["step_seconds"])
         if run.eval_due():
             rec.update(run.evaluate(run_eval))
         if run.save_due():

@@ -155,6 +155,7 @@ def gen_perplexity(ref, pairs, ctx):
 
 
 def generate(args):
+    import cli
     import data
     import tasks
     import torch
@@ -177,8 +178,8 @@ def generate(args):
     ppl, n = gen_perplexity(ref, pairs, ctx)
     reps = [r for r in (repetition_rate(c) for _, c in pairs) if r is not None]
     # tokens per forward: per row (its tokens up to eos / the forwards it needed), then the mean over rows
-    res = dict(sampler=model.config.attn, temperature=args.temperature, prompts=len(prompts), gen_perplexity=ppl,
-               completion_tokens=n,
+    res = dict(sampler=model.config.attn, temperature=cli.sampling(args)["temperature"], prompts=len(prompts),
+               gen_perplexity=ppl, completion_tokens=n,
                unigram_entropy_bits=sum(data.unigram_entropy(c) for _, c in pairs) / len(pairs),  # mean per sample
                pooled_entropy_bits=data.unigram_entropy([t for _, c in pairs for t in c]),
                repetition_4gram=sum(reps) / len(reps) if reps else float("nan"),  # mean per sample of >= 4 tokens
@@ -215,13 +216,15 @@ def task_table(sampler, runs):
 
 
 def task_serve(args):
-    """tasks --ckpt -: a checkpoint directory per line of stdin, each answered by one line of stdout, "result " and
-    task_curve's result as JSON (what a training run's --tasks reads: torch imported once, not per evaluation)."""
+    """tasks --ckpt -: the child side of the --tasks protocol (runner.RESULT): a checkpoint directory per line of
+    stdin, each answered by one line of stdout, runner.RESULT and task_curve's result as JSON (torch imported once,
+    not per evaluation)."""
+    import runner
     for line in sys.stdin:
         args.ckpt = line.strip()
         with contextlib.redirect_stdout(sys.stderr):
             res = task_curve(args)
-        print("result " + json.dumps(res), flush=True)
+        print(runner.RESULT + json.dumps(res), flush=True)
 
 
 def task_curve(args):

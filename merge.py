@@ -39,17 +39,23 @@ BATCH = 16  # merge: pairs per forward (ELBOs)
 SELECTORS = ("accuracy", "dpo")  # merge --select: see pick_gamma
 
 
+def checkpoint_args(parser):
+    """The three checkpoints both commands read (W_AR, W_AR_aligned, W_DLM) and the device."""
+    parser.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint (W_AR)")
+    parser.add_argument("--ar_aligned", default="out/ar-dpo", help="the AR checkpoint after DPO (W_AR_aligned)")
+    parser.add_argument("--dlm", default="out/repro/lambda10", help="the DLM converted from --ar and trained (W_DLM)")
+    parser.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
+    return parser
+
+
 p = cli.parser(__doc__)
 sub = p.add_subparsers(dest="cmd", required=True)
 data.add_pairs_command(sub, "merge pairs")  # the synthetic preference data (data.write_pairs)
-for name, help in (("spectrum", "spectral norms of τ_diff and τ_pref per weight, by layer type"),
-                   ("merge", "W = W_DLM + γ·Δ, γ chosen on training pairs, reported on held-out pairs")):
-    s = sub.add_parser(name, formatter_class=cli.HelpFormatter, help=help)
-    s.add_argument("--ar", default="out/ar-tiny", help="the AR checkpoint (W_AR)")
-    s.add_argument("--ar_aligned", default="out/ar-dpo", help="the AR checkpoint after DPO (W_AR_aligned)")
-    s.add_argument("--dlm", default="out/repro/lambda10", help="the DLM converted from --ar and trained (W_DLM)")
-    s.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
-sub.choices["spectrum"].add_argument("--out", default=None, help="default: spectrum.json in the --ar_aligned directory")
+sp = checkpoint_args(sub.add_parser("spectrum", formatter_class=cli.HelpFormatter,
+                                    help="spectral norms of τ_diff and τ_pref per weight, by layer type"))
+sp.add_argument("--out", default=None, help="default: spectrum.json in the --ar_aligned directory")
+s = checkpoint_args(sub.add_parser("merge", formatter_class=cli.HelpFormatter,
+                                   help="W = W_DLM + γ·Δ, γ chosen on training pairs, reported on held-out pairs"))
 s.add_argument("--pairs", default="data/pairs/train.jsonl", help="training pairs: a sample of them chooses γ")
 s.add_argument("--heldout", default="data/pairs/heldout.jsonl", help="held-out pairs: reported, and the win rate's")
 s.add_argument("--n_select", type=int, default=128, help="training pairs (a seeded sample) that score each γ")

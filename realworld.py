@@ -106,17 +106,17 @@ def prompt_ids(tok, item):
     return tok.apply_chat_template([{"role": "user", "content": item["prompt"]}])
 
 
-def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, counts=None, **sampler):
-    """Each item answered by the checkpoint's own sampler in its chat template (greedy unless told) -> the replies'
-    texts, cut at the first end id. counts: a list that gets, per reply, its tokens per forward (tokens up to and
-    including the end token / forwards), for a DLM its forwards split into answer and after (forwards_split), and
-    whether it ended (an end id within max_new_tokens)."""
+def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, counts=None, seed=1337, **sampler):
+    """Each item answered by the checkpoint's own sampler in its chat template (greedy unless told; seed: its
+    generator's) -> the replies' texts, cut at the first end id. counts: a list that gets, per reply, its tokens per
+    forward (tokens up to and including the end token / forwards), for a DLM its forwards split into answer and after
+    (forwards_split), and whether it ended (an end id within max_new_tokens)."""
     import torch
 
     import sample
     import tasks
     ends, dlm = tok.end_ids(model.config, turn=True), model.config.attn != "causal"
-    g, out = torch.Generator(model.lm_head.weight.device).manual_seed(1337), []
+    g, out = torch.Generator(model.lm_head.weight.device).manual_seed(seed), []
     for s in range(0, len(items), batch_size):
         prompts = [prompt_ids(tok, it) for it in items[s:s + batch_size]]
         gen = sample.generate(model, prompts, max_new_tokens, eos_id=ends, generator=g, vocab_limit=tok.vocab_size,

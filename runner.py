@@ -88,6 +88,13 @@ def task_record(res):
                 task_tpf=res["tokens_per_forward"], task_pref=res["preferred"])
 
 
+# The --tasks protocol, between a training run (TaskEval) and its child `eval.py tasks --ckpt -` (eval.task_serve):
+# the run writes a checkpoint directory and its path, one line, to the child's stdin; the child answers with one line
+# on its stdout, RESULT followed by eval.task_curve's result as JSON (everything else it prints goes to its stderr,
+# task_eval.log); the child ends when its stdin closes. Any other answer, or none, is the child's failure.
+RESULT = "result "
+
+
 class TaskEval:
     """--tasks: exact match of a run's weights on the first n held-out prompts of each family of `tasks`
     (heldout.jsonl), and tokens per forward, at each of `thresholds` (AR: greedy), by `eval.py tasks` in a child
@@ -121,10 +128,10 @@ class TaskEval:
             line = self.child.stdout.readline()
         except BrokenPipeError:  # it has ended: its log says why
             line = ""
-        if not line.startswith("result "):
+        if not line.startswith(RESULT):
             tail = " | ".join((self.out_dir / "task_eval.log").read_text().strip().splitlines()[-2:])
             raise SystemExit(f"{self.who}: --tasks: eval.py tasks failed: {tail}")
-        runs = json.loads(line.removeprefix("result "))["runs"]
+        runs = json.loads(line.removeprefix(RESULT))["runs"]
         rec = task_record(runs[0])
         for r in runs[1:]:
             rec.update({f"task_acc@{r['threshold']:g}": r["accuracy"],

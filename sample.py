@@ -54,27 +54,54 @@ def until_end(ids, eos_id):
     return next((ids[:i] for i, t in enumerate(ids) if t in ends), ids)
 
 
-def sample(logits, temperature=0.0, top_k=None, top_p=None, generator=None, ban=None):
-    """logits (..., V) -> tokens (...) drawn after temperature, top-k, top-p (argmax when greedy), and their
-    confidence: the raw softmax probability (after `ban` (V,), -inf at ids never emitted; before the rest)."""
-    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
-        raise ValueError(f"temperature must be >= 0, top_k >= 1 and top_p in (0, 1]: {temperature}, {top_k}, {top_p}")
+def penalize(logits, seen, penalty):
+    """transformers' repetition penalty: logits (B, V) or (B, T, V), seen (B, V) (> 0 where row b has the id in its
+    prompt or its text so far) -> the logits with each seen id's divided by `penalty` where positive, multiplied
+    where negative (so penalty > 1 makes a repeat less likely either way)."""
+    hit = (seen > 0).view(seen.shape[0], *[1] * (logits.dim() - 2), seen.shape[-1])  # (B, 1.., V)
+    return torch.where(hit, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+def seen_ids(x, keep, vocab_size):
+    """x (B, T) ids, keep (B, T) bool -> (B, V) float: how often row b holds each id at a kept slot."""
+    return x.new_zeros(x.shape[0], vocab_size, dtype=torch.float).scatter_add_(1, x, keep.float())
+
+
+def filtered(logits, temperature, top_k=None, top_p=None, min_p=None):
+    """The sampling distribution's logits (..., V): divided by temperature (> 0), then -inf outside the top_k,
+    outside the smallest set of mass >= top_p, and where the probability is below min_p times the top one, in
+    transformers' order (temperature, top-k, top-p, min-p); the top token always stays."""
+    z = logits / temperature
+    if top_k is not None:
+        kth = z.topk(min(top_k, z.shape[-1]), dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, NEG_INF)
+    if top_p is not None:
+        srt, idx = z.sort(-1, descending=True)
+        p = srt.softmax(-1)
+        drop = p.cumsum(-1) - p > top_p  # outside the smallest set with mass >= top_p (never the top token)
+        z = z.masked_fill(drop.scatter(-1, idx, drop), NEG_INF)
+    if min_p is not None:
+        p = z.softmax(-1)
+        z = z.masked_fill(p < min_p * p.amax(-1, keepdim=True), NEG_INF)  # min-p: relative to the top token's
+    return z
+
+
+def sample(logits, temperature=0.0, top_k=None, top_p=None, generator=None, ban=None, *, min_p=None,
+           repetition_penalty=1.0, seen=None):
+    """logits (..., V) -> tokens (...) drawn after the repetition penalty (with seen (B, V): `penalize`),
+    temperature, top-k, top-p and min-p (`filtered`; argmax when greedy), and their confidence: the softmax
+    probability after `ban` (V,) (-inf at ids never emitted) and the penalty, before the rest."""
+    cli.check_sampling(temperature, top_k, top_p, min_p, repetition_penalty)
     logits = logits.float() if ban is None else logits.float() + ban
+    if repetition_penalty != 1.0:
+        logits = penalize(logits, seen, repetition_penalty)
     if temperature == 0:
         tok = logits.argmax(-1)
     else:
-        z = logits / temperature
-        if top_k is not None:
-            kth = z.topk(min(top_k, z.shape[-1]), dim=-1).values[..., -1:]
-            z = z.masked_fill(z < kth, NEG_INF)
-        if top_p is not None:
-            srt, idx = z.sort(-1, descending=True)
-            p = srt.softmax(-1)
-            drop = p.cumsum(-1) - p > top_p  # outside the smallest set with mass >= top_p (never the top token)
-            z = z.masked_fill(drop.scatter(-1, idx, drop), NEG_INF)
+        z = filtered(logits, temperature, top_k, top_p, min_p)
         race = torch.empty_like(z).exponential_(generator=generator)
         tok = (z.softmax(-1) / race).argmax(-1)  # distributed as multinomial(softmax(z)), without its host sync
-    return tok, logits.softmax(-1).gather(-1, tok[..., None])[..., 0]  # p_raw(tok) = softmax(logits)[tok]
+    return tok, logits.softmax(-1).gather(-1, tok[..., None])[..., 0]  # p(tok) = softmax(penalized logits)[tok]
 
 
 def choose(conf, masked, n=None, threshold=None):
@@ -105,6 +132,12 @@ def sampling_args(model, mask_token_id, vocab_limit, generator, eos_id, pad_id, 
     ban[ids] -= eos_penalty * (eos_rule == "penalty")  # Dream's eos_penalty, off the end tokens' logits
     pad_id = (ids[0] if ids else 0) if pad_id is None else pad_id
     return ban, generator, pad_id, torch.tensor(ids, device=dev) if ids else None
+
+
+def repeats(prompt, real, model, repetition_penalty):
+    """The repetition penalty's memory: (B, V) counts of each row's real prompt tokens (prompt, real (B, P)), which
+    the sampler adds each committed token to; None when repetition_penalty == 1 (no penalty, nothing kept)."""
+    return None if repetition_penalty == 1.0 else seen_ids(prompt, real, model.config.vocab_size)
 
 
 def dlm_fields(model, mask_token_id, shift):
@@ -146,11 +179,13 @@ def forward(model, x, q, pos, real, rule, cache=None, block_size=None):
 
 @torch.no_grad()
 def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None, pad_id=None,
-                generator=None, mask_token_id=None, vocab_limit=None, use_cache=True, *, compile=False):
+                generator=None, mask_token_id=None, vocab_limit=None, use_cache=True, *, min_p=None,
+                repetition_penalty=1.0, compile=False):
     """Causal decoding (greedy when temperature == 0) with a static KV cache; rows that produced an end token
     (eos_id: an id or several) emit pad_id (default the first end id) from then on. use_cache=False recomputes
-    the whole sequence per token (reference). compile: the one-token steps through torch.compile (compiling.stepper);
-    the prompt's forward stays eager."""
+    the whole sequence per token (reference). min_p, repetition_penalty: `sample` (the penalty over the prompt and
+    the tokens so far). compile: the one-token steps through torch.compile (compiling.stepper); the prompt's forward
+    stays eager."""
     mask_id = model.config.mask_token_id if mask_token_id is None else mask_token_id
     ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
     x, lens, P, real, pos = canvas(model, prompt, max_new_tokens, pad_id, pad_id)
@@ -158,6 +193,7 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
     slots = torch.arange(L, device=x.device)
     step = compiling.stepper(forward, model, compile)
     cache = compiling.static_cache(model.new_cache(B, L), compile) if use_cache else None  # keys/values by slot
+    seen = repeats(x[:, :P], real[:, :P], model, repetition_penalty)  # (B, V) or None
     done = torch.zeros(B, dtype=torch.bool, device=x.device)
     row_nfe = torch.zeros(B, dtype=torch.long, device=x.device)
     nfe = 0
@@ -170,8 +206,11 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
             logits = step(model, x[:, t - 1:t], slots[t - 1:t], pos[:, t - 1:t], real, "causal", cache)  # (B, 1, V)
         nfe += 1
         row_nfe += ~done  # a forward counts for the rows still generating
-        tok, _ = sample(logits[:, -1], temperature, top_k, top_p, generator, ban)  # (B,)
+        tok, _ = sample(logits[:, -1], temperature, top_k, top_p, generator, ban, min_p=min_p,
+                        repetition_penalty=repetition_penalty, seen=seen)  # (B,)
         x[:, t] = torch.where(done, pad_id, tok)
+        if seen is not None:
+            seen.scatter_add_(1, tok[:, None], torch.ones_like(seen[:, :1]))
         if eos is not None:
             done |= torch.isin(tok, eos)
             if (t - P) % STOP_EVERY == STOP_EVERY - 1 and done.all():  # a host sync, once per STOP_EVERY
@@ -183,7 +222,8 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
 def diffusion_generate(model, prompt, gen_length, block_length, steps, temperature=0.0, top_k=None, top_p=None,
                        remasking="low_confidence", threshold=None, eos_id=None, pad_id=None, generator=None,
                        mask_token_id=None, shift=None, vocab_limit=None, *, cache="none", finish_block=False,
-                       eos_rule="free", eos_penalty=0.0, record=False, compile=False):
+                       eos_rule="free", eos_penalty=0.0, record=False, min_p=None, repetition_penalty=1.0,
+                       compile=False):
     """LLaDA: the answer starts fully masked and is denoised block by block (block_length), `steps` spread evenly
     over the blocks, each step committing the most confident predictions of the block ("low_confidence") or random
     ones ("random"); with `threshold` (Fast-dLLM) every prediction with confidence >= threshold plus the most
@@ -191,7 +231,9 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     cache: "none" (exact), "prefix" or "dual" (Fast-dLLM's approximate KV cache, refreshed once per block). A row is
     done once its first end token is committed with nothing before it masked (finish_block: once that block is).
     eos_rule: "free", "last" (an end token waits until no slot before it is masked: LLaDA) or "penalty" (eos_penalty
-    off the end tokens' logits: Dream). record: Generation.rounds. compile: every forward through torch.compile.
+    off the end tokens' logits: Dream). min_p, repetition_penalty: `sample` (the penalty over the prompt and the
+    tokens committed so far, for every slot). record: Generation.rounds. compile: every forward through
+    torch.compile.
     What each choice computes: docs/methods.md §5."""
     mask_id, shift = dlm_fields(model, mask_token_id, shift)
     if remasking not in ("low_confidence", "random"):
@@ -213,6 +255,7 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
     step = compiling.stepper(forward, model, compile)
     kv = None if cache == "none" else compiling.static_cache(model.new_cache(B, L), compile)
     rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device)  # returned with record=True
+    seen = repeats(x[:, :P], real[:, :P], model, repetition_penalty)  # (B, V) or None
     # LLaDA's schedule: a block's block_length tokens over its steps, evenly, the remainder first. (spb,)
     spb = block_length if threshold is not None else steps // n_blocks
     n_commit = block_length // spb + (torch.arange(spb, device=x.device) < block_length % spb).long()
@@ -229,7 +272,8 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
                 logits = step(model, x[:, a:z], slots[a:z], pos[:, a:z], real, "bidirectional", kv)[:, :e - s]
             nfe += 1
             row_nfe += masked.any(1)  # a row whose block is done (or which is done) waits uncharged
-            tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
+            tok, conf = sample(logits, temperature, top_k, top_p, generator, ban, min_p=min_p,
+                               repetition_penalty=repetition_penalty, seen=seen)
             if remasking == "random":
                 conf = torch.rand(conf.shape, generator=generator, device=x.device)
             if eos_rule == "last" and eos is not None:  # no end token where a slot before it is still masked
@@ -237,6 +281,8 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
             chosen = choose(conf, masked, n_commit[min(i, spb - 1)], threshold)  # (B, block_length)
             x[:, s:e] = torch.where(chosen, tok, x[:, s:e])
             rounds[:, s - P:e - P].masked_fill_(chosen, i)
+            if seen is not None:
+                seen.scatter_add_(1, tok, chosen.float())
             if eos is not None and not finish_block:
                 x[:, s:] = close_answered(x[:, s:], mask_id, eos)
             if not (x[:, s:e] == mask_id).any():  # block done (for every row): a host sync per forward
@@ -252,7 +298,7 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
 def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, temperature=0.0, top_k=None,
                    top_p=None, use_cache=True, record=False, eos_id=None, pad_id=None, generator=None,
                    mask_token_id=None, shift=None, vocab_limit=None, *, finish_block=False, eos_rule="free",
-                   eos_penalty=0.0, compile=False):
+                   eos_penalty=0.0, min_p=None, repetition_penalty=1.0, compile=False):
     """Block diffusion: blocks of block_size denoised in turn, each round committing every prediction with
     confidence >= threshold plus the most confident (`choose`), finished blocks entering the KV cache once
     (use_cache=False: the slow reference). record: Generation.rounds; the rest as in diffusion_generate."""
@@ -269,6 +315,7 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
     step = compiling.stepper(forward, model, compile)
     cache = compiling.static_cache(model.new_cache(B, L), compile) if use_cache else None
     rounds = torch.full((B, gen_length), -1, dtype=torch.long, device=x.device)  # returned with record=True
+    seen = repeats(x[:, :P], real[:, :P], model, repetition_penalty)  # (B, V) or None
     row_nfe, nfe, edge = torch.zeros(B, dtype=torch.long, device=x.device), 0, None  # edge: slot s-1's logits
     for b in range(gen_length // bs):
         s, e = P + b * bs, P + (b + 1) * bs  # the block's slots
@@ -288,12 +335,15 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
             else:  # slot s-1's logits (B, 1, V), kept (a copy: a compiled step may reuse its output's memory)
                 edge = logits[:, s - a - 1:s - a].clone()
                 logits = logits[:, s - a - shift:e - a - shift]  # (B, bs, V): the predictions for slots s..e-1
-            tok, conf = sample(logits, temperature, top_k, top_p, generator, ban)
+            tok, conf = sample(logits, temperature, top_k, top_p, generator, ban, min_p=min_p,
+                               repetition_penalty=repetition_penalty, seen=seen)
             if eos_rule == "last" and eos is not None:  # no end token where a slot before it is still masked
                 masked = masked & ~(torch.isin(tok, eos) & (masked.cumsum(1) > masked.long()))
             chosen = choose(conf, masked, threshold=threshold)  # (B, bs)
             x[:, s:e] = torch.where(chosen, tok, x[:, s:e])
             rounds[:, s - P:e - P].masked_fill_(chosen, r)
+            if seen is not None:
+                seen.scatter_add_(1, tok, chosen.float())
             if eos is not None and not finish_block:
                 x[:, s:] = close_answered(x[:, s:], mask_id, eos)
             if not (x[:, s:e] == mask_id).any():  # block done (for every row): a host sync per forward
@@ -308,16 +358,17 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
 SAMPLERS = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block diffusion"}
 
 
-def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, eos_id=None, generator=None,
-             vocab_limit=None, shift=None, block_length=None, steps=None, remasking="low_confidence", threshold=None,
-             block_size=None, use_cache=True, cache="none", finish_block=False, eos_rule="free", eos_penalty=0.0,
-             record=False, compile=False):
+def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, min_p=None,
+             repetition_penalty=1.0, eos_id=None, generator=None, vocab_limit=None, shift=None, block_length=None,
+             steps=None, remasking="low_confidence", threshold=None, block_size=None, use_cache=True, cache="none",
+             finish_block=False, eos_rule="free", eos_penalty=0.0, record=False, compile=False):
     """The checkpoint's own sampler, picked by model.config.attn: "causal" -> ar_generate (max_new_tokens at most),
     "bidirectional" -> diffusion_generate (block_length default min(32, N), steps default N: a token a step),
     "block" -> block_generate (threshold default 0.9). ValueError for an argument the sampler would ignore (a
     threshold for an AR model, ...), a threshold outside (0, 1], an unknown eos_rule or a negative eos_penalty.
     Every sampler takes `prompt`, a (B, T) LongTensor or a list of token lists (ragged: left-padded with pad_id,
-    default the first end id, else 0); temperature (0: greedy), top_k, top_p; eos_id (an id, or several: a row
+    default the first end id, else 0); temperature (0: greedy), top_k, top_p, min_p, repetition_penalty (`sample`;
+    transformers' meanings); eos_id (an id, or several: a row
     stops at the first of any, its later slots repeating it); generator (on the model's device; default freshly
     seeded); mask_token_id and shift (default the config's); vocab_limit (ids >= it never emitted: the tokenizer's
     size, so unused embedding rows never come out)."""
@@ -336,8 +387,9 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
                          "drop it")
     if threshold is not None and not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-    common = dict(temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, generator=generator,
-                  vocab_limit=vocab_limit, compile=compile)
+    common = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                  repetition_penalty=repetition_penalty, eos_id=eos_id, generator=generator, vocab_limit=vocab_limit,
+                  compile=compile)
     if kind == "causal":
         return ar_generate(model, prompt, N, use_cache=use_cache, **common)
     common.update(shift=shift, record=record, finish_block=finish_block, eos_rule=eos_rule, eos_penalty=eos_penalty)
@@ -349,6 +401,20 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
 
 
 # ---- the command line (its terminal side: chat.py) ------------------------------------------------------
+
+def model_defaults(generation):
+    """generation_config.json (a dict; None: the checkpoint has none) -> the sampling settings it sets, read as
+    transformers reads them: do_sample false (its default) is greedy whatever the temperature; do_sample true
+    samples at its temperature (default 1), top_k (default 50; 0 off), top_p (1 off) and min_p;
+    repetition_penalty applies either way."""
+    g = generation or {}
+    out = dict(repetition_penalty=float(g.get("repetition_penalty") or 1.0))
+    if g.get("do_sample") and g.get("temperature", 1.0):
+        top_p = g.get("top_p")
+        out.update(temperature=float(g.get("temperature", 1.0)), top_k=g.get("top_k", 50) or None,
+                   top_p=None if top_p in (None, 1, 1.0) else float(top_p), min_p=g.get("min_p"))
+    return out
+
 
 def main():
     from tokenizer import load_tokenizer
@@ -364,14 +430,18 @@ def main():
         tok = load_tokenizer(args.ckpt, model.config)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"sample: {e}")
-    kw = cli.sampler_kwargs(args) | dict(generator=torch.Generator(device).manual_seed(args.seed),
-                                         vocab_limit=tok.vocab_size)
+    kw = cli.sampler_kwargs(args, model_defaults(model.config.generation)) | dict(
+        generator=torch.Generator(device).manual_seed(args.seed), vocab_limit=tok.vocab_size)
+    try:
+        cli.check_sampling(**{k: kw[k] for k in cli.SAMPLING})
+    except ValueError as e:
+        raise SystemExit(f"sample: {e}")
     if args.chat and args.prompt is None:
         def answer(ids, ends):  # the reply up to its end token, and (block) the round of each token
             gen = generate(model, [ids], args.max_new_tokens, eos_id=ends, **kw, record=model.config.attn == "block")
             reply = until_end(gen.generated[0].tolist(), ends)
             return reply, None if gen.rounds is None else gen.rounds[0, :len(reply)].tolist()
-        return chat.session(model, tok, args.max_new_tokens, answer, args.block_size)
+        return chat.session(model, tok, args.max_new_tokens, answer, kw, args.block_size)
     rows = chat.prompt_rows(tok, args, model.config.attn)
     if args.data:
         import data

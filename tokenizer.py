@@ -146,8 +146,10 @@ class Tokenizer:
     @classmethod
     def from_pretrained(cls, path):
         """A directory with tokenizer.json (or exactly one *.tiktoken), or either file itself. From a directory,
-        its tokenizer_config.json and chat_template.jinja come along (checked to be JSON / text)."""
-        p = Path(path)
+        its tokenizer_config.json and chat_template.jinja come along (checked to be JSON / text). A Hugging Face
+        model id works too (checkpoint.resolve)."""
+        from checkpoint import resolve
+        p = resolve(path)
         if p.is_dir():
             if (p / "tokenizer.json").is_file():
                 tok = read_file(p / "tokenizer.json", p.name)
@@ -485,7 +487,9 @@ def train_bpe(texts, vocab_size, name="bpe"):
 def load_tokenizer(path, config):
     """The tokenizer saved with a checkpoint (or a dataset), checked against the model: its embedding rows, its mask
     token, and the tokenizer the model was trained with (config.tokenizer_sha256); a one-line exit otherwise."""
+    from checkpoint import resolve
     try:
+        path = resolve(path)
         tok = Tokenizer.from_pretrained(path)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"tokenizer: {e}")

@@ -158,7 +158,7 @@ class Run:
         grad_norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # --fsdp: a sharded DTensor
         mfu = runner.mfu(flops / dt, self.device, self.world_size) if flops else None
         return dict(step=self.step, loss=loss.item(), **stats, lr=self.lr, grad_norm=grad_norm.item(),
-                    tokens_per_s=tokens / dt, mfu=mfu)
+                    tokens_per_s=tokens / dt, mfu=mfu, step_seconds=dt)
 
     def timing(self):
         """The seconds this process trained: per step (mean and median: optimizer steps, not evaluations and
@@ -200,8 +200,7 @@ class Run:
                                            vars(self.args) if extra is None else extra, exact=exact,
                                            dtype=save_dtype(model.config, self.args.save_dtype),
                                            weights_only=self.args.weights_only, state_dict=full)
-                self.checkpoint = self.step
-        self.checkpoint = self.step
+        self.checkpoint = self.step  # on every rank: the NaN guard's message names it
         runner.barrier()  # no rank reads or resumes a checkpoint before it is whole
 
     def snapshot(self, model, tokenizer, state_dict=None):

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import cli
+from scripts.protocol import pval
+from scripts.stats import holm, paired_t, seeds_ahead
 
 
 def kept(student, teacher):
@@ -92,13 +94,13 @@ def conversion_curve(*args):
 
 def conversion_plot(*args):
     """The arms' curves as one PNG: accuracy on the held-out sums and capitals, and F1 with the teacher's replies to
-    the open prompts, at threshold 0.9, against minutes of training; the teacher as a line. args: PNG RUN [RUN...]
-    (matplotlib needed)."""
+    the open prompts, at threshold 0.9, against minutes of training; the teacher as a line. args: PNG TEACHER_EVAL
+    RUN [RUN...] (matplotlib needed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    png, runs = args[0], args[1:]
-    teacher = json.loads(Path("out/real/eval/ar.json").read_text())["runs"]["greedy"]
+    png, runs = args[0], args[2:]
+    teacher = json.loads(Path(args[1]).read_text())["runs"]["greedy"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for R in runs:
         pts = curve_points(R)
@@ -116,4 +118,62 @@ def conversion_plot(*args):
     print(f"wrote {png}")
 
 
-COMMANDS = (conversion, conversion_curve, conversion_plot)
+def last_rows(R, threshold="0.9"):
+    """A run's last snapshot on the held-out prompts at `threshold` -> its rows (one per prompt, in order)."""
+    return curve_points(R)[-1][2][threshold]["rows"]
+
+
+def conversion_verdicts(*args):
+    """Two arms at their longest budget, seed by seed: the training run is the unit. args: A_RUNS B_RUNS, each a
+    comma-separated list of run directories (scripts/repro_conversion.sh), the same seeds in the same order. Per
+    metric (accuracy on the held-out sums and capitals; F1 with the teacher on every prompt; both at threshold 0.9,
+    from each run's last snapshot): the primary test, named in advance, is the paired t-test over seeds of each
+    run's mean, Holm-adjusted across the row's metrics; beside it, the per-prompt paired t-test over each prompt's
+    mean across seeds (every seed answers the same held-out prompts, so this one pairs by prompt). B is ahead or
+    behind where the primary Holm p < 0.05, otherwise level."""
+    A, B = ([Path(r) for r in arg.split(",")] for arg in args[:2])
+    if len(A) != len(B) or len(A) < 2:
+        raise SystemExit("conversion_verdicts: give the same number (at least 2) of seeds for each arm")
+    metrics = {"accuracy (sums and capitals)": lambda r: None if r["right"] is None else float(r["right"]),
+               "F1 with the teacher": lambda r: r["f1"]}
+    tests = []
+    for name, value in metrics.items():
+        per = [[[value(r) for r in last_rows(R)] for R in arm] for arm in (A, B)]  # arm -> seed -> prompt
+        keep = [k for k, v in enumerate(per[0][0]) if v is not None]
+        per = [[[run[k] for k in keep] for run in arm] for arm in per]
+        seed_a, seed_b = ([sum(run) / len(run) for run in arm] for arm in per)
+        prompt_a, prompt_b = ([sum(run[k] for run in arm) / len(arm) for k in range(len(keep))] for arm in per)
+        tests.append([name, f"{sum(seed_a) / len(A):.3f}", f"{sum(seed_b) / len(B):.3f}",
+                      seeds_ahead([b - a for a, b in zip(seed_a, seed_b)]), paired_t(seed_a, seed_b),
+                      paired_t(prompt_a, prompt_b), len(keep)])
+    adjusted = holm([t[4] for t in tests])
+    print(f"{', '.join(map(str, B))} against {', '.join(map(str, A))}: {len(A)} seeds, the last snapshot of each, "
+          f"threshold 0.9. Primary: the paired t-test over seeds (Holm across the metrics); beside it the paired "
+          f"t-test over prompts (each prompt's mean over seeds; every seed answers the same prompts).\n")
+    rows = [[name, a, b, ahead, pval(p), pval(q), pval(pp), n,
+             "level" if q >= 0.05 else "ahead" if float(b) > float(a) else "behind"]
+            for (name, a, b, ahead, p, pp, n), q in zip(tests, adjusted)]
+    print(cli.table(["metric", "A", "B", "seeds B ahead", "p (seeds)", "p (seeds, Holm)", "p (prompts)", "prompts",
+                     "B against A"], rows))
+
+
+def conversion_sweep(*args):
+    """scripts/sweep_conversion.sh: the arm's runs at each rate -> a table of their validation −ELBO (align.py's
+    val_nelbo after the last step) and training minutes, the chosen rate (the lowest −ELBO; a tie goes to the lower
+    rate) and whether it is an edge of the sweep. args: RATE=RUN... (each run with its results.json)."""
+    rows = []
+    for arg in args:
+        rate, _, R = arg.partition("=")
+        res = json.loads((Path(R) / "results.json").read_text())
+        rows.append((float(rate), res["val_nelbo"], res["steps"], res["train_seconds_this_run"] / 60, Path(R).name))
+    rows.sort()
+    best = min(rows, key=lambda r: (r[1], r[0]))
+    print(cli.table(["rate", "steps", "minutes of training", "validation −ELBO", "run"],
+                    [[f"{lr:g}{' *' * (r is best)}", steps, f"{m:.1f}", f"{v:.4f}", name]
+                     for r in rows for lr, v, steps, m, name in [r]]))
+    edge = len(rows) > 1 and best in (rows[0], rows[-1])
+    print(f"\nchosen: {best[0]:g}" + (" (an edge of the sweep: extend it past this rate)" if edge else
+                                       " (inside the sweep)" if len(rows) > 2 else ""))
+
+
+COMMANDS = (conversion, conversion_curve, conversion_plot, conversion_verdicts, conversion_sweep)

@@ -8,7 +8,11 @@
 #   ARM=block0 bash scripts/repro_conversion.sh     # λ = 0 on the block conversion (blocks of 4, shifted)
 #   ARM=masked0 bash scripts/repro_conversion.sh    # λ = 0 on the bidirectional conversion
 #   ARM=align bash scripts/repro_conversion.sh      # REPR-ALIGN, λ = 10, on the bidirectional conversion
-# LR (default 1e-4), SEED (1337), STEPS and SNAPS (the arm's defaults below) set a run; out/conversion/ARM-LR-sSEED.
+#   ARM=opdlm bash scripts/repro_conversion.sh      # OPDLM on the block conversion, on-policy (opdlm_off: off-policy),
+#                                                   # rolled out on the training prompts (prompts.jsonl), N = 32
+# LR (default 1e-4), SEED (1337), STEPS and SNAPS (the arm's defaults below) set a run; out/conversion/ARM-LR-sSEED
+# (NAME: another name there). TRAIN_ONLY=1: the training alone, no snapshots, no held-out scores (a rate sweep:
+# scripts/sweep_conversion.sh, which scores each run by its validation −ELBO instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 source scripts/python_env.sh
@@ -18,21 +22,32 @@ D=data/real O=out/real
 ARM=${ARM:?set ARM=block0, masked0 or align} LR=${LR:-1e-4} SEED=${SEED:-1337}
 [ -e $O/dlm/config.json ] || "$PYTHON" convert.py --ar $O/ar --out_dir $O/dlm --attn bidirectional
 case $ARM in  # 60 minutes at the seconds a step measured on a 2-core VM (block 5.0, masked 2.1, REPR-ALIGN 2.8; the
-  # last two from bench.py --what pack), the snapshots at about 5, 10, 20 and 40 minutes
-  block0)  INIT=$O/block FLAGS=(--lambda_align 0) DEF_STEPS=720 DEF_SNAPS=60,120,240,480 ;;
-  masked0) INIT=$O/dlm FLAGS=(--lambda_align 0) DEF_STEPS=1700 DEF_SNAPS=140,285,570,1140 ;;
-  align)   INIT=$O/dlm FLAGS=(--lambda_align 10) DEF_STEPS=1280 DEF_SNAPS=105,215,430,860 ;;
-  *) echo "scripts/repro_conversion.sh: ARM=$ARM: choose block0, masked0 or align" >&2; exit 2 ;;
+  # last two from bench.py --what pack; OPDLM about 5), the snapshots at about 5, 10, 20 and 40 minutes
+  block0)  SCRIPT=align.py INIT=$O/block FLAGS=(--lambda_align 0) DEF_STEPS=720 DEF_SNAPS=60,120,240,480 ;;
+  masked0) SCRIPT=align.py INIT=$O/dlm FLAGS=(--lambda_align 0) DEF_STEPS=1700 DEF_SNAPS=140,285,570,1140 ;;
+  align)   SCRIPT=align.py INIT=$O/dlm FLAGS=(--lambda_align 10) DEF_STEPS=1280 DEF_SNAPS=105,215,430,860 ;;
+  opdlm|opdlm_off) SCRIPT=distill.py INIT=$O/block DEF_STEPS=720 DEF_SNAPS=60,120,240,480
+    FLAGS=(--teacher $O/ar --prompts $D/prompts.jsonl --policy $([ $ARM = opdlm ] && echo on || echo off)) ;;
+  *) echo "scripts/repro_conversion.sh: ARM=$ARM: choose block0, masked0, align, opdlm or opdlm_off" >&2; exit 2 ;;
 esac
 STEPS=${STEPS:-$DEF_STEPS} SNAPS=${SNAPS:-$DEF_SNAPS}
-R=out/conversion/$ARM-$LR-s$SEED
+R=out/conversion/${NAME:-$ARM-$LR-s$SEED}
+SNAPSHOTS=(--snapshots $SNAPS,$STEPS)
+[ "${TRAIN_ONLY:-0}" = 1 ] && SNAPSHOTS=()  # the last step's weights only (the run's own checkpoint)
 mkdir -p $R
 T0=$SECONDS
 source scripts/stage.sh
-stage "train $ARM" $R/results.json "$PYTHON" align.py --init $INIT --data $D/chat --assistant_only "${FLAGS[@]}" \
-  --seq_len 256 --batch_size 3 --max_iters $STEPS $(lr $LR) --warmup 20 --autocast bf16 --compile \
-  --eval_interval $STEPS --eval_batches 2 --samples 0 --weights_only --seed $SEED --snapshots $SNAPS,$STEPS \
-  --out_dir $R
+if [ $SCRIPT = distill.py ]; then  # rollouts of the answer's length on the training prompts (written by the data stage)
+  [ -e $D/prompts.jsonl ] || "$PYTHON" -m worlds.conversion --ckpt $O/ar --out_dir $D --chats 5000 \
+    --per_family 100 --max_new_tokens 32 --seed 1337  # run.sh real's: its cache answers, nothing is generated
+  FLAGS+=(--batch_size 8 --rollout_min 32 --rollout_max 32 --curriculum_steps 0)
+else  # packed rows of whole conversations
+  FLAGS+=(--assistant_only --batch_size 3 --compile --samples 0)
+fi
+stage "train $ARM" $R/results.json "$PYTHON" $SCRIPT --init $INIT --data $D/chat "${FLAGS[@]}" --seq_len 256 \
+  --max_iters $STEPS $(lr $LR) --warmup 20 --autocast bf16 --eval_interval $STEPS --eval_batches 2 --weights_only \
+  --seed $SEED "${SNAPSHOTS[@]}" --out_dir $R
+[ "${TRAIN_ONLY:-0}" = 1 ] && { echo "scripts/repro_conversion.sh: trained $R"; exit 0; }
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens 32 --teacher $O/eval/ar.json)
 for s in ${SNAPS//,/ } $STEPS; do
   thr=$([ "$s" = "$STEPS" ] && echo 0.5,0.7,0.9,0.95,1 || echo 0.9)

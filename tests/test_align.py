@@ -393,6 +393,9 @@ def test_nan_stops_cleanly_and_refusals(world, tmp_path):
     for ckpt in ("ar", "block"):  # a causal or block checkpoint is not a REPR-ALIGN student
         r = run(*common(world, tmp_path / ckpt), "--init", world / ckpt)
         assert r.returncode == 1 and "not a bidirectional DLM" in r.stderr and "convert.py" in r.stderr
+    r = run(*common(world, tmp_path / "ar0"), "--init", world / "ar", "--lambda_align", "0")  # run.sh real's SFT
+    assert r.returncode == 1 and "is not a DLM" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "ar0" / "config.json").exists()  # nothing written as a student
     r = run(*common(world, tmp_path / "f"), "--freeze", "head")
     assert r.returncode == 2 and "unknown groups" in r.stderr
 

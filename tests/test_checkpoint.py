@@ -119,3 +119,37 @@ def test_shape_mismatch_and_other_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, tie_word_embeddings=False)))
     with pytest.raises(ValueError, match="no lm_head.weight"):
         Qwen3.from_pretrained(tmp_path)
+
+
+def test_a_model_id_resolves_from_a_local_hub_cache_offline(tmp_path):
+    """A Hugging Face model id (org/name, @revision) in place of a directory: sample.py and convert.py read it from
+    huggingface_hub's cache, built here in the cache's own layout, with HF_HUB_OFFLINE=1 (nothing downloaded). An id
+    in no cache gets one line naming it and what was tried; a missing local path keeps its own message."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from tokenizer import Tokenizer
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snap = tmp_path / "hub" / "models--org--tiny" / "snapshots" / commit
+    from model import preset
+    Qwen3(preset("micro")).init_weights(0).save_pretrained(snap)  # room for the byte-level tokenizer's 259 ids
+    Tokenizer.byte_level().save_pretrained(snap)
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text(commit)
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+
+    def run(*args):
+        return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=300)
+    for ckpt in ("org/tiny", f"org/tiny@{commit}"):
+        r = run("sample.py", "--ckpt", ckpt, "--prompt", "ab", "--max_new_tokens", 4, "--device", "cpu")
+        assert r.returncode == 0 and "--- sample 0" in r.stdout, r.stderr
+    r = run("convert.py", "--ar", "org/tiny", "--out_dir", tmp_path / "dlm", "--attn", "bidirectional")
+    assert r.returncode == 0 and Qwen3Config.load(tmp_path / "dlm").converted_from == str(snap), r.stderr
+    r = run("sample.py", "--ckpt", "org/missing", "--device", "cpu")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "'org/missing'" in r.stderr and "HF_HUB_OFFLINE" in r.stderr and str(tmp_path / "hub") in r.stderr
+    r = run("sample.py", "--ckpt", "tests/no-such-dir", "--device", "cpu")  # tests/ exists: a path, not an id
+    assert r.returncode == 1 and "tests/no-such-dir" in r.stderr and "model id" not in r.stderr, r.stderr

@@ -90,3 +90,20 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
         assert r.returncode == 2 and says in r.stderr and not (tmp_path / "o").exists()
     r = run_script("worlds/conversion.py", "--ckpt", tmp_path / "none", "--out_dir", tmp_path / "o")
     assert r.returncode == 1 and "conversion: --ckpt" in r.stderr and not (tmp_path / "o").exists()
+
+
+def test_chat_prompts_feed_distill_in_the_chat_template(tmp_path):
+    """data.prompt_pool (distill.py --prompts): a record with "chat": true is one user turn in the tokenizer's chat
+    template (how prompts.jsonl's training prompts reach OPDLM); a plain record is its text."""
+    import data
+    from tokenizer import Tokenizer
+    Tokenizer.byte_level().save_pretrained(tmp_path / "tok")
+    cfg = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(cfg | {"chat_template": template}))
+    tok = Tokenizer.from_pretrained(tmp_path / "tok")
+    (tmp_path / "p.jsonl").write_text(json.dumps(dict(prompt="What is 2 + 3?", chat=True)) + "\n" +
+                                      json.dumps(dict(prompt="def f")) + "\n")
+    pool = data.prompt_pool(tok, 8, prompts=tmp_path / "p.jsonl", seq_len=64, n=10)
+    assert pool == [(tok.encode("[user] What is 2 + 3?\n[assistant]"), []), (tok.encode("def f"), [])]
+    assert data.prompt_pool(tok, 8, prompts=tmp_path / "p.jsonl", seq_len=5, n=10)[0][0] == tok.encode("tant]")

@@ -97,6 +97,25 @@ def test_greedy_chat_answers_equal_transformers_generate(smollm2, hf_model):
     assert answers[0].startswith("The capital of France is Paris")  # a real model: it knows things
 
 
+def test_greedy_with_a_repetition_penalty_equals_transformers_generate(smollm2, hf_model):
+    """The chat's loop breaker: greedy with repetition_penalty 1.2 (and 0.8, which favours repeats) against
+    transformers' generate, token for token over 48 tokens of a request that loops at plain greedy."""
+    import sample
+    ours = Qwen3.from_pretrained(smollm2 / "ar").eval()
+    tok = Tokenizer.from_pretrained(smollm2 / "ar")
+    p = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about autumn."}])
+    def ours_upto_eos(**kw):
+        g = sample.generate(ours, [p], 48, eos_id=2, vocab_limit=tok.vocab_size, **kw)
+        return g.generated[0, :g.row_tokens[0]].tolist()
+    for penalty in (1.2, 0.8):
+        with torch.no_grad():
+            ref = hf_model.generate(torch.tensor([p]), max_new_tokens=48, do_sample=False, repetition_penalty=penalty,
+                                    eos_token_id=2, pad_token_id=2)[0, len(p):].tolist()
+        got = ours_upto_eos(repetition_penalty=penalty)
+        assert got == ref, (tok.decode(got), tok.decode(ref))
+        assert ref != ours_upto_eos()
+
+
 @pytest.mark.parametrize("kind", ["dlm", "block"])
 def test_conversions_train_two_steps_and_load_again(smollm2, tmp_path, kind):
     """The bidirectional conversion through align.py (REPR-ALIGN, the AR teacher given the appended mask rows), the

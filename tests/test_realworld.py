@@ -239,7 +239,8 @@ def test_run_sh_real_converts_at_a_toy_size(chat_world, tmp_path):
 
 
 @pytest.mark.parametrize("arm,init", [("block0", "out/real/block"), ("masked0", "out/real/dlm"),
-                                      ("align", "out/real/dlm")])
+                                      ("align", "out/real/dlm"), ("opdlm", "out/real/block"),
+                                      ("opdlm_off", "out/real/block")])
 def test_repro_conversion_names_every_stage(arm, init, tmp_path):
     """scripts/repro_conversion.sh, dry: a stand-in Python that only logs its arguments; the arm trains from its
     conversion with its snapshots, every snapshot is scored (the last at every threshold), then the curve."""
@@ -259,8 +260,16 @@ def test_repro_conversion_names_every_stage(arm, init, tmp_path):
                        env=env, cwd=tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     calls = (tmp_path / "calls.log").read_text().splitlines()
-    train = next(c for c in calls if c.startswith("align.py"))
-    assert f"--init {init}" in train and "--snapshots 10,20,40" in train and "--assistant_only" in train
+    train = next(c for c in calls if c.startswith(("align.py", "distill.py")))
+    assert f"--init {init}" in train and "--snapshots 10,20,40" in train
+    if arm.startswith("opdlm"):  # rolled out on the training prompts, which the data stage writes when missing
+        assert train.startswith("distill.py") and "--prompts data/real/prompts.jsonl" in train
+        assert f"--policy {'on' if arm == 'opdlm' else 'off'}" in train and "--rollout_max 32" in train
+        data = [k for k, c in enumerate(calls) if c.startswith("-m worlds.conversion --ckpt out/real/ar --out_dir "
+                                                              "data/real --chats 5000")]
+        assert len(data) == 1 and data[0] < calls.index(train)
+    else:
+        assert train.startswith("align.py") and "--assistant_only" in train and "--compile" in train
     R = f"out/conversion/{arm}-1e-4-s1337"
     evals = [c for c in calls if c.startswith("realworld.py")]
     assert [e.split()[2] for e in evals] == [f"{R}/step-{s}" for s in (10, 20, 40)]
@@ -268,4 +277,31 @@ def test_repro_conversion_names_every_stage(arm, init, tmp_path):
     assert calls[-1] == f"scripts/report.py conversion_curve {R}"
     r = subprocess.run(["bash", str(tmp_path / "scripts" / "repro_conversion.sh")], capture_output=True, text=True,
                        env=dict(env, ARM="nope"), cwd=tmp_path)
-    assert r.returncode == 2 and "choose block0, masked0 or align" in r.stderr
+    assert r.returncode == 2 and "choose block0, masked0, align, opdlm or opdlm_off" in r.stderr
+
+
+def test_sweep_conversion_trains_each_rate_and_scores_it_on_validation(tmp_path):
+    """scripts/sweep_conversion.sh, dry (the stand-in Python): the arm trained once per rate at STEPS, without
+    snapshots or held-out scores, then conversion_sweep on the runs."""
+    import os
+    import subprocess
+
+    from conftest import ROOT
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+    for f in ("out/real/eval/ar.json", "out/real/block/config.json", "out/real/dlm/config.json"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("{}")
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls.log\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), ARM="block0", RATES="3e-5 1e-4", STEPS="12")
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "sweep_conversion.sh")], capture_output=True, text=True,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    train = [c for c in calls if c.startswith("align.py")]
+    assert len(train) == 2 and not any(c.startswith("realworld.py") for c in calls)
+    assert all("--max_iters 12" in c and "--snapshots" not in c for c in train)
+    assert "--lr 3e-5" in train[0] and "--lr 1e-4" in train[1]
+    runs = [f"out/conversion/sweep/block0-{lr}-12-s1337" for lr in ("3e-5", "1e-4")]
+    assert calls[-1] == f"scripts/report.py conversion_sweep 3e-5={runs[0]} 1e-4={runs[1]}"

@@ -628,6 +628,9 @@ def test_conversion_curve_and_table(tmp_path, capsys):
     assert "| 10 | 5.0 | 0.20 | 0.20 | 0.20 | 40% | 0.50 | 0.50 | 2.500 | 1.80 |" in out
     assert "| 40 | 20.0 | 0.45 | 0.45 | 0.45 | 90% |" in out
     assert "| 1 | 0.47 | 95% | 0.60 | 1.00 |" in out  # the last snapshot at threshold 1
+    pytest.importorskip("matplotlib")
+    conversion.conversion_plot(str(tmp_path / "curve.png"), str(tmp_path / "ar.json"), str(R), str(R))
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     O = tmp_path / "real"
     write(O / "eval" / "ar.json", dict(prompts=3, runs=dict(greedy=conversion_run(0.4, 0.6, 1.0, 1.0))))
     write(O / "eval" / "student.json", dict(prompts=3, nelbo_bits=2.25, runs={"0.9": conversion_run(0.4, 0.5, 1.6,
@@ -638,3 +641,51 @@ def test_conversion_curve_and_table(tmp_path, capsys):
     assert "400 steps, 25.0 min of training" in out and "1 capital, 1 sum, 1 open" in out
     assert "| student, threshold 0.9 | 0.50 | 0.40 | 0.45 | 90% | 0.70 | 0.70 | 1.60 | 2.250 |" in out
     assert "| 'open prompt' | 'open reply' | 'open reply' | 1.60 |" in out
+
+
+def test_conversion_verdicts_take_the_training_run_as_the_unit(tmp_path, capsys):
+    """Two arms x 3 seeds: the primary test is the paired t over the seeds' means (Holm across the two metrics),
+    the per-prompt paired t beside it; an arm ahead in every seed by a steady margin is "ahead", one whose seeds
+    disagree is "level" even where the prompts, pooled, would call it."""
+    import random
+    rng = random.Random(0)
+
+    def arm(name, seed, p_right, f1):
+        R = tmp_path / f"{name}-s{seed}"
+        write(R / "step-100" / "snapshot.json", dict(step=100, train_seconds=600))
+        rows = [dict(family=f, right=None if f == "open" else rng.random() < p_right, f1=f1 + rng.random() * 0.01)
+                for f in ["sum", "capital", "open"] * 40]
+        write(R / "eval" / "step-100.json", dict(runs={"0.9": dict(rows=rows)}, nelbo_bits=3.0))
+        return str(R)
+    a = [arm("a", s, 0.3, 0.5) for s in range(3)]
+    b = [arm("b", s, p, 0.6) for s, p in zip(range(3), (0.2, 0.6, 0.45))]  # accuracy: seeds disagree in size
+    conversion.conversion_verdicts(",".join(a), ",".join(b))
+    out = capsys.readouterr().out
+    seeds = [sum(r["right"] for r in json.loads((Path(R) / "eval/step-100.json").read_text())["runs"]["0.9"]["rows"]
+                 if r["right"] is not None) / 80 for R in a + b]
+    p_acc = stats.paired_t(seeds[:3], seeds[3:])
+    f1_row = next(line for line in out.splitlines() if line.startswith("| F1 with the teacher"))
+    acc_row = next(line for line in out.splitlines() if line.startswith("| accuracy"))
+    assert "| 3 ahead, 0 tied of 3 |" in f1_row and f1_row.endswith("| 120 | ahead |")
+    assert f"| {protocol.pval(p_acc)} |" in acc_row and acc_row.endswith("| 80 | level |") and p_acc > 0.05
+    with pytest.raises(SystemExit):
+        conversion.conversion_verdicts(a[0], b[0])  # one seed: no test
+
+
+def test_conversion_sweep_names_the_chosen_rate_and_its_edge(tmp_path, capsys):
+    """scripts/conversion.py conversion_sweep: the lowest validation −ELBO chooses the rate, a tie the lower rate;
+    a choice at either end of the rates is called an edge."""
+    def runs(nelbos):
+        out = []
+        for rate, v in nelbos.items():
+            write(tmp_path / rate / "results.json", dict(val_nelbo=v, steps=125, train_seconds_this_run=600))
+            out.append(f"{rate}={tmp_path / rate}")
+        return out
+    conversion.conversion_sweep(*runs({"3e-4": 3.9, "1e-4": 3.7, "3e-5": 3.8}))
+    out = capsys.readouterr().out
+    assert "| 0.0001 * | 125 | 10.0 | 3.7000 |" in out and "chosen: 0.0001 (inside the sweep)" in out
+    assert out.index("| 3e-05 |") < out.index("| 0.0001 *") < out.index("| 0.0003 |")  # in rate order
+    conversion.conversion_sweep(*runs({"3e-4": 3.5, "1e-4": 3.7, "3e-5": 3.8}))
+    assert "chosen: 0.0003 (an edge of the sweep: extend it past this rate)" in capsys.readouterr().out
+    conversion.conversion_sweep(*runs({"3e-4": 3.7, "1e-4": 3.7, "3e-5": 3.8}))
+    assert "chosen: 0.0001 (inside" in capsys.readouterr().out  # a tie: the lower rate

@@ -108,6 +108,108 @@ def test_choose_matches_fast_dllm():
     assert torch.equal(S.choose(conf, masked, n=torch.tensor(2)), want)  # fixed count: the 2 most confident masked
 
 
+# ---- the sampling controls: transformers' meanings ---------------------------------------------------
+
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [(1.0, None, None, 0.1), (0.7, 10, None, None),
+                                                           (1.3, None, 0.8, None), (0.5, 20, 0.9, 0.05),
+                                                           (1.0, 5, 0.5, 0.3), (2.0, None, None, 1.0)])
+def test_filters_equal_transformers_logits_warpers(temperature, top_k, top_p, min_p):
+    """Temperature, top-k, top-p and min-p on fixed logits: the same ids kept, with the same logits, as
+    transformers' warpers applied in the order its generate applies them."""
+    from transformers.generation import logits_process as lp
+    logits = torch.randn(4, 3, 50, generator=torch.Generator().manual_seed(0)) * 3
+    warpers = [lp.TemperatureLogitsWarper(temperature)]
+    warpers += [lp.TopKLogitsWarper(top_k)] if top_k else []
+    warpers += [lp.TopPLogitsWarper(top_p)] if top_p else []
+    warpers += [lp.MinPLogitsWarper(min_p)] if min_p else []
+    want = logits.view(12, 50).clone()
+    for w in warpers:
+        want = w(None, want)
+    got = S.filtered(logits, temperature, top_k, top_p, min_p).view(12, 50)
+    assert torch.equal(got.isfinite(), want.isfinite()) and (got.isfinite().sum(-1) < 50).any()
+    torch.testing.assert_close(got[got.isfinite()], want[want.isfinite()])
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.7])
+def test_repetition_penalty_equals_transformers_processor(penalty):
+    """penalize over seen_ids (a row's ids, repeats counted once) = transformers' RepetitionPenaltyLogitsProcessor,
+    which divides a seen id's positive logit by the penalty and multiplies a negative one."""
+    from transformers.generation import logits_process as lp
+    g = torch.Generator().manual_seed(0)
+    ids, logits = torch.randint(0, 50, (3, 12), generator=g), torch.randn(3, 50, generator=g) * 3
+    want = lp.RepetitionPenaltyLogitsProcessor(penalty)(ids, logits.clone())
+    got = S.penalize(logits, S.seen_ids(ids, torch.ones_like(ids, dtype=torch.bool), 50), penalty)
+    assert torch.equal(got, want) and not torch.equal(got, logits)
+
+
+@pytest.mark.parametrize("penalty", [1.5, 0.8])
+def test_ar_greedy_repetition_penalty_equals_transformers_generate(pair, penalty):
+    """Greedy with a repetition penalty, token for token against transformers' generate on a tiny Qwen3 (the
+    penalty over the prompt and the text so far); it changes what greedy writes."""
+    from conftest import ids
+    ref, ours, _ = pair
+    ref.generation_config.eos_token_id = None  # run the whole length, as ours without eos_id
+    x = ids(B=1, T=9)
+    with torch.no_grad():
+        want = ref.generate(x, max_new_tokens=24, do_sample=False, repetition_penalty=penalty, pad_token_id=0)
+    got = S.generate(ours, x, 24, repetition_penalty=penalty)
+    assert got.generated.tolist() == want[:, 9:].tolist()
+    assert not torch.equal(got.generated, S.generate(ours, x, 24).generated)
+
+
+def slow_penalty(logits, rows, penalty):
+    """By hand: for each row, each id it holds and each slot, the id's logit divided by the penalty if positive,
+    multiplied if negative."""
+    out = logits.clone()
+    for b, held in enumerate(rows):
+        for v in set(held):
+            for j in range(out.shape[1]):
+                out[b, j, v] = out[b, j, v] * penalty if out[b, j, v] < 0 else out[b, j, v] / penalty
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bidirectional", "block"])
+def test_dlm_repetition_penalty_equals_a_slow_per_slot_loop(kind, monkeypatch):
+    """At every forward of a DLM sampler, the logits it samples from equal slow_penalty's over the row's real
+    prompt tokens and the tokens committed so far (read from the canvas the forward was fed: no cache, so the
+    whole canvas); and the penalty changes the answers."""
+    m = make(kind, shift=True, block_size=4 if kind == "block" else None)
+    run = {"bidirectional": lambda **kw: diffusion_generate(m, PROMPTS, 12, 4, steps=12, threshold=0.5, **kw),
+           "block": lambda **kw: block_generate(m, PROMPTS, 12, threshold=0.5, use_cache=False, **kw)}[kind]
+    fed, calls, penalize = [], [], S.penalize
+    m.register_forward_pre_hook(lambda mod, args: fed.append(args[0].clone()))
+    monkeypatch.setattr(S, "penalize", lambda logits, seen, p: calls.append((logits, penalize(logits, seen, p)))
+                        or calls[-1][1])
+    gen = run(repetition_penalty=3.0)
+    P = gen.start
+    assert len(calls) == len(fed) == gen.nfe > 3
+    for x, (logits, used) in zip(fed, calls):
+        rows = [prompt + [t for t in x[b, P:].tolist() if t != MASK] for b, prompt in enumerate(PROMPTS)]
+        torch.testing.assert_close(used, slow_penalty(logits, rows, 3.0), rtol=0, atol=0)
+    assert not torch.equal(gen.generated, run().generated)
+
+
+def test_sampling_settings_from_generation_config_and_flags():
+    """generation_config.json read as transformers reads it (do_sample false: greedy whatever its temperature;
+    true: top_k 50 unless given), then each given flag overrides it; top_k 0 is off."""
+    import argparse
+
+    import cli
+    p = argparse.ArgumentParser()
+    cli.sampler_args(p, 8)
+    args = p.parse_args
+    sampling = dict(do_sample=True, temperature=0.6, top_p=0.9, repetition_penalty=1.2)
+    assert S.model_defaults(None) == dict(repetition_penalty=1.0)
+    assert S.model_defaults(dict(temperature=0.6, repetition_penalty=1.1)) == dict(repetition_penalty=1.1)
+    want = dict(temperature=0.6, top_k=50, top_p=0.9, min_p=None, repetition_penalty=1.2)
+    assert cli.sampling(args([]), S.model_defaults(sampling)) == want
+    assert cli.sampling(args(["--temperature", "0", "--top_k", "0"]), S.model_defaults(sampling)) == \
+        want | dict(temperature=0.0, top_k=None)
+    assert cli.sampling(args(["--repetition_penalty", "1", "--min_p", "0.1"]), S.model_defaults(sampling)) == \
+        want | dict(repetition_penalty=1.0, min_p=0.1)
+    assert cli.sampling(args([])) == dict(temperature=0.0, top_k=None, top_p=None, min_p=None, repetition_penalty=1.0)
+
+
 # ---- AR ---------------------------------------------------------------------------------------
 
 def slow_ar(m, ids, n):
@@ -393,7 +495,7 @@ def test_cli_errors(ckpts, tmp_path):
     r = run_script("sample.py", "--ckpt", ckpts / "block", "--max_new_tokens", 6, "--device", "cpu")
     assert r.returncode == 1 and "multiple of the block size 4" in r.stderr
     for attn, flags, msg in [("causal", ["--threshold", 0.9], "threshold: not used by the AR sampler"),
-                             ("causal", ["--temperature", -1], "temperature must be >= 0"),
+                             ("causal", ["--temperature", -1], "temperature -1.0: need temperature >= 0"),
                              ("block", ["--threshold", 0], "threshold must be in (0, 1]"),
                              ("bidirectional", ["--threshold", 1.1], "threshold must be in (0, 1]"),
                              ("causal", ["--prompt", "x" * 4090, "--max_new_tokens", 8], "exceeds the model's 4096"),
@@ -444,9 +546,10 @@ def chat_ckpt(ckpts, tmp_path, attn):
     return d
 
 
-def expected_reply(d, messages, n=8):
-    """The answer to a conversation, computed here: the template by hand, generate, the text up to <|im_end|>
-    (which the byte-level tokenizer's config does not declare an end id: the chat adds it) -> (ids, printed)."""
+def expected_reply(d, messages, n=8, **kw):
+    """The answer to a conversation, computed here: the template by hand, generate (kw: sampling settings), the
+    text up to <|im_end|> (which the byte-level tokenizer's config does not declare an end id: the chat adds it)
+    -> (ids, printed)."""
     import chat
     import sample
     tok, model = Tokenizer.from_pretrained(d), Qwen3.from_pretrained(d).eval()
@@ -454,17 +557,17 @@ def expected_reply(d, messages, n=8):
     ends = tok.end_ids(model.config) + [tok.special_tokens["<|im_end|>"]]
     gen = sample.generate(model, [tok.encode(text, allowed_special="all")], n, eos_id=ends,
                           generator=torch.Generator().manual_seed(1337), vocab_limit=tok.vocab_size,
-                          record=model.config.attn == "block")
+                          record=model.config.attn == "block", **kw)
     ids = sample.until_end(gen.generated[0].tolist(), ends)
     if model.config.attn == "block":
         return ids, chat.show_rounds(chat.token_pieces(tok, ids), gen.rounds[0, :len(ids)].tolist())
     return ids, tok.decode(ids)
 
 
-def run_chat(monkeypatch, capsys, d, lines):
+def run_chat(monkeypatch, capsys, d, lines, *flags):
     import sample
     monkeypatch.setattr(sys, "argv", ["sample.py", "--ckpt", str(d), "--chat", "--max_new_tokens", "8",
-                                      "--device", "cpu"])
+                                      "--device", "cpu", *flags])
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(x + "\n" for x in lines)))
     sample.main()
     return capsys.readouterr().out
@@ -480,9 +583,11 @@ def test_chat_is_multi_turn(ckpts, tmp_path, monkeypatch, capsys, attn):
     history = [dict(role="user", content="hi"), dict(role="assistant", content=Tokenizer.from_pretrained(d).decode(a1))]
     _, shown2 = expected_reply(d, history + [dict(role="user", content="more")])
     _, shown3 = expected_reply(d, [dict(role="user", content="more")])
-    assert out.startswith("chat: Ctrl-C ends a turn")
-    turns = out.split("you> ")[1:]
-    assert [t.removesuffix("\n") for t in turns] == [shown1, shown2, "(conversation forgotten)", shown3, ""]
+    head, *turns = out.split("you> ")
+    assert head == "chat: greedy. /set NAME VALUE changes a setting, Ctrl-C ends a turn, /reset forgets the " \
+                   "conversation, Ctrl-D or /quit ends the session\n"
+    assert turns == [f"hi\n{shown1}\n", f"more\n{shown2}\n", "/reset\n(conversation forgotten)\n",
+                     f"more\n{shown3}\n\n"]  # each piped line echoed, then its answer; the end of input
     assert shown1 != shown2 and len(set(a1)) > 2  # the history changed the answer; an answer of several tokens
 
 
@@ -500,7 +605,100 @@ def test_chat_ctrl_c_ends_the_turn_not_the_session(ckpts, tmp_path, monkeypatch,
     out = run_chat(monkeypatch, capsys, d, ["first", "second"])
     assert len(calls) == 2 and "(turn ended)" in out
     _, shown = expected_reply(d, [dict(role="user", content="second")])
-    assert out.split("you> ")[2].removesuffix("\n") == shown
+    assert out.split("you> ")[2] == f"second\n{shown}\n\n"
+
+
+def test_chat_set_changes_a_setting_and_refuses_bad_ones(ckpts, tmp_path, monkeypatch, capsys):
+    """/set NAME VALUE changes one sampling setting for the next answers (here: sampling at temperature 2, top_k
+    off, the same draws as generate's with those settings); an unknown name, a value that is not a number, a
+    penalty <= 0 or a min_p outside [0, 1] gets one line and changes nothing."""
+    d = chat_ckpt(ckpts, tmp_path, "causal")
+    bad = ["/set bogus 1", "/set top_k x", "/set repetition_penalty 0", "/set min_p 1.5", "/set temperature"]
+    out = run_chat(monkeypatch, capsys, d, bad + ["/set temperature 2", "/set top_k none", "hi"], "--top_k", "5")
+    turns = out.split("you> ")[1:]
+    assert [t.count("\n") for t in turns[:5]] == [2] * 5 and all("(/set: " in t for t in turns[:5])
+    assert "bogus" in turns[0] and "'x' is not an integer" in turns[1] and "repetition_penalty 0.0" in turns[2]
+    assert "min_p 1.5" in turns[3] and "usage: /set NAME VALUE" in turns[4]
+    assert turns[5] == "/set temperature 2\n(temperature 2, top_k 5)\n"
+    assert turns[6] == "/set top_k none\n(temperature 2)\n"
+    _, shown = expected_reply(d, [dict(role="user", content="hi")], temperature=2.0)
+    assert turns[7] == f"hi\n{shown}\n\n" and shown != expected_reply(d, [dict(role="user", content="hi")])[1]
+
+
+def test_chat_reads_every_piped_line(ckpts, tmp_path):
+    """Input piped from another program: every line is a turn or a command, answered in order, the last one
+    without its newline too (a real pipe, as `printf ... | python sample.py --chat`)."""
+    import subprocess
+    d = chat_ckpt(ckpts, tmp_path, "causal")
+    lines = ["What is 7 plus 5?", "/reset", "/set repetition_penalty 1.3", "What is the capital of Japan?", "/reset",
+             "one more"]
+    r = subprocess.run([sys.executable, str(ROOT / "sample.py"), "--ckpt", str(d), "--chat", "--max_new_tokens", "8",
+                        "--device", "cpu"], input="\n".join(lines), capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    turns = r.stdout.split("you> ")[1:]
+    assert [t.split("\n")[0] for t in turns] == lines
+    assert turns[1] == turns[4] == "/reset\n(conversation forgotten)\n"
+    assert turns[2] == "/set repetition_penalty 1.3\n(greedy, repetition_penalty 1.3)\n"
+    _, shown = expected_reply(d, [dict(role="user", content=lines[3])], repetition_penalty=1.3)
+    assert turns[3] == f"{lines[3]}\n{shown}\n"
+    _, shown = expected_reply(d, [dict(role="user", content=lines[5])], repetition_penalty=1.3)
+    assert turns[5] == f"{lines[5]}\n{shown}\n\n"
+
+
+def test_chat_defaults_come_from_generation_config(ckpts, tmp_path, monkeypatch, capsys):
+    """The checkpoint's generation_config.json sets the chat's sampling, said in its first line; flags override
+    it; a penalty <= 0 or a min_p outside [0, 1] is refused in one line."""
+    d = chat_ckpt(ckpts, tmp_path, "causal")
+    (d / "generation_config.json").write_text(json.dumps(dict(do_sample=True, temperature=0.6, top_p=0.9,
+                                                              repetition_penalty=1.2)))
+    first = run_chat(monkeypatch, capsys, d, []).splitlines()[0]
+    assert first.startswith("chat: temperature 0.6, top_k 50, top_p 0.9, repetition_penalty 1.2. /set")
+    first = run_chat(monkeypatch, capsys, d, [], "--temperature", "0", "--repetition_penalty", "1.1").splitlines()[0]
+    assert first.startswith("chat: greedy, repetition_penalty 1.1. /set")
+    for flags, what in ((["--repetition_penalty", "0"], "repetition_penalty 0.0"), (["--min_p", "-0.1"], "min_p -0.1"),
+                        (["--min_p", "2"], "min_p 2.0")):
+        r = run_script("sample.py", "--ckpt", d, "--chat", "--device", "cpu", *flags)
+        assert r.returncode == 1 and what in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_stream_view_prints_the_answer_as_it_is_fed(capsys):
+    """An AR answer is printed token by token as each is fed back, up to the first end token; a character whose
+    bytes span two tokens is printed when it is complete."""
+    import chat
+    tok, P = Tokenizer.byte_level(), 3
+    hook, printed = chat.stream_view(tok, P, [256])
+    snow = list("☃".encode())  # three byte tokens, one character
+    feeds = [([1, 2, 3], range(3)), ([ord("a")], [3]), ([snow[0]], [4]), ([snow[1]], [5]), ([snow[2]], [6]),
+             ([256], [7]), ([ord("z")], [8])]
+    seen = []
+    for x, slots in feeds:
+        hook(None, (torch.tensor([x]),), dict(slots=torch.tensor(list(slots))))
+        seen.append(capsys.readouterr().out)
+    assert seen == ["", "a", "", "", "☃", "", ""] and printed[0] == "a☃"
+
+
+def test_loop_rule_and_the_loop_table(ckpts, tmp_path, monkeypatch):
+    """scripts/loops.py: a reply loops when a 3-word sequence occurs three times or more; its table counts the
+    replies of every prompt under each setting, written with every reply."""
+    from scripts import loops
+    assert loops.loops("a leaf's fate is determined, a leaf's fate is determined, a leaf's fate is determined")
+    assert loops.loops("la la la la la") and not loops.loops("one two three one two three four")
+    assert not loops.loops("Je suis bonjour, je suis bonjour")  # twice is not a loop
+    d = chat_ckpt(ckpts, tmp_path, "causal")
+    held = [dict(family="sum", prompt="What is 2 + 3?", answer="5"), dict(family="open", prompt="Why?"),
+            dict(family="capital", prompt="The capital of France?", answer="Paris")]
+    (tmp_path / "held.jsonl").write_text("".join(json.dumps(it) + "\n" for it in held))
+    monkeypatch.setattr(sys, "argv", ["loops.py", "--ckpt", str(d), "--settings", "greedy",
+                                      "greedy, repetition_penalty 1.2", "--max_new_tokens", "12",
+                                      "--heldout", str(tmp_path / "held.jsonl"), "--out", str(tmp_path / "loops.json")])
+    loops.main()
+    res = json.loads((tmp_path / "loops.json").read_text())
+    assert len(res["runs"]) == 2 and res["tokens_per_second"][str(d)]["value"] > 0
+    for run in res["runs"].values():
+        assert len(run["replies"]) == 1 and len(run["replies"][0]) == len(loops.OPEN_PROMPTS) == 30
+        assert run["loop_share"] == sum(map(loops.loops, run["replies"][0])) / 30
+        assert run["heldout_accuracy"] in (0, 0.5, 1)  # of the sum and the capital (the open prompt is left out)
 
 
 def test_chat_through_a_pseudo_terminal(ckpts, tmp_path):

@@ -201,7 +201,9 @@ def test_generate_dispatches_on_attn():
     ("bidirectional", dict(use_cache=False), "no_cache: not used by the masked diffusion sampler"),
     ("block", dict(threshold=0.0), "threshold must be in (0, 1]"),
     ("bidirectional", dict(threshold=1.5), "threshold must be in (0, 1]"),
-    ("causal", dict(temperature=-1.0), "temperature must be >= 0"),
+    ("causal", dict(temperature=-1.0), "temperature -1.0: need temperature >= 0"),
+    ("causal", dict(repetition_penalty=0.0), "repetition_penalty 0.0: need"),
+    ("bidirectional", dict(min_p=1.5, temperature=1.0), "min_p 1.5: need"),
     ("block", dict(top_p=0.0, temperature=1.0), "top_p in (0, 1]"),
 ])
 def test_generate_refuses(model, kw, msg):
@@ -211,14 +213,17 @@ def test_generate_refuses(model, kw, msg):
 
 
 def test_each_sampler_called_directly_refuses_bad_sampling_settings():
-    """The samplers themselves, not only generate, refuse a negative temperature, top_k < 1 and top_p outside (0, 1]."""
+    """The samplers themselves, not only generate, refuse a negative temperature, top_k < 1, top_p outside (0, 1],
+    min_p outside [0, 1] and a repetition penalty <= 0, each named."""
     samplers = {"causal": lambda m, **kw: S.ar_generate(m, [[3, 4]], 8, **kw),
                 "bidirectional": lambda m, **kw: S.diffusion_generate(m, [[3, 4]], 8, 8, 8, **kw),
                 "block": lambda m, **kw: S.block_generate(m, [[3, 4]], 8, **kw)}
     for attn, run in samplers.items():
         m = make(attn, shift=None if attn == "causal" else True, block_size=4)
-        for kw in (dict(temperature=-1.0), dict(temperature=1.0, top_k=0), dict(temperature=1.0, top_p=1.5)):
-            with pytest.raises(ValueError, match=re.escape("temperature must be >= 0, top_k >= 1 and top_p in (0, 1]")):
+        for kw in (dict(temperature=-1.0), dict(temperature=1.0, top_k=0), dict(temperature=1.0, top_p=1.5),
+                   dict(min_p=-0.1), dict(repetition_penalty=-1.0)):
+            (name, value), = [(k, v) for k, v in kw.items() if k != "temperature" or len(kw) == 1]
+            with pytest.raises(ValueError, match=re.escape(f"{name} {value}: need temperature >= 0, top_k >= 1")):
                 run(m, **kw)
 
 

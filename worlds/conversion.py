@@ -8,7 +8,8 @@ memorised from the teacher's replies.
     python -m worlds.conversion --ckpt out/real/ar --out_dir data/real --chats 5000
         -> data/real/replies.jsonl (the cache: the teacher's reply to each training prompt, in order; its first line
            names the teacher), chats.jsonl (the replies that ended, as conversations: data.py --source),
-           heldout.jsonl (sum, capital and open prompts; realworld.py --prompts)
+           heldout.jsonl (sum, capital and open prompts; realworld.py --prompts), prompts.jsonl (the training
+           prompts as chat turns: distill.py --prompts)
 
 Sums and capitals are judged by realworld.check; open prompts by the F1 of a reply's words with the teacher's reply
 and by the student's −ELBO of that reply (realworld.evaluate, realworld.nelbo_bits).
@@ -221,7 +222,8 @@ def write_chats(path, items, rows):
 def main():
     p = cli.parser(__doc__)
     p.add_argument("--ckpt", required=True, help="the teacher: an AR checkpoint (convert.py --gguf)")
-    p.add_argument("--out_dir", required=True, help="replies.jsonl, chats.jsonl and heldout.jsonl go here")
+    p.add_argument("--out_dir", required=True, help="replies.jsonl, chats.jsonl, heldout.jsonl and prompts.jsonl "
+                   "go here")
     p.add_argument("--chats", type=int, default=5000, help="training prompts the teacher answers")
     p.add_argument("--per_family", type=int, default=100, help="held-out prompts per family (sum, capital, open)")
     p.add_argument("--max_new_tokens", type=int, default=32, help="a reply's length at most; longer ones are cut "
@@ -243,6 +245,7 @@ def main():
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "heldout.jsonl").write_text("".join(json.dumps(it) + "\n" for it in held))
+    (out / "prompts.jsonl").write_text("".join(json.dumps(dict(it, chat=True)) + "\n" for it in train))
     teacher = fingerprint(args.ckpt, max_new_tokens=args.max_new_tokens, greedy=True)
     rows = teacher_replies(model, tok, train, out / "replies.jsonl", teacher, batch_size=args.batch_size,
                            max_new_tokens=args.max_new_tokens)
