@@ -65,7 +65,8 @@ def hf_generator(model, device, dtype):
             inputs[key] = pad.tokens[:, :pad.start], (torch.arange(pad.start, device=device) >=
                                                       (pad.start - pad.prompt_lens)[:, None]).long()
         x, real = inputs[key]
-        out = hf.generate(input_ids=x, attention_mask=real, max_new_tokens=n, do_sample=False, pad_token_id=0)
+        out = hf.generate(input_ids=x, attention_mask=real, max_new_tokens=n, do_sample=False, pad_token_id=0,
+                          repetition_penalty=1.0)  # plain greedy, whatever a generation_config.json says
         return SimpleNamespace(generated=out[:, x.shape[1]:])
     return generate
 

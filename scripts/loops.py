@@ -3,8 +3,11 @@ How often a chat model loops, by sampling setting (docs/results.md, "The chat's 
 answers OPEN_PROMPTS (30 open requests, written before any run) in its chat template under each setting of SETTINGS,
 and a reply loops when one 3-word sequence occurs three times or more in it (`loops`). Sampled settings run with
 --seeds seeds. --heldout: what a setting costs in accuracy, on the sums and capitals of a held-out file
-(worlds/conversion.py's, realworld.check; the first seed). Then the chat's speed: each checkpoint answers the first 5
-prompts one at a time (as the chat does) at --speed_setting, in tokens per second up to the end token.
+(worlds/conversion.py's, realworld.check; the first seed), and the rule that chooses the chat's defaults
+(`choose`): of the first checkpoint's settings with no looping reply, the one with the best held-out accuracy (a tie:
+the earlier in SETTINGS, the simpler). Then the chat's speed: each
+checkpoint answers the first 5 prompts one at a time (as the chat does) at --speed_setting, in tokens per second up to
+the end token.
 
     python -m scripts.loops --ckpt out/real/ar out/real/student --heldout data/real/heldout.jsonl \
         --out docs/runs/loops.json
@@ -69,6 +72,13 @@ def speed(model, tok, prompts, max_new_tokens, settings):
     return n / secs
 
 
+def choose(runs):
+    """runs: {setting: dict(loop_share, heldout_accuracy)} of one checkpoint, in SETTINGS' order -> the chosen
+    setting's name (the module's docstring), or None when every setting loops somewhere."""
+    ok = [name for name in runs if runs[name]["loop_share"] == 0]
+    return max(ok, key=lambda name: (runs[name]["heldout_accuracy"], -list(runs).index(name)), default=None)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=cli.HelpFormatter)
     p.add_argument("--ckpt", nargs="+", required=True, help="chat checkpoints (AR or DLM)")
@@ -109,6 +119,11 @@ def main():
              f"{r['heldout_accuracy']:.2f}" if held else "—"] for r in out["runs"].values()]
     print("\n" + cli.table(["setting", "checkpoint", "seeds", "replies that loop", "held-out sums and capitals"],
                             rows))
+    first = {r["setting"]: r for r in out["runs"].values() if r["ckpt"] == args.ckpt[0]}
+    if held:
+        out["chosen"] = choose(first)
+        print(f"\nchosen for the chat (no looping reply, then the best held-out accuracy, {args.ckpt[0]}): "
+              f"{out['chosen']}")
     for ckpt, s in out["tokens_per_second"].items():
         print(f"{ckpt}: {s['value']:.1f} tokens/s, one reply at a time ({s['setting']})")
     if args.out:

@@ -90,7 +90,7 @@ def test_greedy_chat_answers_equal_transformers_generate(smollm2, hf_model):
     for b, p in enumerate(prompts):
         with torch.no_grad():
             ref = hf_model.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False, eos_token_id=2,
-                                    pad_token_id=2)[0, len(p):].tolist()
+                                    pad_token_id=2, repetition_penalty=1.0)[0, len(p):].tolist()  # not the chat's
         got = out.generated[b, :out.row_tokens[b]].tolist()
         assert got == ref, (tok.decode(got), tok.decode(ref))
         answers.append(tok.decode(got))
@@ -104,6 +104,9 @@ def test_greedy_with_a_repetition_penalty_equals_transformers_generate(smollm2, 
     ours = Qwen3.from_pretrained(smollm2 / "ar").eval()
     tok = Tokenizer.from_pretrained(smollm2 / "ar")
     p = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about autumn."}])
+    assert json.loads((smollm2 / "ar" / "generation_config.json").read_text())["repetition_penalty"] == 1.2
+    assert json.loads((smollm2 / "block" / "generation_config.json").read_text())["repetition_penalty"] == 1.2
+
     def ours_upto_eos(**kw):
         g = sample.generate(ours, [p], 48, eos_id=2, vocab_limit=tok.vocab_size, **kw)
         return g.generated[0, :g.row_tokens[0]].tolist()
@@ -113,7 +116,7 @@ def test_greedy_with_a_repetition_penalty_equals_transformers_generate(smollm2, 
                                     eos_token_id=2, pad_token_id=2)[0, len(p):].tolist()
         got = ours_upto_eos(repetition_penalty=penalty)
         assert got == ref, (tok.decode(got), tok.decode(ref))
-        assert ref != ours_upto_eos()
+        assert ref != ours_upto_eos(repetition_penalty=1.0)
 
 
 @pytest.mark.parametrize("kind", ["dlm", "block"])

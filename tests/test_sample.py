@@ -699,6 +699,12 @@ def test_loop_rule_and_the_loop_table(ckpts, tmp_path, monkeypatch):
         assert len(run["replies"]) == 1 and len(run["replies"][0]) == len(loops.OPEN_PROMPTS) == 30
         assert run["loop_share"] == sum(map(loops.loops, run["replies"][0])) / 30
         assert run["heldout_accuracy"] in (0, 0.5, 1)  # of the sum and the capital (the open prompt is left out)
+    assert res["chosen"] == loops.choose({r["setting"]: r for r in res["runs"].values()})
+    runs = {"greedy": dict(loop_share=0.5, heldout_accuracy=0.40), "a": dict(loop_share=0.0, heldout_accuracy=0.30),
+            "b": dict(loop_share=0.0, heldout_accuracy=0.33), "c": dict(loop_share=0.0, heldout_accuracy=0.33)}
+    assert loops.choose(runs) == "b"  # no loops, then the best accuracy; b and c tie: the earlier
+    assert loops.choose(dict(runs, a=dict(loop_share=0.1, heldout_accuracy=0.9))) == "b"  # a loops once in ten
+    assert loops.choose({"greedy": runs["greedy"]}) is None
 
 
 def test_chat_through_a_pseudo_terminal(ckpts, tmp_path):
