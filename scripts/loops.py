@@ -92,7 +92,6 @@ def main():
                    help="the setting the chat's speed is measured at (default: the last of --settings)")
     p.add_argument("--out", default=None, help="write the results here (JSON, with every reply)")
     args = p.parse_args()
-    torch.set_grad_enabled(False)
     held = [] if args.heldout is None else [it for it in data.read_jsonl(args.heldout, ("family", "prompt"))
                                             if it["family"] in ("sum", "capital")]
     out = dict(prompts=OPEN_PROMPTS, max_new_tokens=args.max_new_tokens, runs={}, tokens_per_second={})

@@ -693,6 +693,7 @@ def test_loop_rule_and_the_loop_table(ckpts, tmp_path, monkeypatch):
                                       "greedy, repetition_penalty 1.2", "--max_new_tokens", "12",
                                       "--heldout", str(tmp_path / "held.jsonl"), "--out", str(tmp_path / "loops.json")])
     loops.main()
+    assert torch.is_grad_enabled()  # nothing global changed for whatever runs next in this process
     res = json.loads((tmp_path / "loops.json").read_text())
     assert len(res["runs"]) == 2 and res["tokens_per_second"][str(d)]["value"] > 0
     for run in res["runs"].values():
