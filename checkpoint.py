@@ -7,6 +7,7 @@ Notes on the design: docs/methods.md, "checkpoint.py" under §8.
 """
 import contextlib
 import copy
+import functools
 import json
 import math
 import os
@@ -40,7 +41,14 @@ def resolve(path):
     p = Path(path)
     if p.exists() or not HUB_ID.fullmatch(str(path)) or Path(str(path).split("/")[0]).is_dir():
         return p
-    repo, _, revision = str(path).partition("@")
+    return hub_snapshot(str(path))
+
+
+@functools.lru_cache(maxsize=None)
+def hub_snapshot(path):
+    """resolve's model id -> its snapshot directory, asked of huggingface_hub once per process (a load reads the
+    config, the weights and the tokenizer through resolve: one lookup, not one each)."""
+    repo, _, revision = path.partition("@")
     try:
         import huggingface_hub
         from huggingface_hub import constants

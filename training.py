@@ -200,7 +200,9 @@ class Run:
                                            vars(self.args) if extra is None else extra, exact=exact,
                                            dtype=save_dtype(model.config, self.args.save_dtype),
                                            weights_only=self.args.weights_only, state_dict=full)
-        self.checkpoint = self.step  # on every rank: the NaN guard's message names it
+                self.checkpoint = self.step  # inside: a Ctrl-C deferred by the save fires after this, naming it
+        else:
+            self.checkpoint = self.step  # the other ranks: the NaN guard's message names it
         runner.barrier()  # no rank reads or resumes a checkpoint before it is whole
 
     def snapshot(self, model, tokenizer, state_dict=None):

@@ -238,28 +238,35 @@ def test_run_sh_real_converts_at_a_toy_size(chat_world, tmp_path):
     assert r.returncode == 0 and r.stdout.count("reusing") == 6 and (tmp_path / "o" / "results.md").read_text() == table
 
 
+def dry_run(tmp_path, script, **env):
+    """scripts/SCRIPT run in tmp_path (a copy of scripts/, the files run.sh real leaves that it checks for) with a
+    stand-in Python that only logs its arguments -> (the finished process, the logged calls so far)."""
+    import os
+    import subprocess
+
+    from conftest import ROOT
+    if not (tmp_path / "scripts").exists():
+        shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+        for f in ("out/real/eval/ar.json", "out/real/block/config.json", "out/real/dlm/config.json"):
+            (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / f).write_text("{}")
+        fake = tmp_path / "python"
+        fake.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls.log\n')
+        fake.chmod(0o755)
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / script)], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(os.environ, PYTHON=str(tmp_path / "python"), **env))
+    log = tmp_path / "calls.log"
+    return r, log.read_text().splitlines() if log.exists() else []
+
+
 @pytest.mark.parametrize("arm,init", [("block0", "out/real/block"), ("masked0", "out/real/dlm"),
                                       ("align", "out/real/dlm"), ("opdlm", "out/real/block"),
                                       ("opdlm_off", "out/real/block")])
 def test_repro_conversion_names_every_stage(arm, init, tmp_path):
     """scripts/repro_conversion.sh, dry: a stand-in Python that only logs its arguments; the arm trains from its
     conversion with its snapshots, every snapshot is scored (the last at every threshold), then the curve."""
-    import os
-    import subprocess
-
-    from conftest import ROOT
-    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
-    for f in ("out/real/eval/ar.json", "out/real/block/config.json", "out/real/dlm/config.json"):
-        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / f).write_text("{}")
-    fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls.log\n')
-    fake.chmod(0o755)
-    env = dict(os.environ, PYTHON=str(fake), ARM=arm, STEPS="40", SNAPS="10,20")
-    r = subprocess.run(["bash", str(tmp_path / "scripts" / "repro_conversion.sh")], capture_output=True, text=True,
-                       env=env, cwd=tmp_path)
+    r, calls = dry_run(tmp_path, "repro_conversion.sh", ARM=arm, STEPS="40", SNAPS="10,20")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-    calls = (tmp_path / "calls.log").read_text().splitlines()
     train = next(c for c in calls if c.startswith(("align.py", "distill.py")))
     assert f"--init {init}" in train and "--snapshots 10,20,40" in train
     if arm.startswith("opdlm"):  # rolled out on the training prompts, which the data stage writes when missing
@@ -275,30 +282,15 @@ def test_repro_conversion_names_every_stage(arm, init, tmp_path):
     assert [e.split()[2] for e in evals] == [f"{R}/step-{s}" for s in (10, 20, 40)]
     assert "--thresholds 0.9 " in evals[0] and "--thresholds 0.5,0.7,0.9,0.95,1 " in evals[2]
     assert calls[-1] == f"scripts/report.py conversion_curve {R}"
-    r = subprocess.run(["bash", str(tmp_path / "scripts" / "repro_conversion.sh")], capture_output=True, text=True,
-                       env=dict(env, ARM="nope"), cwd=tmp_path)
+    r, _ = dry_run(tmp_path, "repro_conversion.sh", ARM="nope", STEPS="40", SNAPS="10,20")
     assert r.returncode == 2 and "choose block0, masked0, align, opdlm or opdlm_off" in r.stderr
 
 
 def test_sweep_conversion_trains_each_rate_and_scores_it_on_validation(tmp_path):
     """scripts/sweep_conversion.sh, dry (the stand-in Python): the arm trained once per rate at STEPS, without
     snapshots or held-out scores, then conversion_sweep on the runs."""
-    import os
-    import subprocess
-
-    from conftest import ROOT
-    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
-    for f in ("out/real/eval/ar.json", "out/real/block/config.json", "out/real/dlm/config.json"):
-        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / f).write_text("{}")
-    fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls.log\n')
-    fake.chmod(0o755)
-    env = dict(os.environ, PYTHON=str(fake), ARM="block0", RATES="3e-5 1e-4", STEPS="12")
-    r = subprocess.run(["bash", str(tmp_path / "scripts" / "sweep_conversion.sh")], capture_output=True, text=True,
-                       env=env, cwd=tmp_path)
+    r, calls = dry_run(tmp_path, "sweep_conversion.sh", ARM="block0", RATES="3e-5 1e-4", STEPS="12")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-    calls = (tmp_path / "calls.log").read_text().splitlines()
     train = [c for c in calls if c.startswith("align.py")]
     assert len(train) == 2 and not any(c.startswith("realworld.py") for c in calls)
     assert all("--max_iters 12" in c and "--snapshots" not in c for c in train)
