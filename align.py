@@ -40,6 +40,9 @@ cli.add_loop_args(p, frozen="the AR teacher", tasks="threshold 0.9", answers="ch
 p.add_argument("--ckpt_interval", type=int, default=50, help="checkpoint every N steps (and at the last step)")
 p.add_argument("--samples", type=int, default=3, help="validation prompts continued at the end (by sample.py)")
 p.add_argument("--sample_len", type=int, default=64, help="tokens per sample")
+p.add_argument("--end_pad", type=int, default=0, metavar="N", help="with --assistant_only: follow each answer shorter "
+               "than N tokens with end tokens up to N, trained (LLaDA's SFT: a masked student learns to fill an "
+               "answer canvas of N past the answer's end); 0: none")
 
 COS_RATIO = 0.5  # the mask ratio of the val_cos corruption
 NO_ROWS = (torch.tensor([], dtype=torch.long),) * 2  # rows=NO_ROWS: a forward for its hidden states, lm_head on none
@@ -124,8 +127,10 @@ class CosineEval:
 
 if __name__ == "__main__":
     args = cli.parse_loop_args(p)
-    if not 0 <= args.eps < 0.5 or args.lambda_align < 0 or args.ckpt_interval <= 0:
-        p.error("need 0 <= --eps < 0.5, --lambda_align >= 0 and --ckpt_interval > 0")
+    if not 0 <= args.eps < 0.5 or args.lambda_align < 0 or args.ckpt_interval <= 0 or args.end_pad < 0:
+        p.error("need 0 <= --eps < 0.5, --lambda_align >= 0, --ckpt_interval > 0 and --end_pad >= 0")
+    if args.end_pad and not args.assistant_only:
+        p.error("--end_pad pads the answers of packed conversations: pass --assistant_only with it")
     run = training.Run(args, "align")  # its generator draws the batches, the t's and the masks
     device, ctx = run.device, run.ctx
     train_data, val_data = data.load_splits(args.data, "align", seq_len=args.seq_len)
@@ -186,7 +191,8 @@ if __name__ == "__main__":
             return x0, *diffusion.corrupt(x0, c.mask_token_id, c.shift, run.gen, args.eps, where=where,
                                           block_size=block), None, None
         x0, where, doc, pos = data.packed_batch(train_data, answers, spans, args.batch_size, args.seq_len, device,
-                                                run.gen, pad_id=tok.eos_id)
+                                                run.gen, pad_id=tok.eos_id, end_pad=args.end_pad,
+                                                end_id=tok.eos_id)
         return x0, *diffusion.corrupt(x0, c.mask_token_id, c.shift, run.gen, args.eps, where=where, doc=doc, pos=pos,
                                       block_size=block), doc, pos
 

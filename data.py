@@ -455,12 +455,16 @@ def conversation_spans(data, eos_id, seq_len, who="", split="train"):
     return spans[fits]
 
 
-def packed_batch(data, answers, spans, batch_size, seq_len, device="cpu", generator=None, pad_id=0):
+def packed_batch(data, answers, spans, batch_size, seq_len, device="cpu", generator=None, pad_id=0, end_pad=0,
+                 end_id=None):
     """batch_size rows of seq_len tokens filled with whole conversations (spans: conversation_spans) drawn at random,
     each put in the first row it fits (first fit: a short one fills an earlier row's gap) until one fits nowhere ->
     x (B, T) (pad_id after a row's last conversation), answers (B, T) bool (the tokens to train on; None: every
     token of a conversation), doc (B, T) long (the conversation's index in its row; -1: a pad) and pos (B, T) (its
-    positions, from 0). A fixed number of draws per batch, so the generator advances the same whatever the lengths."""
+    positions, from 0). A fixed number of draws per batch, so the generator advances the same whatever the lengths.
+    end_pad N: a conversation whose trained tokens are fewer than N is followed by end_id tokens up to N (as far as
+    seq_len allows), trained and read as its own: LLaDA's SFT pads answers with end tokens, so that a masked student
+    learns to fill an answer canvas past the answer's end with them."""
     shortest = int(spans[:, 1].min())
     draws = torch.randint(len(spans), (batch_size * (seq_len // shortest) + 1,), generator=generator).tolist()
     x = np.full((batch_size, seq_len), pad_id, dtype=np.int64)
@@ -469,14 +473,18 @@ def packed_batch(data, answers, spans, batch_size, seq_len, device="cpu", genera
     used, count = [0] * batch_size, [0] * batch_size  # each row's tokens and conversations so far
     for i in draws:
         first, n = spans[i]
-        row = next((r for r in range(batch_size) if used[r] + n <= seq_len), None)
+        trained = n if answers is None else int(answers[first:first + n].sum())
+        m = n + min(max(end_pad - trained, 0), seq_len - n)  # with its end pads
+        row = next((r for r in range(batch_size) if used[r] + m <= seq_len), None)
         if row is None:  # the batch is full
             break
         at, k = used[row], count[row]
         x[row, at:at + n] = data[first:first + n]
         ans[row, at:at + n] = True if answers is None else answers[first:first + n]
-        doc[row, at:at + n], pos[row, at:at + n] = k, np.arange(n)
-        used[row], count[row] = at + n, k + 1
+        if m > n:
+            x[row, at + n:at + m], ans[row, at + n:at + m] = end_id, True
+        doc[row, at:at + m], pos[row, at:at + m] = k, np.arange(m)
+        used[row], count[row] = at + m, k + 1
     return tuple(torch.from_numpy(a).to(device) for a in (x, ans, doc, pos))
 
 

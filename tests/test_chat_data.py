@@ -150,6 +150,24 @@ def test_align_assistant_only(world, tmp_path, monkeypatch):
                 assert conv in whole and where[b, slots].tolist() == whole[conv] and any(whole[conv])
                 assert pos[b, slots].tolist() == list(range(len(slots))) and len(slots) <= 48  # it fits whole
             assert not where[b, doc[b] < 0].any()
+    seen.clear()  # --end_pad 12: each conversation then end tokens until 12 of its tokens are trained (as room allows)
+    r = run_script("align.py", *common, "--assistant_only", "--end_pad", 12, "--max_iters", 1, "--out_dir",
+                   tmp_path / "pad")
+    assert r.returncode == 0, r.stderr[-2000:]
+    padded = 0
+    for x0, where, kw in [(x0, w, kw) for x0, w, kw in seen if w is not None]:
+        for b in range(x0.shape[0]):
+            for k in range(int(kw["doc"][b].max()) + 1):
+                slots = (kw["doc"][b] == k).nonzero()[:, 0]
+                n = int((x0[b, slots] == tok.eos_id).nonzero()[0]) + 1  # its own eos, then the pads
+                conv, trained = tuple(x0[b, slots[:n]].tolist()), int(where[b, slots].sum())
+                assert conv in whole and where[b, slots[:n]].tolist() == whole[conv]
+                assert (x0[b, slots[n:]] == tok.eos_id).all() and where[b, slots[n:]].all()
+                assert trained == max(sum(whole[conv]), min(12, sum(whole[conv]) + 48 - n))
+                padded += len(slots) - n
+    assert padded > 0
+    r = run_script("align.py", *common, "--end_pad", 12, "--max_iters", 1, "--out_dir", tmp_path / "nopack")
+    assert r.returncode == 2 and "pass --assistant_only with it" in r.stderr
     r = run_script("align.py", *common, "--assistant_only", "--data", world / "data", "--init", world / "dlm",
                    "--max_iters", 1, "--out_dir", tmp_path / "plain")
     assert r.returncode == 1 and "needs a chat dataset" in r.stderr

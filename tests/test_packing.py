@@ -60,6 +60,22 @@ def test_packed_batch_holds_whole_conversations_at_their_own_positions():
         data.conversation_spans(tokens, EOS, 2, "align")
 
 
+def test_end_pad_follows_each_short_answer_with_trained_end_tokens():
+    tokens, marks = corpus()
+    spans = data.conversation_spans(tokens, EOS, 16)
+    x, ans, doc, pos = data.packed_batch(tokens, marks, spans, 3, 16, generator=torch.Generator().manual_seed(0),
+                                         pad_id=0, end_pad=6, end_id=EOS)
+    starts = {tuple(tokens[s:s + n].tolist()): (s, n) for s, n in spans}
+    for b, slots in conversations_of(x, doc):  # the conversation, then end tokens until 6 are trained (or the row ends)
+        n = int((x[b, slots] == EOS).nonzero()[0]) + 1  # the conversation's own eos, then the pads
+        s, _ = starts[tuple(x[b, slots[:n]].tolist())]
+        assert (x[b, slots[n:]] == EOS).all()
+        trained = int(marks[s:s + n].sum())
+        assert len(slots) == n + min(max(6 - trained, 0), 16 - n) and pos[b, slots].tolist() == list(range(len(slots)))
+        assert ans[b, slots[n:]].all() and int(ans[b, slots].sum()) == max(trained, min(6, trained + 16 - n))
+    assert (x[doc < 0] == 0).all() and not ans[doc < 0].any()
+
+
 def test_packed_mask_is_each_conversation_alone():
     doc = torch.tensor([[0, 0, 0, 1, 1, -1]])
     pos = torch.tensor([[0, 1, 2, 0, 1, 0]])
