@@ -17,11 +17,11 @@ import json
 import shutil
 from pathlib import Path
 
-import cli
-from checkpoint import resolve, rows_with_mask, weight_files
+from lib import cli
+from lib.checkpoint import resolve, rows_with_mask, weight_files
 from model import Qwen3, Qwen3Config
-from cli import atomic_write
-from tokenizer import Tokenizer, trained_with
+from lib.cli import atomic_write
+from lib.tokenizer import Tokenizer, trained_with
 
 p = cli.parser(__doc__)
 p.add_argument("--ar", help="the AR (causal) Qwen3 or Llama checkpoint: a directory, or a "
@@ -49,8 +49,8 @@ def empty_out_dir(out_dir, overwrite):
 
 
 def from_gguf(path, out_dir, dtype="fp32", overwrite=False):
-    """The GGUF file -> a Hugging Face AR checkpoint in out_dir (gguf_import.py) -> the model."""
-    import gguf_import
+    """The GGUF file -> a Hugging Face AR checkpoint in out_dir (lib/gguf_import.py) -> the model."""
+    from lib import gguf_import
     try:
         reader = gguf_import.read(path)  # every check that needs no tensor data: nothing written on a refusal
     except ValueError as e:

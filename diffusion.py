@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask
 
-import data
+from lib import data
 from model import attend, packed_mask
 
 NORMS = ("mean", "elbo")
@@ -260,7 +260,7 @@ def fixed_mask_eval(model, batches, ctx=None, ratios=EVAL_RATIOS, seed=EVAL_SEED
             **{f"val_acc@{r}": acc[k] / n[k] for k, r in enumerate(ratios)}, "val_nelbo": nats}
 
 
-# ---- scoring preference pairs: AR exact, DLM by the ELBO (dpo.py, merge.py, harness.py) ----------------------
+# ---- scoring preference pairs: AR exact, DLM by the ELBO (dpo.py, merge.py, lib/harness.py) ----------------------
 
 N_DRAWS = 4  # fixed ELBO draws (t, M) per pair that score pairs: --dlm's held-out pairs; merge.py --n_masks's default
 

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-import cli
-import training
+from lib import cli
+from lib import training
 from diffusion import EVAL_SEED, block_logits
 from model import attend, canvas, left_padded
 from sample import block_generate, end_list

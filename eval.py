@@ -8,7 +8,7 @@ checkpoints alike. Each subcommand prints a short table and writes --out FILE (J
     python eval.py humaneval  --completions samples.jsonl            # score given completions, no model
     python eval.py tasks      --ckpt out/dlm-tasks --data data/tasks --thresholds 0.5,0.7,0.9,0.95
     python eval.py winrate    --ckpt out/dlm-merged --ref out/align --pairs data/pairs/heldout.jsonl
-    python eval.py harness    --model_args pretrained=out/align --tasks T ...     # lm-eval (harness.py)
+    python eval.py harness    --model_args pretrained=out/align --tasks T ...     # lm-eval (lib/harness.py)
 
 Notes on the design: docs/methods.md, "eval.py" under §8.
 """
@@ -69,7 +69,7 @@ def dlm_nelbo(model, batches, ctx, n_draws, seed, eps=1e-3):
 
 
 def likelihood(args):
-    import data
+    from lib import data
     import diffusion
     import torch
     model, tok, device, ctx = load(args.ckpt, args.device, args.seed, torch.float32)
@@ -92,9 +92,9 @@ def likelihood(args):
 def load(path, device="auto", seed=1337, dtype=None):
     import torch
 
-    import cli
+    from lib import cli
     from model import Qwen3
-    from tokenizer import load_tokenizer
+    from lib.tokenizer import load_tokenizer
     device, ctx = cli.setup(device, seed)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     try:
@@ -108,7 +108,7 @@ def load(path, device="auto", seed=1337, dtype=None):
 def draw(model, prompts, args, tok, generator):
     """The checkpoint's sampler (sample.generate) on a list of token lists -> (Generation, seconds). A row stops at
     the first of the checkpoint's end ids (Tokenizer.end_ids), or never with --ignore_eos."""
-    import cli
+    from lib import cli
     import sample
     import torch
     t0 = time.perf_counter()
@@ -155,9 +155,9 @@ def gen_perplexity(ref, pairs, ctx):
 
 
 def generate(args):
-    import cli
-    import data
-    import tasks
+    from lib import cli
+    from lib import data
+    from worlds import tasks
     import torch
     model, tok, device, ctx = load(args.ckpt, args.device, args.seed)
     if args.prompts:  # each record's last --prompt_len tokens
@@ -219,7 +219,7 @@ def task_serve(args):
     """tasks --ckpt -: the child side of the --tasks protocol (runner.RESULT): a checkpoint directory per line of
     stdin, each answered by one line of stdout, runner.RESULT and task_curve's result as JSON (torch imported once,
     not per evaluation)."""
-    import runner
+    from lib import runner
     for line in sys.stdin:
         args.ckpt = line.strip()
         with contextlib.redirect_stdout(sys.stderr):
@@ -228,13 +228,13 @@ def task_serve(args):
 
 
 def task_curve(args):
-    """tasks.py's held-out prompts (the first --num_prompts of each family) scored by exact match (tasks.exact_match),
-    per family and overall, with each row's tokens per forward; a DLM once per threshold (the accuracy-versus-
-    parallelism curve), an AR model once (thresholds do not apply). -> dict(sampler, prompts, runs=[dict(threshold,
-    accuracy, families, correct and preferred_rows (per prompt, in order: for paired tests), **sample.throughput)]);
-    the rows' texts are not kept."""
+    """The task world's held-out prompts (the first --num_prompts of each family) scored by exact match
+    (tasks.exact_match), per family and overall, with each row's tokens per forward; a DLM once per threshold
+    (the accuracy-versus-parallelism curve), an AR model once (thresholds do not apply). -> dict(sampler, prompts,
+    runs=[dict(threshold, accuracy, families, correct and preferred_rows (per prompt, in order: for paired tests),
+    **sample.throughput)]); the rows' texts are not kept."""
     import sample
-    import tasks
+    from worlds import tasks
     import torch
     model, tok, device, _ = load(args.ckpt, args.device, args.seed)
     items = tasks.heldout_items(args.data, model.config, args.ckpt, "eval", args.num_prompts)  # None: all of them
@@ -286,7 +286,7 @@ def win_rate(args):
     """Each --ckpt's completions against --ref's on the first --samples prompts of --pairs (cycled), by rule_score
     -> dict(win_rates, rule_scores (the mean per --ckpt), rule_score_ref, samples, and each completion's score:
     scores (one list per --ckpt), scores_ref: the units of a paired test)."""
-    import data
+    from lib import data
     scores = []
     for path in [args.ref, *args.ckpt]:
         model, tok, _, ctx = load(path, args.device, args.seed)
@@ -325,7 +325,7 @@ def truncate(text):
 
 
 def model_completions(args, probs):
-    import tasks
+    from worlds import tasks
     import torch
     model, tok, device, _ = load(args.ckpt, args.device, args.seed)
     g, ends = torch.Generator(device).manual_seed(args.seed), tok.end_ids(model.config)
@@ -343,7 +343,7 @@ def model_completions(args, probs):
 def humaneval(args):
     probs = problems(args.limit)
     if args.completions:
-        import data
+        from lib import data
         try:
             recs = data.read_jsonl(args.completions, ("task_id", "completion"))
         except (FileNotFoundError, ValueError) as e:
@@ -353,7 +353,7 @@ def humaneval(args):
         recs, stats = [r for r in recs if r["task_id"] in probs], {}
     else:
         recs, stats = model_completions(args, probs)
-    from sandbox import count_processes, execute, subreaper
+    from lib.sandbox import count_processes, execute, subreaper
     nproc = count_processes(os.getuid()) + 16 * args.workers
     def run(r):
         return execute(probs[r["task_id"]]["prompt"] + r["completion"] + "\n\n" + probs[r["task_id"]]["test"]
@@ -379,13 +379,13 @@ def humaneval(args):
 # ---- CLI -----------------------------------------------------------------------------------------
 
 def parser():
-    from cli import HelpFormatter, cache_args, parser, sampler_args, thresholds
+    from lib.cli import HelpFormatter, cache_args, parser, sampler_args, thresholds
     p = parser(__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     lk = sub.add_parser("likelihood", formatter_class=HelpFormatter,
                         help="AR perplexity / DLM negative ELBO, masked-token accuracy")
     lk.add_argument("--ckpt", required=True, help="an AR or DLM checkpoint directory")
-    lk.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py (its validation split)")
+    lk.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/data.py (its validation split)")
     lk.add_argument("--batch_size", type=int, default=8, help="sequences per batch")
     lk.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
     lk.add_argument("--n_batches", type=int, default=16, help="fixed validation batches (same for every checkpoint)")
@@ -418,10 +418,11 @@ def parser():
     he.add_argument("--batch_size", type=int, default=8, help="rows per sampler call")
     he.set_defaults(temperature=0.8)
     tk = sub.add_parser("tasks", formatter_class=HelpFormatter,
-                        help="exact match on tasks.py's held-out prompts: accuracy versus parallelism")
+                        help="exact match on worlds/tasks.py's held-out prompts: accuracy versus parallelism")
     tk.add_argument("--ckpt", required=True, help="an AR or DLM checkpoint trained on the task data (-: one "
                     "per line of stdin, each answered on stdout: a training run's --tasks)")
-    tk.add_argument("--data", default="data/tasks", help="tasks.py's --out_dir (heldout.jsonl), prepared by data.py")
+    tk.add_argument("--data", default="data/tasks", help="the task world's --out_dir "
+                    "(heldout.jsonl), prepared by lib.data")
     tk.add_argument("--thresholds", type=thresholds, default=[0.5, 0.7, 0.9, 0.95],
                     help="DLMs: parallel decoding thresholds in (0, 1], comma-separated (one run each); AR: unused")
     tk.add_argument("--num_prompts", type=int, default=None, help="at most this many prompts per family")
@@ -438,7 +439,7 @@ def parser():
     wr.add_argument("--pairs", default="data/pairs/heldout.jsonl", help="pairs whose prompts are continued")
     wr.add_argument("--samples", type=int, default=32, help="completions per model (the prompts cycled)")
     sub.add_parser("harness", formatter_class=HelpFormatter, help="lm-evaluation-harness with this project's model "
-                   "class, ar2dlm (harness.py): every lm-eval flag passes through")
+                   "class, ar2dlm (lib/harness.py): every lm-eval flag passes through")
     for s in (lk, gn, he, tk, wr):
         s.add_argument("--out", default=None, help="write the results here (JSON)")
         s.add_argument("--seed", type=int, default=1337, help="seeds the sampler and the masks (runs repeat)")
@@ -449,7 +450,7 @@ def parser():
 def main():
     if sys.argv[1:2] == ["harness"]:  # lm-eval's own command line, its flags untouched
         try:
-            import harness
+            from lib import harness
         except ImportError as e:
             raise SystemExit(f"eval: harness needs lm-eval ({e}): pip install -r requirements-dev.txt -c "
                              "constraints.txt")

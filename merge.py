@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import cli
-import data
+from lib import cli
+from lib import data
 import diffusion
-import runner
-import training
-from checkpoint import open_weights, read_tensor
+from lib import runner
+from lib import training
+from lib.checkpoint import open_weights, read_tensor
 from model import Qwen3Config
 
 TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head",

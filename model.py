@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 from torch.utils.checkpoint import checkpoint
 
-import compiling
-from checkpoint import ConfigFile, WeightsFile
+from lib import compiling
+from lib.checkpoint import ConfigFile, WeightsFile
 
 ATTN_MODES = ("causal", "bidirectional", "block")
 CE_ROWS = 1024  # Qwen3.cross_entropy without grad: rows of logits at a time (Qwen3: 1024 x 151936 fp32 = 0.6 GB)
@@ -70,7 +70,7 @@ PRESETS = {
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
-    # the embedded default's AR teacher: data.py's learnt BPE (1024 ids, eos 1021; row 1024 free for the mask)
+    # the embedded default's AR teacher: lib/data.py's learnt BPE (1024 ids, eos 1021; row 1024 free for the mask)
     "tiny": dict(vocab_size=1088, hidden_size=128, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, rope_theta=10_000.0,
                  tie_word_embeddings=True, bos_token_id=1021, eos_token_id=1021, torch_dtype="float32"),

@@ -2,7 +2,7 @@
 diffu-GRPO: reinforcement learning of a masked or block DLM with a checker as the reward (d1's recipe).
 
     python rl.py --init out/tasks/align --prompts data/tasks/prompts.jsonl --out_dir out/tasks/rl
-    python rl.py ... --reward realworld      # realworld.py's checkers, the prompts in the chat template
+    python rl.py ... --reward realworld      # worlds/realworld.py's checkers, the prompts in the chat template
 
 Every μ optimizer steps, a batch of rollouts: G completions y_1..G of each of B prompts, from the policy's own
 sampler (--threshold, --temperature, --eos_rule), each scored by the checker:
@@ -19,9 +19,9 @@ import time
 
 import torch
 
-import cli
-import data
-import training
+from lib import cli
+from lib import data
+from lib import training
 from diffusion import block_logits, denoiser_rows
 from model import attend, left_padded
 from sample import block_generate, diffusion_generate, until_end
@@ -93,14 +93,14 @@ def completion_logps(model, x, lens, P, prompt_drop):
 def load_reward(spec, format_weight=0.0):
     """--reward -> (reward(record, reply) -> number, chat: whether prompts go in the chat template)."""
     if spec == "tasks":
-        import tasks
+        from worlds import tasks
 
         def reward(rec, reply):
             form = format_weight * bool(reply.split() and all(len(w) == 1 and w.isdigit() for w in reply.split()))
             return float(tasks.check(rec["family"], rec["prompt"], reply)) + form
         return reward, False
     if spec == "realworld":
-        import realworld
+        from worlds import realworld
         return (lambda rec, reply: float(realworld.check(rec, reply))), True
     path, _, name = spec.partition(":")
     if not path.endswith(".py") or not name:
@@ -168,7 +168,7 @@ if __name__ == "__main__":
     for i, rec in enumerate(records):  # every record has a checker, and it answers with a number
         checked_reward(reward, rec, "", f"--prompts {args.prompts} line {i + 1}")
     if chat:
-        import realworld
+        from worlds import realworld
         pool = [realworld.prompt_ids(tok, rec) for rec in records]
     else:
         pool = [tok.encode(rec["prompt"]) for rec in records]

@@ -4,7 +4,7 @@
 # environment), then runs one of two worlds and ends with its table, printed and written to a results.md:
 #
 #   bash run.sh          (or: bash run.sh tasks)  the exact-answer world, out/tasks/results.md:
-#       tasks.py (sort / rev / add prompts, preference pairs) -> tiny AR teacher (answer-only loss) -> conversions
+#       worlds/tasks.py (sort / rev / add prompts, preference pairs) -> tiny AR teacher (answer-only loss) -> conversions
 #       (bidirectional and block DLMs) -> REPR-ALIGN and its λ = 0 baseline, exact match logged every 20 steps ->
 #       OPDLM and its off-policy ablation -> DPO on the AR model (prefer a full stop after the answer) + AR-MAP
 #       merge into the REPR-ALIGN DLM -> exact match and tokens per forward of every model at five thresholds
@@ -38,8 +38,8 @@ resume() { [ -e "$1/train_state.pt" ] && echo --resume || true; }  # an interrup
 
 tasks_world() {
 D=data/tasks O=out/tasks
-stage tasks     $D/validation.jsonl     "$PYTHON" tasks.py --out_dir $D
-stage corpus    $D/meta.json            "$PYTHON" data.py --source $D/train.jsonl --out_dir $D
+stage tasks     $D/validation.jsonl     "$PYTHON" -m worlds.tasks --out_dir $D
+stage corpus    $D/meta.json            "$PYTHON" -m lib.data --source $D/train.jsonl --out_dir $D
 # the loss on the answers only, every window opening a document: the teacher learns the tasks in minutes
 stage pretrain  $O/ar/results.json      "$PYTHON" pretrain.py --data $D --out_dir $O/ar --loss_after " =" --seq_len 16 \
                                           --batch_size 64 --max_iters 1200 --eval_interval 300 $(resume $O/ar)
@@ -73,15 +73,15 @@ for m in $MODELS; do
   stage "eval $m" $O/eval/$m.json "$PYTHON" eval.py tasks --ckpt $O/$m --data $D --num_prompts 100 \
     --thresholds 0.5,0.7,0.9,0.95,1 --out $O/eval/$m.json
 done
-"$PYTHON" scripts/report.py tasks_world $MODELS | tee $O/results.md
+"$PYTHON" -m scripts.report tasks_world $MODELS | tee $O/results.md
 if "$PYTHON" -c "import matplotlib" 2>/dev/null; then
-  "$PYTHON" plot.py $O/align $O/align0 $O/distill $O/distill-off --keys task_acc task_tpf --out $O/curves.png
+  "$PYTHON" -m lib.plot $O/align $O/align0 $O/distill $O/distill-off --keys task_acc task_tpf --out $O/curves.png
 fi
 echo "run.sh: done in $((SECONDS - T0)) s; the tables are in $O/results.md. Try: python sample.py --ckpt $O/distill --prompt 'sort 3 1 2 =' --show_rounds"
 }
 
 stdlib_world() {
-stage corpus    data/stdlib/meta.json     "$PYTHON" data.py --out_dir data/stdlib
+stage corpus    data/stdlib/meta.json     "$PYTHON" -m lib.data --out_dir data/stdlib
 stage pretrain  out/ar-tiny/results.json  "$PYTHON" pretrain.py --data data/stdlib --out_dir out/ar-tiny $(resume out/ar-tiny)
 stage convert   out/dlm-tiny/config.json  "$PYTHON" convert.py --ar out/ar-tiny --out_dir out/dlm-tiny --attn bidirectional
 # The block student is shifted (its head keeps the AR meaning): the published, unshifted one starts from a head aimed
@@ -111,7 +111,7 @@ for m in $MODELS; do
     --num_prompts 8 --max_new_tokens 64 --temperature 0.8 $threshold --show 1 --out out/eval/$m.generate.json
 done
 
-"$PYTHON" scripts/report.py stdlib_world $MODELS | tee out/results.md
+"$PYTHON" -m scripts.report stdlib_world $MODELS | tee out/results.md
 echo "run.sh: done in $((SECONDS - T0)) s; the table is in out/results.md. Try: python sample.py --ckpt out/align"
 }
 
@@ -131,7 +131,7 @@ if [ -n "${REAL_AR:-}" ]; then AR=$REAL_AR; else
 fi
 stage data      $D/chats.jsonl          "$PYTHON" -m worlds.conversion --ckpt $AR --out_dir $D --chats $CHATS \
                                           --per_family $PER --max_new_tokens $N --seed $SEED
-stage corpus    $D/chat/meta.json       "$PYTHON" data.py --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
+stage corpus    $D/chat/meta.json       "$PYTHON" -m lib.data --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
                                           --val_fraction ${REAL_VAL_FRACTION:-0.02}
 stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir $O/block --attn block --block_size 4 \
                                           --shift true
@@ -140,10 +140,10 @@ stage train     $O/student/results.json "$PYTHON" align.py --init $O/block --dat
                                           --warmup 20 --autocast bf16 $COMPILE --eval_interval $STEPS --eval_batches 2 \
                                           --samples 0 --weights_only --seed $SEED --out_dir $O/student
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens $N)
-stage "eval ar" $O/eval/ar.json         "$PYTHON" realworld.py --ckpt $AR "${EVAL[@]}" --out $O/eval/ar.json
-stage "eval student" $O/eval/student.json "$PYTHON" realworld.py --ckpt $O/student "${EVAL[@]}" \
+stage "eval ar" $O/eval/ar.json         "$PYTHON" -m worlds.realworld --ckpt $AR "${EVAL[@]}" --out $O/eval/ar.json
+stage "eval student" $O/eval/student.json "$PYTHON" -m worlds.realworld --ckpt $O/student "${EVAL[@]}" \
                                           --thresholds $THRESHOLDS --teacher $O/eval/ar.json --out $O/eval/student.json
-"$PYTHON" scripts/report.py conversion $O | tee $O/results.md
+"$PYTHON" -m scripts.report conversion $O | tee $O/results.md
 echo "run.sh: done in $((SECONDS - T0)) s; the tables are in $O/results.md. Try: python sample.py --ckpt $O/student --chat"
 }
 

@@ -5,15 +5,15 @@ row); `generate` picks one by the checkpoint's config.attn. What each computes: 
 
     python sample.py --ckpt out/ar-tiny --prompt "def fib(n):" --max_new_tokens 64
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --show_rounds   # which round committed what
-    python sample.py --ckpt DIR --chat          # a multi-turn session in the checkpoint's chat template (chat.py)
+    python sample.py --ckpt DIR --chat          # a multi-turn session in the checkpoint's chat template (lib/chat.py)
 """
 import time
 from dataclasses import dataclass
 
 import torch
-import chat
-import cli
-import compiling
+from lib import chat
+from lib import cli
+from lib import compiling
 from model import Qwen3, attend, canvas
 
 STOP_EVERY = 32  # AR: how many tokens between the (host-syncing) "every row has produced eos" checks
@@ -400,7 +400,7 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
                           **common)
 
 
-# ---- the command line (its terminal side: chat.py) ------------------------------------------------------
+# ---- the command line (its terminal side: lib/chat.py) ------------------------------------------------------
 
 def model_defaults(generation):
     """generation_config.json (a dict; None: the checkpoint has none) -> the sampling settings it sets, read as
@@ -417,7 +417,7 @@ def model_defaults(generation):
 
 
 def main():
-    from tokenizer import load_tokenizer
+    from lib.tokenizer import load_tokenizer
     p = cli.parser(__doc__)
     chat.add_args(p)
     args = p.parse_args()
@@ -444,7 +444,7 @@ def main():
         return chat.session(model, tok, args.max_new_tokens, answer, kw, args.block_size)
     rows = chat.prompt_rows(tok, args, model.config.attn)
     if args.data:
-        import data
+        from lib import data
         rows = data.code_prompts(data.load_splits(args.data, "sample: --data", like=model)[1], tok, len(rows), 32)
     t0 = time.perf_counter()
     try:

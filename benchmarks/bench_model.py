@@ -10,17 +10,17 @@ so that noise from other processes on the machine hits both alike. How to read t
 - on CUDA: MFU against the GPU's dense bf16 peak (runner.peak_flops), and peak GiB = the model's own
   weights + the most memory a step allocated above what was resident before it (activations, gradients),
   i.e. about what that model alone would need. --grad_checkpoint shows the activation saving, e.g.
-  `python bench.py --preset qwen3-0.6b --seq_len 4096 --batch_size 1 --grad_checkpoint` on a GPU.
+  `python -m benchmarks.bench --preset qwen3-0.6b --seq_len 4096 --batch_size 1 --grad_checkpoint` on a GPU.
 - --compile adds a row for torch.compile(ours) (its first warmup step includes compilation).
 
-Example: python bench.py --preset tiny --batch_size 8 --seq_len 256
+Example: python -m benchmarks.bench --preset tiny --batch_size 8 --seq_len 256
 """
 import statistics
 
 import torch
 
-from runner import mfu
-from training import model_flops_per_token
+from lib.runner import mfu
+from lib.training import model_flops_per_token
 from benchmarks.common import build_hf, build_ours, machine, measure, nbytes, train_step
 
 

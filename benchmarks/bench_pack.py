@@ -12,7 +12,7 @@ with the others' (median of --iters after one warmup, which also compiles):
 - OPDLM (block 4, on-policy): 8 prompts of the chat data, a 16-token rollout at threshold 0.9 and the update; before
   (fp32, per-tensor AdamW) and after (fused AdamW, bf16 autocast). Useful: the prompts' real tokens and the rollout.
 
-Example: python bench.py --what pack --iters 3
+Example: python -m benchmarks.bench --what pack --iters 3
 """
 import contextlib
 import tempfile
@@ -34,9 +34,9 @@ def window_useful(spans, starts, T):
 def sft_step(student, teacher, train, roles, spans, starts, *, shape, fused, bf16, lam, gen, eos_id):
     """-> step() running one align.py step on the variant's batch; it returns the useful tokens it trained on."""
     import align
-    import data
+    from lib import data
     import diffusion
-    from training import configure_optimizer
+    from lib.training import configure_optimizer
     c = student.config
     opt = configure_optimizer(student, 1e-5, 0.1, fused=fused)
     layers = list(range(c.num_hidden_layers + 1))
@@ -65,7 +65,7 @@ def sft_step(student, teacher, train, roles, spans, starts, *, shape, fused, bf1
 def distill_step(student, teacher, pool, *, fused, bf16, gen, ends, vocab):
     """-> step() running one distill.py step (on-policy) on 8 prompts of the pool; it returns the useful tokens."""
     import distill
-    from training import configure_optimizer
+    from lib.training import configure_optimizer
     opt = configure_optimizer(student, 1e-5, 0.1, fused=fused)
     ctx = torch.autocast("cpu", torch.bfloat16) if bf16 else contextlib.nullcontext()
 
@@ -84,14 +84,14 @@ def distill_step(student, teacher, pool, *, fused, bf16, gen, ends, vocab):
 
 def bench_pack(args, device, dtype):
     import convert
-    import data
-    import training
-    from tokenizer import Tokenizer
+    from lib import data
+    from lib import training
+    from lib.tokenizer import Tokenizer
     if device.type != "cpu":
-        raise SystemExit("bench.py --what pack measures the CPU's training step (--device cpu)")
+        raise SystemExit("bench --what pack measures the CPU's training step (--device cpu)")
     ckpt, data_dir = Path(args.ckpt or "out/real/ar"), Path(args.data or "data/real/chat")
     if not (ckpt / "config.json").exists() or not (data_dir / "meta.json").exists():
-        raise SystemExit(f"bench.py --what pack: needs SmolLM2 in {ckpt} and its chat data in {data_dir}: run "
+        raise SystemExit(f"bench --what pack: needs SmolLM2 in {ckpt} and its chat data in {data_dir}: run "
                          "`bash run.sh real` (its import, prompts and corpus stages) first, or pass --ckpt and --data")
     tok = Tokenizer.from_pretrained(ckpt)
     train, roles = data.load_split(data_dir, "train"), data.load_roles(data_dir, "train")

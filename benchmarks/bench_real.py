@@ -12,7 +12,7 @@ process, median of --iters after one warmup, and the last column is the ratio (a
   masked diffusion, 32 tokens, one block, one token per step, with Fast-dLLM's prefix and dual caches against none;
   block diffusion (block 4) with its exact KV cache against recomputing everything, threshold 0.9.
 
-Example: python bench.py --what real --iters 3
+Example: python -m benchmarks.bench --what real --iters 3
 """
 import tempfile
 
@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.bench_sample import hf_generator
 from benchmarks.common import build_hf, machine, race, train_step
-from checkpoint import rows_with_mask
+from lib.checkpoint import rows_with_mask
 from model import Qwen3
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that adds two numbers.", "Name a color.",
@@ -50,7 +50,7 @@ def train_race(ckpt, B, T, device, dtype, iters):
 
 def bench_real(args, device, dtype):
     from sample import ar_generate, block_generate, diffusion_generate
-    from tokenizer import Tokenizer
+    from lib.tokenizer import Tokenizer
     ckpt, ar = load_real(args.ckpt, device, dtype)
     tok = Tokenizer.from_pretrained(ckpt)
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]

@@ -22,15 +22,15 @@ forward and agreement. On a machine shared with other jobs, run with OMP_NUM_THR
 wait on each other under load can be 20x slower) and compare within a table, not across runs.
 
 --what cache: Fast-dLLM's approximate caches on a TRAINED masked-diffusion DLM of the exact-answer world (--ckpt,
---data: tasks.py's output): every held-out prompt decoded by tasks.exact_match with cache none / prefix / dual,
+--data: worlds/tasks.py's output): every held-out prompt decoded by tasks.exact_match with cache none / prefix / dual,
 interleaved, for one block and for blocks of 4, at threshold 0.9 and 1: exact match per family, the share of
 answers identical to the uncached sampler's, tokens per forward, tokens/s. What the caches cost in answers, where
 random weights (--what sample) can only show what they gain in speed.
-Example: python bench.py --what cache --ckpt out/tasks/align --data data/tasks --batch_size 64
+Example: python -m benchmarks.bench --what cache --ckpt out/tasks/align --data data/tasks --batch_size 64
 
-Examples: python bench.py --what sample --ckpt out/ar-tiny
-          python bench.py --what sample --preset mid --compile --iters 1
-          python bench.py --what sample --ckpt out/align --data data/stdlib --no_hf   # the caches' agreement
+Examples: python -m benchmarks.bench --what sample --ckpt out/ar-tiny
+          python -m benchmarks.bench --what sample --preset mid --compile --iters 1
+          python -m benchmarks.bench --what sample --ckpt out/align --data data/stdlib --no_hf   # the caches' agreement
 """
 import statistics
 from types import SimpleNamespace
@@ -80,12 +80,12 @@ def random_prompts(vocab_size):
 
 def bench_sample(args, device, dtype):
     from sample import ar_generate, block_generate, diffusion_generate
-    from tasks import throughput
+    from worlds.tasks import throughput
     model = sample_model(args, device, dtype)
     c, iters = model.config, args.iters or 3
     if args.data:  # real prompts: the first 16 tokens of validation documents, from their first function
-        import data
-        import training
+        from lib import data
+        from lib import training
         tok = training.load_tokenizer(args.ckpt, c)
         prompts = data.code_prompts(data.load_split(args.data, "val"), tok, 8, 16)
     else:
@@ -199,17 +199,17 @@ def bench_sample(args, device, dtype):
 
 def bench_cache(args, device, dtype):
     """Fast-dLLM's approximate caches on a trained masked-diffusion DLM of the exact-answer world: what they cost in
-    answers, next to what they gain in speed. Every held-out prompt of --data (tasks.py's heldout.jsonl) decoded
+    answers, next to what they gain in speed. Every held-out prompt of --data (worlds/tasks.py's heldout.jsonl) decoded
     greedily by tasks.exact_match with cache none / prefix / dual, run interleaved --iters times (tokens/s: the
     median; it includes exact_match's tokenizing and checking, the same for every cache), for one block holding the
     whole answer (prefix and dual coincide: nothing follows it) and blocks of 4, at threshold 0.9 and 1 (beyond the
     most confident token only those of probability 1.0 commit: in practice one token a forward). 'same answers':
     the share of the last run's completions identical to the first uncached run's (for none: the sampler is
     deterministic)."""
-    import tasks
-    import training
+    from worlds import tasks
+    from lib import training
     if not (args.ckpt and args.data):
-        raise SystemExit("bench: --what cache needs --ckpt (a masked-diffusion DLM) and --data (tasks.py's output)")
+        raise SystemExit("bench: --what cache needs --ckpt (a masked-diffusion DLM) and --data (worlds.tasks' output)")
     model = Qwen3.from_pretrained(args.ckpt, device=device, dtype=dtype).eval()
     if model.config.attn != "bidirectional":
         raise SystemExit(f"bench: {args.ckpt} is a {model.config.attn} model; the caches are masked diffusion's")

@@ -2,7 +2,7 @@
 --what align: one align.py training step for λ = 0 (the "AR fine-tuning" baseline: no teacher), λ = 10, and
 λ = 10 with embed+mlp frozen (shared with the teacher), interleaved; step-time ratios against λ = 0 (the
 teacher's forward is the overhead) and the throughput gain from freezing. On a GPU:
-`python bench.py --what align --preset qwen3-0.6b --seq_len 2048 --batch_size 1` adds MFU and peak memory.
+`python -m benchmarks.bench --what align --preset qwen3-0.6b --seq_len 2048 --batch_size 1` adds MFU and peak memory.
 
 --what distill: one distill.py iteration on --preset's random weights (OPDLM's student: block 4, unshifted;
 the teacher a second copy), batch --batch_size, 16-token prompts, a --seq_len-token rollout at threshold 0.9,
@@ -10,7 +10,7 @@ temperature 1.0, no end-of-sequence token: the time of the rollout, the teacher'
 update (forward, backward, AdamW). Then, on one rollout batch, the vectorised student forward over
 [prompt, x0, xt] against the one-forward-per-block reference (diffusion.per_block_logits), interleaved, with
 their losses (equal up to rounding). Random weights commit one token per round, so the rollout is the slowest
-case (seq_len forwards). On a GPU: `python bench.py --what distill --preset qwen3-0.6b --seq_len 512
+case (seq_len forwards). On a GPU: `python -m benchmarks.bench --what distill --preset qwen3-0.6b --seq_len 512
 --batch_size 1` (the Qwen3-0.6B shape, rollout 512).
 """
 import contextlib
@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from runner import mfu
+from lib.runner import mfu
 from benchmarks.common import build_ours, machine, measure, timeit
 
 
@@ -28,7 +28,7 @@ def align_step(preset, device, dtype, B, T, lam, freeze=()):
     weights) and, for lam > 0, its frozen teacher (an equal copy, as after convert.py; frozen groups shared)."""
     import align
     import diffusion
-    from training import configure_optimizer, flops_per_token, freeze as freeze_groups, share_frozen
+    from lib.training import configure_optimizer, flops_per_token, freeze as freeze_groups, share_frozen
     student = build_ours(preset, device, dtype)  # same seed: student and teacher start equal, as after convert.py
     c = student.config
     c.attn, c.mask_token_id, c.shift = "bidirectional", c.vocab_size - 1, True  # the last row: never a token
@@ -112,7 +112,7 @@ class DistillRun:
 
     def __init__(self, preset, device, dtype, B, N, bs=4):
         import distill
-        from training import configure_optimizer
+        from lib.training import configure_optimizer
         self.distill, self.N, self.bs = distill, N, bs
         self.student = build_ours(preset, device, dtype)
         self.teacher = build_ours(preset, device, dtype).requires_grad_(False).eval()

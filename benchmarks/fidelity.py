@@ -1,6 +1,6 @@
 """
 The fidelity run (`bash fidelity.sh`, docs/scale.md "One fidelity run"): the methods' claims at a teacher ~40x the
-embedded default's, in at most 6 minutes on one H200, by subprocesses of the scripts themselves: data.py (this
+embedded default's, in at most 6 minutes on one H200, by subprocesses of the scripts themselves: lib/data.py (this
 Python's standard library) -> pretrain.py (a Qwen3-shaped teacher, written at FIDELITY's shape by this driver and
 passed as --init) -> convert.py (bidirectional for REPR-ALIGN, block 4 shifted for OPDLM, as run.sh) -> align.py
 at λ = 0 and λ = 10, evaluated every few steps -> distill.py on- and off-policy. Ends with one markdown table: per
@@ -9,7 +9,7 @@ generate at threshold 0.9; OPDLM: its rollouts'), step time and MFU (from each r
 stage starts after the budget (its row says skipped); each has its own wall-clock limit. `--device cpu --tiny` runs
 the same chain at a micro shape in seconds (the test's).
 
-The GPU estimate (H200, bf16 autocast by training.py on CUDA): the teacher has ~50M parameters (hidden 640, 10
+The GPU estimate (H200, bf16 autocast by lib/training.py on CUDA): the teacher has ~50M parameters (hidden 640, 10
 layers, MLP 1920, 10 heads of 64, 5 KV heads, vocabulary 1088 tied). Pretraining: batch 64 x 512 tokens = 32,768
 tokens a step, 6·N·tokens ~ 1.0e13 FLOPs a step; at ~10% of the ~990 TFLOP/s bf16 peak (a model this small
 reaches a fraction of the 30-40% that large ones do) ~ 0.1 s a step, so 800 steps ~ 80 s, 26M tokens, ~0.5
@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+from lib import cli
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-import cli  # noqa: E402
 
 # shape: the teacher's (model.preset("tiny", **shape)); pretrain/align/distill: their flags; limits: each stage's
 # wall-clock seconds; budget: no stage starts later (seconds since the start)
@@ -113,12 +113,12 @@ def main():
         return status
 
     data_dir = out / "data"
-    st = "ok" if (data_dir / "meta.json").exists() else stage("data", "data", ["data.py", "--out_dir", str(data_dir),
-                                                                              *cfg["data"]])
+    st = "ok" if (data_dir / "meta.json").exists() else stage("data", "data", ["-m", "lib.data", "--out_dir",
+                                                                              str(data_dir), *cfg["data"]])
     teacher = out / "ar"
     if st == "ok":
         meta = json.loads((data_dir / "meta.json").read_text())
-        from tokenizer import Tokenizer
+        from lib.tokenizer import Tokenizer
         tok = Tokenizer.from_pretrained(data_dir)
         n = write_teacher(out / "ar-init", cfg["shape"], tok, args.seed)
         def flag(f):

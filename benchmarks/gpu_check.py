@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from runner import mfu, peak_flops
-from training import model_flops_per_token
+from lib.runner import mfu, peak_flops
+from lib.training import model_flops_per_token
 from benchmarks.bench_sample import hf_generator, random_prompts
 from benchmarks.bench_train import DistillRun, align_step
 from benchmarks.common import (build_hf, build_ours, machine, measure, meta_model, nbytes, peak_memory, timeit,

@@ -1,13 +1,13 @@
 """
 The real model's conversion tables (run.sh real, and the curves of scripts/repro_real.sh's parts), read from the JSON
-that realworld.py and the training scripts write. scripts/report.py dispatches to them:
+that worlds/realworld.py and the training scripts write. scripts/report.py dispatches to them:
 
-    python scripts/report.py conversion out/real            # the student against its teacher: out/real/results.md
+    python -m scripts.report conversion out/real            # the student against its teacher: out/real/results.md
 """
 import json
 from pathlib import Path
 
-import cli
+from lib import cli
 from scripts.protocol import pval
 from scripts.stats import holm, paired_t, seeds_ahead
 

@@ -4,8 +4,8 @@ end-token rule (free, last, penalty 1 and 3), at thresholds 0.5 / 0.7 / 0.9 / 1.
 canvas and of 4 (masked diffusion; a block DLM keeps its own block), on canvases of 6 and 16 slots; the AR teacher
 decodes the same prompts once. Each rule is paired per prompt against free in the same setting.
 
-    python scripts/eos_grid.py --run out/tasks --data data/tasks --models align0 align distill distill-off
-    python scripts/eos_grid.py --world real --run out/real --models align distill   # bash run.sh real's DLMs
+    python -m scripts.eos_grid --run out/tasks --data data/tasks --models align0 align distill distill-off
+    python -m scripts.eos_grid --world real --run out/real --models align distill   # bash run.sh real's DLMs
 
 The real world (SmolLM2-135M-Instruct, run.sh real): its held-out prompts judged by realworld.check, at the run's
 canvas of 16 and at 32 (its answers need more than 6 slots), with the run's KV cache (dual: approximate); the
@@ -21,10 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules
-import cli  # noqa: E402
-import realworld  # noqa: E402
-from scripts.stats import holm, mcnemar, paired_t  # noqa: E402
+from lib import cli
+from worlds import realworld
+from scripts.stats import holm, mcnemar, paired_t
 
 RULES = [("free", 0.0), ("last", 0.0), ("penalty", 1.0), ("penalty", 3.0)]
 THRESHOLDS = (0.5, 0.7, 0.9, 1.0)
@@ -45,8 +44,8 @@ def summary(rows):
 
 
 def grid(run_dir, data_dir, models, per_family, batch_size, canvases=CANVASES):
-    import tasks
-    import training
+    from worlds import tasks
+    from lib import training
     from model import Qwen3
     out = {"teacher": None, "rows": []}
     teacher = Qwen3.from_pretrained(Path(run_dir) / "ar").eval()
@@ -77,7 +76,7 @@ def grid(run_dir, data_dir, models, per_family, batch_size, canvases=CANVASES):
 
 def grid_real(run_dir, models, families, per_family, canvases, cache="dual"):
     """grid() for run.sh real: its held-out prompts (realworld.build, the run's seed) and checker."""
-    import training
+    from lib import training
     from model import Qwen3
     teacher = json.loads((Path(run_dir) / "eval" / "ar.json").read_text())
     right = [r["right"] for r in next(iter(teacher["runs"].values()))["rows"]]
@@ -163,7 +162,7 @@ def main():
     p.add_argument("--world", default="tasks", choices=("tasks", "real"), help="the task world (run.sh) or the real "
                    "model (run.sh real)")
     p.add_argument("--run", default=None, help="run.sh's output (ar/ and the DLMs; default out/tasks, out/real)")
-    p.add_argument("--data", default="data/tasks", help="the task world: tasks.py's output (heldout.jsonl)")
+    p.add_argument("--data", default="data/tasks", help="the task world: worlds/tasks.py's output (heldout.jsonl)")
     p.add_argument("--models", nargs="+", default=None, help="default: align0 align distill distill-off (tasks), "
                    "align distill (real)")
     p.add_argument("--num_prompts", type=int, default=None, help="held-out prompts per family (default: 100 (tasks), "

@@ -3,25 +3,23 @@ Right-over-wrong preference pairs from a checkpoint's own samples, judged by rl.
 baselines that meet diffu-GRPO on the same judge (DPO on the DLM: `dpo.py --dlm`; AR-MAP: `dpo.py` on the AR
 teacher's pairs, then `merge.py merge`).
 
-    python scripts/judged_pairs.py --ckpt out/tasks/align0 --prompts data/tasks/prompts.jsonl --out pairs.jsonl
+    python -m scripts.judged_pairs --ckpt out/tasks/align0 --prompts data/tasks/prompts.jsonl --out pairs.jsonl
 
 Each prompt gets --group samples (temperature 1; a DLM at --threshold), each judged; a prompt with a right and a
 wrong sample gives one pair, its first right sample over its first wrong one. Records {prompt, chosen, rejected}, each
 response closed by the end text, as dpo.py reads them; --heldout N writes the last N pairs to a second file.
 """
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules
-import torch  # noqa: E402
+import torch
 
-import cli  # noqa: E402
-import data  # noqa: E402
-import rl  # noqa: E402
-import sample  # noqa: E402
-import training  # noqa: E402
+from lib import cli
+from lib import data
+import rl
+import sample
+from lib import training
 
 
 def judged_pairs(model, tok, records, reward, *, group, threshold, batch_size, seed, max_new_tokens):

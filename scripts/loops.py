@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-import cli
-import data
-import realworld
+from lib import cli
+from lib import data
+from worlds import realworld
 import sample
-import training
+from lib import training
 
 OPEN_PROMPTS = [
     "Write a haiku about autumn.", 'Translate "good morning" into French.', "Give me three tips for better sleep.",

@@ -3,8 +3,8 @@ The verdict protocol's runs in the two small worlds (docs/results.md, "The verdi
 sweep chooses, the equal-time arm's steps, and the tables of a protocol run (the sweep, the arms on the test
 split, the tests named in advance with Holm's correction). The scripts call them through scripts/report.py:
 
-    python scripts/report.py val_sweep out/tasks/repro-align p-lam0 1e-2 3e-3 1e-3 3e-4   # prints the chosen rate
-    python scripts/report.py align_protocol out/tasks/repro-align 3e-3 1e-3 102 "1e-2 3e-3 1e-3 3e-4" 1 2 3 4 5
+    python -m scripts.report val_sweep out/tasks/repro-align p-lam0 1e-2 3e-3 1e-3 3e-4   # prints the chosen rate
+    python -m scripts.report align_protocol out/tasks/repro-align 3e-3 1e-3 102 "1e-2 3e-3 1e-3 3e-4" 1 2 3 4 5
 
 Each function takes the strings its script passes and reads the files those runs wrote.
 """
@@ -14,7 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
-import cli
+from lib import cli
 from scripts.stats import chosen_rate, equal_time_steps, holm, mcnemar, paired_t, seeds_ahead
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real model's arms side by side at a small budget (the comparison behind docs/results.md's SmolLM2 column):
-# SmolLM2-135M-Instruct from its GGUF -> its own greedy replies to chat prompts made in code (realworld.py) as the
+# SmolLM2-135M-Instruct from its GGUF -> its own greedy replies to chat prompts made in code (worlds/realworld.py) as the
 # instruction data -> conversions -> λ = 0 (at equal steps and equal time), REPR-ALIGN, OPDLM on and off policy ->
 # DPO + AR-MAP against DPO on the DLM (prefer a closing full stop) -> every model's accuracy, agreement with the
 # teacher, tokens per forward and −ELBO, in out/real-arms/results.md (~51 min on a fresh clone, 2 cores).
@@ -30,9 +30,9 @@ fi
 PROMPTS=(--families $FAMILIES --per_family $PER --max_new_tokens $N)
 # the teacher on the held-out prompts (its replies: what agreement and the ELBO are measured against), and its greedy
 # replies to CHATS training prompts: the chat data, and the full stop's preference pairs
-stage prompts   $D/chats.jsonl          "$PYTHON" realworld.py --ckpt $AR --out_dir $D "${PROMPTS[@]}" --chats $CHATS \
+stage prompts   $D/chats.jsonl          "$PYTHON" -m worlds.realworld --ckpt $AR --out_dir $D "${PROMPTS[@]}" --chats $CHATS \
                                           --out $O/eval/ar.json
-stage corpus    $D/chat/meta.json       "$PYTHON" data.py --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
+stage corpus    $D/chat/meta.json       "$PYTHON" -m lib.data --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
                                           --val_fraction 0.1
 stage convert   $O/dlm/config.json      "$PYTHON" convert.py --ar $AR --out_dir $O/dlm --attn bidirectional
 stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir $O/block --attn block --block_size 4
@@ -67,8 +67,8 @@ stage dpo-dlm   $O/dlm-dpo/results.json "$PYTHON" dpo.py --dlm --ar $O/align "${
                                           --out_dir $O/dlm-dpo
 MODELS="ar-dpo dlm align0 align0-time align block distill-off distill merged dlm-dpo"
 for m in $MODELS; do
-  stage "eval $m" $O/eval/$m.json "$PYTHON" realworld.py --ckpt $O/$m "${PROMPTS[@]}" --thresholds $THRESHOLDS \
+  stage "eval $m" $O/eval/$m.json "$PYTHON" -m worlds.realworld --ckpt $O/$m "${PROMPTS[@]}" --thresholds $THRESHOLDS \
     --teacher $O/eval/ar.json --cache dual --out $O/eval/$m.json
 done
-"$PYTHON" scripts/report.py real_world $O ar $MODELS | tee $O/results.md
+"$PYTHON" -m scripts.report real_world $O ar $MODELS | tee $O/results.md
 echo "scripts/real_arms.sh: done in $((SECONDS - T0)) s; the tables are in $O/results.md. Try: python sample.py --ckpt $O/distill --chat"

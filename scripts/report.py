@@ -3,8 +3,8 @@ The tables of run.sh and the reproduction scripts (scripts/repro_*.sh), rendered
 one function per table, each printing markdown (the scripts tee it into their results.md / table.md); the verdict
 protocol's sweeps and tables are in scripts/protocol.py, the statistics in scripts/stats.py.
 
-    python scripts/report.py tasks_world ar ar-dpo dlm align0 align ...    # what run.sh prints at its end
-    python scripts/report.py repro_align out/repro lambda0 lambda10 ...
+    python -m scripts.report tasks_world ar ar-dpo dlm align0 align ...    # what run.sh prints at its end
+    python -m scripts.report repro_align out/repro lambda0 lambda10 ...
 
 Each function takes the strings its script passes (paths, names, numbers) and reads the files those runs wrote.
 tests/test_report.py renders each one from small JSON files made in the test.
@@ -20,11 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project's modules (eval.py, distill.py, ...)
-import cli  # noqa: E402
-from scripts import conversion, protocol  # noqa: E402
-from scripts.protocol import stage_seconds  # noqa: E402
-from scripts.stats import chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead  # noqa: E402
+from lib import cli
+from scripts import conversion, protocol
+from scripts.protocol import stage_seconds
+from scripts.stats import chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead
 
 
 def split(r):
@@ -169,9 +168,9 @@ def distill_untrained(*args):
     """repro_distill.sh: distill.py's evaluation of an untrained conversion. args: the results.json to write, then
     distill.py's flags."""
     argv = ["distill_untrained", *map(str, args)]
-    import data
+    from lib import data
     import distill
-    import training
+    from lib import training
     args = distill.p.parse_args(argv[2:])
     device, ctx = cli.setup(args.device, args.seed)
     student = training.load_model(args.init, device, "repro_distill: student")
@@ -635,8 +634,8 @@ def real_sweep_table(*args):
     """repro_real.sh: the sweep's table. args: S (each arm's rates from its ARM.rates; else RATES, DPO_RATES)."""
     S = Path(args[0])
     starts = {"ar-dpo": "ar-self", "dlm-dpo": "dlm-dpo-start"}
-    print("Validation prompts (realworld.py --split validation), seed 1337: −ELBO of the teacher's replies (bits per "
-          "token), accuracy, full-stop share (threshold 0.9 for DLMs, dual cache); * the chosen rate.\n")
+    print("Validation prompts (worlds.realworld --split validation), seed 1337: −ELBO of the teacher's replies (bits "
+          "per token), accuracy, full-stop share (threshold 0.9 for DLMs, dual cache); * the chosen rate.\n")
     rows = []
     for arm, rule in SWEEP_ARMS.items():
         rates = sweep_rates(S, arm, None if len(args) < 3 else args[2] if rule == "stop" else args[1])
@@ -793,5 +792,5 @@ TABLES = {f.__name__: f for f in (tasks_world, stdlib_world, repro_align, distil
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:
-        raise SystemExit(f"usage: python scripts/report.py {{{'|'.join(TABLES)}}} ARGS...")
+        raise SystemExit(f"usage: python -m scripts.report {{{'|'.join(TABLES)}}} ARGS...")
     TABLES[sys.argv[1]](*sys.argv[2:])

@@ -55,28 +55,28 @@ if [ "$ONLY" = protocol ]; then
   for r in $SWEEP_LRS; do
     for l in 0 10; do prun lam$l-$r $s0 --lambda_align $l $(lr $r); lik lam$l-$r-s$s0 first val-lam$l-$r; done
   done
-  r0=$("$PYTHON" scripts/report.py nelbo_sweep $P val-lam0 $SWEEP_LRS)
-  r10=$("$PYTHON" scripts/report.py nelbo_sweep $P val-lam10 $SWEEP_LRS)
-  k=$("$PYTHON" scripts/report.py time_steps $P/lam10-$r10-s$s0 $P/lam0-$r0-s$s0 100)  # λ = 0's in λ = 10's time
+  r0=$("$PYTHON" -m scripts.report nelbo_sweep $P val-lam0 $SWEEP_LRS)
+  r10=$("$PYTHON" -m scripts.report nelbo_sweep $P val-lam10 $SWEEP_LRS)
+  k=$("$PYTHON" -m scripts.report time_steps $P/lam10-$r10-s$s0 $P/lam0-$r0-s$s0 100)  # λ = 0's in λ = 10's time
   for s in $SEEDS; do
     prun lam0-$r0 $s --lambda_align 0 $(lr $r0)
     prun lam10-$r10 $s --lambda_align 10 $(lr $r10)
     prun lam0time-$r0 $s --lambda_align 0 $(lr $r0) --max_iters $k
     for m in lam0-$r0 lam10-$r10 lam0time-$r0; do lik $m-s$s second $m-s$s; done
   done
-  "$PYTHON" scripts/report.py stdlib_align_protocol $P $r0 $r10 $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  "$PYTHON" -m scripts.report stdlib_align_protocol $P $r0 $r10 $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
   # cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule
   for l in ${L2_LAMBDAS:-0.3 1 3}; do
     for r in $SWEEP_LRS; do
       prun l2-$l-$r $s0 --lambda_align $l --align_metric l2 $(lr $r); lik l2-$l-$r-s$s0 first val-l2-$l-$r
     done
   done
-  read -r l2 rl2 < <("$PYTHON" scripts/report.py nelbo_l2_sweep $P "${L2_LAMBDAS:-0.3 1 3}" "$SWEEP_LRS")
+  read -r l2 rl2 < <("$PYTHON" -m scripts.report nelbo_l2_sweep $P "${L2_LAMBDAS:-0.3 1 3}" "$SWEEP_LRS")
   for s in $SEEDS; do
     prun l2-$l2-$rl2 $s --lambda_align $l2 --align_metric l2 $(lr $rl2)
     lik l2-$l2-$rl2-s$s second l2-$l2-$rl2-s$s
   done
-  "$PYTHON" scripts/report.py stdlib_l2_protocol $P $r10 $l2 $rl2 "${L2_LAMBDAS:-0.3 1 3}" "$SWEEP_LRS" $SEEDS \
+  "$PYTHON" -m scripts.report stdlib_l2_protocol $P $r10 $l2 $rl2 "${L2_LAMBDAS:-0.3 1 3}" "$SWEEP_LRS" $SEEDS \
     | tee $P/protocol-l2.md
   exit 0
 fi
@@ -106,7 +106,7 @@ if [ "$ONLY" = all ]; then
   run frozen-mlp     --freeze embed,mlp                           # the paper's speed claim: step time
 fi
 
-"$PYTHON" scripts/report.py repro_align "$OUT" "${RUNS[@]}" | tee "$OUT/table.md"
-# The figure next to the table (plot.py needs matplotlib, an optional extra): the four convergence runs.
-"$PYTHON" plot.py "$OUT/lambda0" "$OUT/lambda10" "$OUT/lambda0-frozen" "$OUT/lambda10-frozen" \
+"$PYTHON" -m scripts.report repro_align "$OUT" "${RUNS[@]}" | tee "$OUT/table.md"
+# The figure next to the table (lib/plot.py needs matplotlib, an optional extra): the four convergence runs.
+"$PYTHON" -m lib.plot "$OUT/lambda0" "$OUT/lambda10" "$OUT/lambda0-frozen" "$OUT/lambda10-frozen" \
   --keys val_acc@0.5 val_nelbo "val_cos*" --out "$OUT/curves.png" || echo "scripts/repro_align.sh: no figure (pip install matplotlib)"

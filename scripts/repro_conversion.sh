@@ -23,7 +23,7 @@ D=data/real O=out/real
 ARM=${ARM:?set ARM=block0, masked0 or align} LR=${LR:-1e-4} SEED=${SEED:-1337}
 [ -e $O/dlm/config.json ] || "$PYTHON" convert.py --ar $O/ar --out_dir $O/dlm --attn bidirectional
 case $ARM in  # 60 minutes at the seconds a step measured on a 2-core VM (block 5.0, masked 2.1, REPR-ALIGN 2.8; the
-  # last two from bench.py --what pack; OPDLM about 5), the snapshots at about 5, 10, 20 and 40 minutes
+  # last two from benchmarks/bench.py --what pack; OPDLM about 5), the snapshots at about 5, 10, 20 and 40 minutes
   block0)  SCRIPT=align.py INIT=$O/block FLAGS=(--lambda_align 0) DEF_STEPS=720 DEF_SNAPS=60,120,240,480 ;;
   masked0) SCRIPT=align.py INIT=$O/dlm FLAGS=(--lambda_align 0) DEF_STEPS=1700 DEF_SNAPS=140,285,570,1140 ;;
   align)   SCRIPT=align.py INIT=$O/dlm FLAGS=(--lambda_align 10) DEF_STEPS=1280 DEF_SNAPS=105,215,430,860 ;;
@@ -52,8 +52,8 @@ stage "train $ARM" $R/results.json "$PYTHON" $SCRIPT --init $INIT --data $D/chat
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens 32 --teacher $O/eval/ar.json)
 for s in ${SNAPS//,/ } $STEPS; do
   thr=$([ "$s" = "$STEPS" ] && echo 0.5,0.7,0.9,0.95,1 || echo 0.9)
-  stage "eval $ARM step $s" $R/eval/step-$s.json "$PYTHON" realworld.py --ckpt $R/step-$s "${EVAL[@]}" \
+  stage "eval $ARM step $s" $R/eval/step-$s.json "$PYTHON" -m worlds.realworld --ckpt $R/step-$s "${EVAL[@]}" \
     --thresholds $thr --out $R/eval/step-$s.json
 done
-"$PYTHON" scripts/report.py conversion_curve $R | tee $R/curve.md
+"$PYTHON" -m scripts.report conversion_curve $R | tee $R/curve.md
 echo "scripts/repro_conversion.sh: done in $((SECONDS - T0)) s; $R/curve.md"

@@ -72,7 +72,7 @@ for s in shift noshift; do
   [ -e "$OUT/$s-untrained/results.json" ] && continue
   mkdir -p "$OUT/$s-untrained"
   # shellcheck disable=SC2086
-  "$PYTHON" scripts/report.py distill_untrained "$OUT/$s-untrained/results.json" --init "$OUT/init-$s" \
+  "$PYTHON" -m scripts.report distill_untrained "$OUT/$s-untrained/results.json" --init "$OUT/init-$s" \
     --teacher out/ar-tiny --data data/stdlib \
     --batch_size "$BATCH" $DISTILL_ARGS
   echo "== $s-untrained: evaluated by distill.evaluate ($((SECONDS - T0)) s)"
@@ -104,16 +104,16 @@ if [ "$PART" = protocol ]; then
       lik $pol-$r-s$s0 first val-$pol-$r
     done
   done
-  ron=$("$PYTHON" scripts/report.py nelbo_sweep $P val-on $SWEEP_LRS)
-  roff=$("$PYTHON" scripts/report.py nelbo_sweep $P val-off $SWEEP_LRS)
-  k=$("$PYTHON" scripts/report.py time_steps $P/on-$ron-s$s0 $P/off-$roff-s$s0 "$ITERS")  # off's steps in on's time
+  ron=$("$PYTHON" -m scripts.report nelbo_sweep $P val-on $SWEEP_LRS)
+  roff=$("$PYTHON" -m scripts.report nelbo_sweep $P val-off $SWEEP_LRS)
+  k=$("$PYTHON" -m scripts.report time_steps $P/on-$ron-s$s0 $P/off-$roff-s$s0 "$ITERS")  # off's steps in on's time
   for s in $SEEDS; do
     run protocol/on-$ron-s$s out/dlm-block "$ITERS" $s --policy on $(lr $ron)
     run protocol/off-$roff-s$s out/dlm-block "$ITERS" $s --policy off $(lr $roff)
     [ "$k" = "$ITERS" ] || run protocol/offtime-$roff-s$s out/dlm-block "$k" $s --policy off $(lr $roff)
     for m in on-$ron off-$roff $([ "$k" = "$ITERS" ] || echo offtime-$roff); do lik $m-s$s second $m-s$s; done
   done
-  "$PYTHON" scripts/report.py stdlib_opdlm_protocol $P $ron $roff $k "$ITERS" "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  "$PYTHON" -m scripts.report stdlib_opdlm_protocol $P $ron $roff $k "$ITERS" "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
   exit 0
 fi
 for seed in $SEEDS; do
@@ -141,11 +141,11 @@ for seed in $SEEDS; do
 done
 # The queued evaluations in one process (starting Python and torch for each would cost about as much as the
 # evaluations themselves); each one's output goes to its .log next to its .json.
-"$PYTHON" scripts/report.py eval_jobs "$JOBS" "$((SECONDS - T0))"
+"$PYTHON" -m scripts.report eval_jobs "$JOBS" "$((SECONDS - T0))"
 
-"$PYTHON" scripts/report.py repro_distill "$OUT" "$SEEDS" "$ITERS" "$ITERS_UNSHIFTED" | tee "$OUT/table.md"
-# The figure next to the table (plot.py needs matplotlib, an optional extra): the training KL of the first seed's runs.
+"$PYTHON" -m scripts.report repro_distill "$OUT" "$SEEDS" "$ITERS" "$ITERS_UNSHIFTED" | tee "$OUT/table.md"
+# The figure next to the table (lib/plot.py needs matplotlib, an optional extra): the training KL of the first seed's runs.
 first=${SEEDS%% *}
-"$PYTHON" plot.py "$OUT/shift-on-s$first" "$OUT/shift-off-s$first" "$OUT/shift-data-s$first" "$OUT/noshift-on-s$first" \
+"$PYTHON" -m lib.plot "$OUT/shift-on-s$first" "$OUT/shift-off-s$first" "$OUT/shift-data-s$first" "$OUT/noshift-on-s$first" \
   --keys kl max_len --out "$OUT/curves.png" || echo "scripts/repro_distill.sh: no figure (pip install matplotlib)"
 echo "scripts/repro_distill.sh: done in $((SECONDS - T0)) s; the table is in $OUT/table.md"

@@ -53,9 +53,9 @@ if [ "$PART" = protocol ]; then
     stage "winrate val $r" $P/eval/val-$r.json "$PYTHON" eval.py winrate --ckpt $P/ar-map-$r-s$s0 $P/dlm-dpo-$r-s$s0 \
       --ref out/align --pairs $P/pairs_val.jsonl --samples 32 --seed $s0 --out $P/eval/val-$r.json
   done
-  ra=$("$PYTHON" scripts/report.py winrate_sweep $P 0 $SWEEP_LRS)  # AR-MAP: the first --ckpt
-  rd=$("$PYTHON" scripts/report.py winrate_sweep $P 1 $SWEEP_LRS)
-  k=$("$PYTHON" scripts/report.py dlm_dpo_steps $P $ra $rd 30 $s0)  # DLM-only's steps in AR-MAP's seconds (dpo.py: 30)
+  ra=$("$PYTHON" -m scripts.report winrate_sweep $P 0 $SWEEP_LRS)  # AR-MAP: the first --ckpt
+  rd=$("$PYTHON" -m scripts.report winrate_sweep $P 1 $SWEEP_LRS)
+  k=$("$PYTHON" -m scripts.report dlm_dpo_steps $P $ra $rd 30 $s0)  # DLM-only's steps in AR-MAP's seconds (dpo.py: 30)
   for s in $SEEDS; do
     routes $ra $rd $s
     ms="$P/ar-map-$ra-s$s $P/dlm-dpo-$rd-s$s"
@@ -73,7 +73,7 @@ if [ "$PART" = protocol ]; then
   done
   stage "likelihood align" $P/eval/lik-align.json "$PYTHON" eval.py likelihood --ckpt out/align --data data/stdlib \
     --n_batches 8 --n_draws 4 --half second --out $P/eval/lik-align.json
-  "$PYTHON" scripts/report.py stdlib_armap_protocol $P $ra $rd $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  "$PYTHON" -m scripts.report stdlib_armap_protocol $P $ra $rd $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
   exit 0
 fi
 D=data/tasks O=out/tasks
@@ -109,5 +109,5 @@ for s in $SEEDS; do
       --data data/stdlib --n_batches 4 --n_draws 4 --out $R/$m.likelihood.json
   done
 done
-"$PYTHON" scripts/report.py repro_dlm_dpo "$OUT" $SEEDS | tee "$OUT/table.md"
+"$PYTHON" -m scripts.report repro_dlm_dpo "$OUT" $SEEDS | tee "$OUT/table.md"
 echo "scripts/repro_dlm_dpo.sh: done in $((SECONDS - T0)) s"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # AR-MAP with a preference the teacher already produces: a teacher trained on the exact-answer world with a share
-# MARK_SHARE of its answers ending in the full stop (tasks.py --mark_share), so the preferred form is one it has
+# MARK_SHARE of its answers ending in the full stop (worlds/tasks.py --mark_share), so the preferred form is one it has
 # written, in slots its training reached. Then as run.sh: the REPR-ALIGN DLM, DPO on the teacher toward the full
 # stop, and the merge at every γ of GAMMAS (each merged DLM evaluated: how often it ends an answer with the full
 # stop, and exact match), with DPO on the DLM itself (dpo.py --dlm) beside it. Finished stages are reused.
@@ -28,8 +28,8 @@ fi
 D=$OUT/data
 T0=$SECONDS
 source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
-stage tasks    $D/heldout.jsonl       "$PYTHON" tasks.py --out_dir $D --mark_share $MARK_SHARE "${TASKS[@]}"
-stage corpus   $D/meta.json           "$PYTHON" data.py --source $D/train.jsonl --out_dir $D
+stage tasks    $D/heldout.jsonl       "$PYTHON" -m worlds.tasks --out_dir $D --mark_share $MARK_SHARE "${TASKS[@]}"
+stage corpus   $D/meta.json           "$PYTHON" -m lib.data --source $D/train.jsonl --out_dir $D
 stage pretrain $OUT/ar/results.json   "$PYTHON" pretrain.py --data $D --out_dir $OUT/ar --loss_after " =" --seq_len 16 \
                                         --batch_size 64 "${PRE[@]}"
 stage convert  $OUT/dlm/config.json   "$PYTHON" convert.py --ar $OUT/ar --out_dir $OUT/dlm --attn bidirectional
@@ -59,9 +59,9 @@ if [ "$PART" = protocol ]; then
     score $P/ar-map-$r-s1 $D/validation.jsonl val-ar-map-$r
     score $P/dlm-dpo-$r-s1 $D/validation.jsonl val-dlm-dpo-$r
   done
-  ra=$("$PYTHON" scripts/report.py mark_sweep $P ar-map $SWEEP_LRS)
-  rd=$("$PYTHON" scripts/report.py mark_sweep $P dlm-dpo $SWEEP_LRS)
-  k=$("$PYTHON" scripts/report.py dlm_dpo_steps $P $ra $rd 100 1)  # DLM-only's steps in AR-MAP's seconds (seed 1)
+  ra=$("$PYTHON" -m scripts.report mark_sweep $P ar-map $SWEEP_LRS)
+  rd=$("$PYTHON" -m scripts.report mark_sweep $P dlm-dpo $SWEEP_LRS)
+  k=$("$PYTHON" -m scripts.report dlm_dpo_steps $P $ra $rd 100 1)  # DLM-only's steps in AR-MAP's seconds (seed 1)
   score $OUT/align $D align-s0
   for s in $SEEDS; do
     routes $ra $rd $s
@@ -73,7 +73,7 @@ if [ "$PART" = protocol ]; then
       score $P/dlm-dpo-time-$rd-s$s $D dlm-dpo-time-$rd-s$s
     fi
   done
-  "$PYTHON" scripts/report.py mark_protocol $P $ra $rd $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  "$PYTHON" -m scripts.report mark_protocol $P $ra $rd $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
   echo "scripts/repro_mark.sh: done in $((SECONDS - T0)) s"
   exit 0
 fi
@@ -89,5 +89,5 @@ for m in $MODELS; do
   stage "eval $m" $OUT/eval/$m.json "$PYTHON" eval.py tasks --ckpt $OUT/$m --data $D --num_prompts $NP \
     --thresholds 0.9 --out $OUT/eval/$m.json
 done
-"$PYTHON" scripts/report.py repro_mark "$OUT" $MODELS | tee "$OUT/table.md"
+"$PYTHON" -m scripts.report repro_mark "$OUT" $MODELS | tee "$OUT/table.md"
 echo "scripts/repro_mark.sh: done in $((SECONDS - T0)) s"

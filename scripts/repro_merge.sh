@@ -52,5 +52,5 @@ merge ties --method ties
 merge dare --method dare
 merge linear-independent --masks independent
 
-"$PYTHON" scripts/report.py repro_merge "$OUT" | tee "$OUT/table.md"
+"$PYTHON" -m scripts.report repro_merge "$OUT" | tee "$OUT/table.md"
 echo "scripts/repro_merge.sh: done in $((SECONDS - T0)) s"

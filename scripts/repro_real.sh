@@ -3,7 +3,7 @@
 # (its prompts, chat data, conversions and teacher are reused; each of its runs, seed 1337, stands for the sweep's
 # point at the rate it ran at):
 #   1. sweep, seed 1337 (out/real-sweep): each arm's peak learning rate from three, judged on the 38 validation prompts
-#      (realworld.py --split validation: training prompts no chat data reaches) by the rule named in advance:
+#      (worlds/realworld.py --split validation: training prompts no chat data reaches) by the rule named in advance:
 #      λ = 0, REPR-ALIGN (λ = 10), OPDLM on and off: the lowest −ELBO of the teacher's validation replies;
 #      DPO on the teacher and DPO on the DLM: the highest full-stop share among the rates whose −ELBO stays within
 #      0.5 bits per token of the model they start from (none: the lowest −ELBO). A best at the lowest rate gets one
@@ -54,17 +54,17 @@ train_rate() {  # train_rate ARM RATE SCRIPT FLAGS...
     ln -s "$PWD/$O/$arm" $S/$arm-$r
   fi
   stage "$arm $r" $S/$arm-$r/results.json "$PYTHON" "$@" $(lr $r) --out_dir $S/$arm-$r
-  stage "validate $arm $r" $S/eval/$arm-$r.json "$PYTHON" realworld.py --ckpt $S/$arm-$r "${VAL[@]}" \
+  stage "validate $arm $r" $S/eval/$arm-$r.json "$PYTHON" -m worlds.realworld --ckpt $S/$arm-$r "${VAL[@]}" \
     --out $S/eval/$arm-$r.json
 }
-chosen() { "$PYTHON" scripts/report.py real_sweep $S "$@"; }  # chosen ARM START ["RATES"]: the rate, printed
+chosen() { "$PYTHON" -m scripts.report real_sweep $S "$@"; }  # chosen ARM START ["RATES"]: the rate, printed
 rates() { cat $S/$1.rates; }
 
 mkdir -p $S/eval
-stage "validate ar" $S/eval/ar.json "$PYTHON" realworld.py --ckpt $O/ar "${PROMPTS[@]}" --split validation \
+stage "validate ar" $S/eval/ar.json "$PYTHON" -m worlds.realworld --ckpt $O/ar "${PROMPTS[@]}" --split validation \
   --out $S/eval/ar.json
 # the teacher's own replies under itself: the start for DPO's −ELBO rule
-stage "validate ar (nelbo)" $S/eval/ar-self.json "$PYTHON" realworld.py --ckpt $O/ar "${VAL[@]}" --out $S/eval/ar-self.json
+stage "validate ar (nelbo)" $S/eval/ar-self.json "$PYTHON" -m worlds.realworld --ckpt $O/ar "${VAL[@]}" --out $S/eval/ar-self.json
 sweep align0 - "$LRS" align.py "${ALIGN[@]}" --lambda_align 0
 sweep align - "$LRS" align.py "${ALIGN[@]}"
 sweep distill - "$LRS" distill.py "${DISTILL[@]}"
@@ -75,7 +75,7 @@ stage "validate align $LR_ALIGN (as DPO's start)" $S/eval/dlm-dpo-start.json cp 
   $S/eval/dlm-dpo-start.json
 same "$(peak $O/align)" "$LR_ALIGN" || REUSE=no  # real_arms.sh's dlm-dpo started from its own λ = 10 run
 sweep dlm-dpo dlm-dpo-start "$DPO_LRS" dpo.py --dlm --ar $S/align-$LR_ALIGN "${DPO[@]}"
-"$PYTHON" scripts/report.py real_sweep_table $S | tee $S/results.md
+"$PYTHON" -m scripts.report real_sweep_table $S | tee $S/results.md
 [ "$ONLY" = sweep ] && exit 0
 
 RATES=(REAL_LR_SFT="$(chosen align0 - "$(rates align0)")" REAL_LR_ALIGN="$LR_ALIGN"
@@ -98,5 +98,5 @@ for seed in $SEEDS; do
   fi
   env "${RATES[@]}" REAL_SEED=$seed REAL_AR=$O/ar REAL_OUT=$R bash scripts/real_arms.sh
 done
-"$PYTHON" scripts/report.py real_verdicts $(for s in $SEEDS; do echo out/real-s$s; done) | tee out/real-seeds.md
+"$PYTHON" -m scripts.report real_verdicts $(for s in $SEEDS; do echo out/real-s$s; done) | tee out/real-seeds.md
 echo "scripts/repro_real.sh: done in $((SECONDS - T0)) s; out/real-sweep/results.md, out/real-seeds.md"

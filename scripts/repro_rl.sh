@@ -5,7 +5,7 @@
 #   dlm-dpo  scripts/judged_pairs.py on the DLM's samples (right over wrong), then dpo.py --dlm on those pairs
 #   ar-map   judged_pairs.py on the AR teacher's samples, dpo.py on the teacher, merge.py merge into the DLM
 # Every arm gets BUDGET seconds, its pairs and merge included: steps = (BUDGET − those seconds) / its mean step time,
-# from a short calibration run of each trainer. Training prompts: data/tasks/prompts.jsonl; validation: tasks.py's
+# from a short calibration run of each trainer. Training prompts: data/tasks/prompts.jsonl; validation: worlds/tasks.py's
 # validation.jsonl (held out by hash, none a test prompt).
 #   1. sweep, seed 1337: three learning rates per arm; the rule named in advance: the highest validation exact match
 #      at threshold 0.9 (a tie: the lower rate).
@@ -42,9 +42,9 @@ print(max(2, int((b - u) / s["step_seconds"])))' "$@"
 # the pairs, per seed: samples of the DLM (dlm-dpo) and of the teacher (ar-map), 8 per prompt, judged by tasks.check
 PAIRS=(--prompts $P --group $GROUP --threshold 0.9 --max_new_tokens 6 --heldout $HELD "${FIRST[@]}")
 for s in $SEEDS; do
-  stage "pairs dlm $s" $OUT/$s/pairs-dlm.jsonl "$PYTHON" scripts/judged_pairs.py --ckpt $START "${PAIRS[@]}" \
+  stage "pairs dlm $s" $OUT/$s/pairs-dlm.jsonl "$PYTHON" -m scripts.judged_pairs --ckpt $START "${PAIRS[@]}" \
     --seed $s --out $OUT/$s/pairs-dlm.jsonl
-  stage "pairs ar $s" $OUT/$s/pairs-ar.jsonl "$PYTHON" scripts/judged_pairs.py --ckpt $AR "${PAIRS[@]}" --seed $s \
+  stage "pairs ar $s" $OUT/$s/pairs-ar.jsonl "$PYTHON" -m scripts.judged_pairs --ckpt $AR "${PAIRS[@]}" --seed $s \
     --out $OUT/$s/pairs-ar.jsonl
 done
 pairs() { echo --pairs $OUT/$1/pairs-$2.jsonl --heldout $OUT/$1/pairs-$2.heldout.jsonl; }
@@ -93,7 +93,7 @@ for arm in rl dlm-dpo ar-map; do
     evaluate $arm-1337-$r $OUT/1337/$arm-$r val 0.9
   done
 done
-chosen() { "$PYTHON" scripts/report.py rl_sweep $OUT $1 $(rates $1); }  # the chosen rate, printed
+chosen() { "$PYTHON" -m scripts.report rl_sweep $OUT $1 $(rates $1); }  # the chosen rate, printed
 # 2. the other seeds at the chosen rates; 3. every model on the held-out prompts
 evaluate start $START test 0.9,1
 for arm in rl dlm-dpo ar-map; do
@@ -103,5 +103,5 @@ for arm in rl dlm-dpo ar-map; do
     evaluate $arm-$s $OUT/$s/$arm-$r test 0.9,1
   done
 done
-"$PYTHON" scripts/report.py repro_rl $OUT $SEEDS | tee $OUT/table.md
+"$PYTHON" -m scripts.report repro_rl $OUT $SEEDS | tee $OUT/table.md
 echo "scripts/repro_rl.sh: done in $((SECONDS - T0)) s; the tables are in $OUT/table.md"

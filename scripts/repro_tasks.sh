@@ -6,7 +6,7 @@
 # of a grid, scored at threshold 0.9 (the share of answers with the full stop against the accuracy kept).
 # Writes out/tasks/repro/results.md and curves.png (with matplotlib). About 40 minutes on 2 cores with N = 5.
 #   PART=protocol: only OPDLM on against off under the protocol (docs/results.md, "The verdict protocol"): each
-#   policy's rate from SWEEP_LRS at seed 1, judged by exact match on tasks.py's validation.jsonl at threshold 0.9 (the
+#   policy's rate from SWEEP_LRS at seed 1, judged by exact match on worlds/tasks.py's validation.jsonl at threshold 0.9 (the
 #   highest; a tie: the lower rate); then seeds SEEDS at the chosen rates, each final checkpoint on the 600 test
 #   prompts at five thresholds; off-policy also for on-policy's time when its step is more than 5% cheaper. Writes
 #   out/tasks/repro/protocol/protocol.md; about 10 minutes.
@@ -42,9 +42,9 @@ if [ "$PART" = protocol ]; then
       run $P/$pol-$r-s1 "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" --policy $pol $(lr $r) --seed 1
     done
   done
-  ron=$("$PYTHON" scripts/report.py val_sweep $P on $SWEEP_LRS)
-  roff=$("$PYTHON" scripts/report.py val_sweep $P off $SWEEP_LRS)
-  k=$("$PYTHON" scripts/report.py time_steps $P/on-$ron-s1 $P/off-$roff-s1 200)  # off's steps in on's time
+  ron=$("$PYTHON" -m scripts.report val_sweep $P on $SWEEP_LRS)
+  roff=$("$PYTHON" -m scripts.report val_sweep $P off $SWEEP_LRS)
+  k=$("$PYTHON" -m scripts.report time_steps $P/on-$ron-s1 $P/off-$roff-s1 200)  # off's steps in on's time
   for s in $SEEDS; do
     run $P/on-$ron-s$s "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" $(lr $ron) --seed $s
     run $P/off-$roff-s$s "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" --policy off $(lr $roff) --seed $s
@@ -59,7 +59,7 @@ if [ "$PART" = protocol ]; then
         --out $P/eval/$m-s$s.json > /dev/null
     done
   done
-  "$PYTHON" scripts/report.py opdlm_protocol $P $ron $roff $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  "$PYTHON" -m scripts.report opdlm_protocol $P $ron $roff $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
   exit 0
 fi
 for s in $SEEDS; do
@@ -107,9 +107,9 @@ done
 [ -e $R/spectrum.json ] || "$PYTHON" merge.py spectrum --ar $O/ar --ar_aligned $O/ar-dpo --dlm $O/align \
   --out $R/spectrum.json > /dev/null
 
-"$PYTHON" scripts/report.py repro_tasks "$SEEDS" "$GAMMAS" "$EXTRA_SEEDS" | tee $R/results.md
+"$PYTHON" -m scripts.report repro_tasks "$SEEDS" "$GAMMAS" "$EXTRA_SEEDS" | tee $R/results.md
 if "$PYTHON" -c "import matplotlib" 2>/dev/null; then
   s=${SEEDS%% *}
-  "$PYTHON" plot.py $R/align-s$s $R/align0-s$s $R/distill-s$s $R/distill-off-s$s --keys task_acc task_tpf \
+  "$PYTHON" -m lib.plot $R/align-s$s $R/align0-s$s $R/distill-s$s $R/distill-off-s$s --keys task_acc task_tpf \
     --out $R/curves.png
 fi

@@ -17,4 +17,4 @@ for LR in $RATES; do
 done
 source scripts/python_env.sh
 python_env requirements.txt scripts/sweep_conversion.sh
-"$PYTHON" scripts/report.py conversion_sweep "${RUNS[@]}" | tee out/conversion/sweep/$ARM-$STEPS-s$SEED.md
+"$PYTHON" -m scripts.report conversion_sweep "${RUNS[@]}" | tee out/conversion/sweep/$ARM-$STEPS-s$SEED.md

@@ -76,11 +76,11 @@ def world_copy(base, tmp_path_factory, name="world"):
 
 
 def tiny_world(root, ar=True):
-    """root/data: a tiny, repetitive "codebase" prepared by data.py (a small model learns it quickly);
+    """root/data: a tiny, repetitive "codebase" prepared by lib/data.py (a small model learns it quickly);
     root/ar (ar=True): a micro AR model with random weights and the byte-level tokenizer."""
-    import data
+    from lib import data
     from model import Qwen3, preset
-    from tokenizer import Tokenizer
+    from lib.tokenizer import Tokenizer
     src = root / "src"
     src.mkdir(parents=True)
     for i in range(12):
@@ -95,7 +95,7 @@ def tiny_world(root, ar=True):
 @contextlib.contextmanager
 def killed_after_checkpoint(step):
     """Inside the block, a training script "dies" (exit code 3) right after writing its step-`step` checkpoint."""
-    import checkpoint
+    from lib import checkpoint
     orig = checkpoint.save_checkpoint
 
     def save_and_die(out_dir, model, tok, opt, s, *a, **kw):

@@ -1,6 +1,6 @@
 """A checkpoint directory laid out exactly like Qwen3-0.6B, built offline with random weights: what
 tests/test_scale.py runs every script on. Written here from the published files' contents, independently of the
-code under test (model.py, tokenizer.py):
+code under test (model.py, lib/tokenizer.py):
 
     config.json              Qwen3-0.6B's published config (151,936 rows, 28 layers, 16/8 heads, head_dim 128, tied)
     generation_config.json   its published one: eos_token_id [151645, 151643] (<|im_end|>, <|endoftext|>)

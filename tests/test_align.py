@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 
 import align
-import checkpoint
+from lib import checkpoint
 import convert
 import diffusion
-import training
-import data
+from lib import training
+from lib import data
 from conftest import run_script, world_copy, killed_after_checkpoint
 from model import Qwen3, Qwen3Model, preset
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 
 def teacher_of(path, student, share=False):

@@ -1,4 +1,4 @@
-"""bench.py runs end to end on a tiny shape and prints its tables (speed itself is never asserted); gpu_check.sh
+"""benchmarks.bench runs end to end on a tiny shape and prints its tables (speed itself is never asserted); gpu_check.sh
 runs on a CPU with --tiny and prints its one table, every row there."""
 import math
 import os
@@ -9,7 +9,7 @@ from conftest import ROOT, run_script
 
 
 def run(*args):
-    return run_script("bench.py", *args)
+    return run_script("benchmarks/bench.py", *args)
 
 
 def test_help():

@@ -1,4 +1,4 @@
-"""Instruction data: data.py on a JSONL of conversations ({"messages": [...]}, Hugging Face's shape), rendered by the
+"""Instruction data: lib.data on a JSONL of conversations ({"messages": [...]}, Hugging Face's shape), rendered by the
 checkpoint's chat template with the assistant turns' tokens marked (against the template applied by hand here);
 the counted skips; align.py --assistant_only training on those tokens only; distill.py's prompts from the turns
 before each answer."""
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import data
+from lib import data
 from conftest import run_script, world_copy
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -112,9 +112,9 @@ def test_prepare_marks_assistant_tokens_and_counts_skips(world, tmp_path):
             want = data.chat_tokens(tok, msgs)
             assert ids[d[:-1]].tolist() == want[0] and roles[d].tolist() == want[1] + [0]
     assert data.load_roles(world / "data", "train") is None  # plain documents have none
-    r = run_script("data.py", "--source", src, "--out_dir", tmp_path / "e", "--tokenizer", "byte")
+    r = run_script("lib/data.py", "--source", src, "--out_dir", tmp_path / "e", "--tokenizer", "byte")
     assert r.returncode == 1 and "--tokenizer DIR" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = run_script("data.py", "--source", src, "--out_dir", tmp_path / "e", "--tokenizer", world / "ar")
+    r = run_script("lib/data.py", "--source", src, "--out_dir", tmp_path / "e", "--tokenizer", world / "ar")
     assert r.returncode == 1 and "no chat template" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 

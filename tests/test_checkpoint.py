@@ -1,4 +1,4 @@
-"""checkpoint.py: Hugging Face directories both ways (transformers writes, we read; we write, transformers reads),
+"""lib/checkpoint.py: Hugging Face directories both ways (transformers writes, we read; we write, transformers reads),
 config.json of transformers 4.x and 5.x, bf16 without an fp32 copy, shards, Qwen3-0.6B's stored tied head and
 generation_config.json, saving over a sharded checkpoint; and a clear error for each bad checkpoint."""
 import json
@@ -130,7 +130,7 @@ def test_a_model_id_resolves_from_a_local_hub_cache_offline(tmp_path):
     import sys
 
     from conftest import ROOT
-    from tokenizer import Tokenizer
+    from lib.tokenizer import Tokenizer
     commit = "0123456789abcdef0123456789abcdef01234567"
     snap = tmp_path / "hub" / "models--org--tiny" / "snapshots" / commit
     from model import preset

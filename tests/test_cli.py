@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["align.py", "bench.py", "convert.py", "data.py", "distill.py", "dpo.py", "eval.py", "merge.py", "plot.py",
-           "pretrain.py", "sample.py", "tasks.py"]
+SCRIPTS = ["align.py", "benchmarks/bench.py", "convert.py", "lib/data.py", "distill.py", "dpo.py", "eval.py",
+           "merge.py", "lib/plot.py", "pretrain.py", "sample.py", "worlds/tasks.py"]
 
 
 class Captured(Exception):
@@ -61,7 +61,7 @@ def test_every_flag_has_help_and_shows_its_default(script, monkeypatch):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_is_a_short_description(script, monkeypatch):
     """--help gives the docstring's first paragraph and usage lines, not the notes for readers of the code."""
-    import cli
+    from lib import cli
     doc = runpy.run_path(str(ROOT / script), run_name="not_main").get("__doc__") or ""
     for name, p in parsers(script_parser(script, monkeypatch), script):
         text = p.format_help()

@@ -1,11 +1,11 @@
-"""compiling.py: a one-row matmul compiles to inductor's own reduction (no BLAS call), and torch.compile makes one
+"""lib/compiling.py: a one-row matmul compiles to inductor's own reduction (no BLAS call), and torch.compile makes one
 graph per kind of sampler step whatever the prompt and generation lengths, counted with a backend that only counts.
 (That the compiled samplers give the eager ones' tokens: tests/test_sample_speed.py.)"""
 import torch
 import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
-import compiling
+from lib import compiling
 import sample as S
 from sample import ar_generate, block_generate, diffusion_generate
 from test_sample import make

@@ -95,8 +95,8 @@ def test_bad_input_is_refused_in_one_line(tmp_path):
 def test_chat_prompts_feed_distill_in_the_chat_template(tmp_path):
     """data.prompt_pool (distill.py --prompts): a record with "chat": true is one user turn in the tokenizer's chat
     template (how prompts.jsonl's training prompts reach OPDLM); a plain record is its text."""
-    import data
-    from tokenizer import Tokenizer
+    from lib import data
+    from lib.tokenizer import Tokenizer
     Tokenizer.byte_level().save_pretrained(tmp_path / "tok")
     cfg = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"

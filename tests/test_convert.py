@@ -7,7 +7,7 @@ import torch
 from conftest import run_script
 from convert import convert
 from model import Qwen3, preset
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 
 @pytest.fixture

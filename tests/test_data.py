@@ -1,4 +1,4 @@
-"""Tests for data.py: preparing a corpus (round trip, stable split, atomic writes), batching, JSONL readers, CLI."""
+"""Tests for lib/data.py: preparing a corpus (round trip, stable split, atomic writes), batching, JSONL readers, CLI."""
 import ast
 import json
 import os
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from lib import data
+from lib.tokenizer import Tokenizer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import data  # noqa: E402
-from tokenizer import Tokenizer  # noqa: E402
 
 TOK = Tokenizer.byte_level()
 DOCS = {f"pkg{i % 3}/mod{i}.py": f"# module {i}\nx = {i} * 'é'\n" for i in range(30)}
@@ -192,7 +192,7 @@ def test_stdlib_slice(tmp_path):
 
 
 def test_load_split_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"missing meta\.json.*python data\.py --out_dir"):
+    with pytest.raises(FileNotFoundError, match=r"missing meta\.json.*python -m lib\.data --out_dir"):
         data.load_split(str(tmp_path), "train")
     src = make_corpus(tmp_path / "src", DOCS)
     data.prepare(str(tmp_path / "out"), str(src), val_fraction=0.2)
@@ -276,15 +276,16 @@ def test_read_pairs(tmp_path):
 
 def test_cli_help():
     """The one real subprocess (importing torch costs seconds): the script runs as a file."""
-    r = subprocess.run([sys.executable, "data.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "lib.data", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode == 0 and "--out_dir" in r.stdout and "--val_fraction" in r.stdout
 
 
 def run_cli(monkeypatch, *args):
-    """Run data.py's __main__ in this process; returns the exit code (0 when it returns)."""
-    monkeypatch.setattr(sys, "argv", ["data.py", *args])
+    """Run lib/data.py's __main__ in this process; returns the exit code (0 when it returns)."""
+    monkeypatch.setattr(sys, "argv", ["lib/data.py", *args])
     try:
-        runpy.run_path(os.path.join(ROOT, "data.py"), run_name="__main__")
+        runpy.run_path(os.path.join(ROOT, "lib/data.py"), run_name="__main__")
     except SystemExit as e:
         return e.code
     return 0

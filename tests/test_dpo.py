@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-import data
+from lib import data
 import diffusion
 import dpo
 from conftest import killed_after_checkpoint, world_copy
 from model import Qwen3
 from test_merge import dpo_args, micro, quote_world, run_dpo
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sample as S
-import tasks
+from worlds import tasks
 from conftest import run_script
 from sample import block_generate, diffusion_generate
 from test_sample import EOS, MASK, PROMPTS, V, make

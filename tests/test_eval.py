@@ -20,17 +20,17 @@ import torch
 import torch.nn.functional as F
 
 import convert
-import data
+from lib import data
 import diffusion
 import model as model_module
 import eval as E
 import sample as S
-import tasks
+from worlds import tasks
 from conftest import run_script, world_copy
 from model import Qwen3, preset
 from test_sandbox import needs_landlock, write_jsonl
 from test_tasks import Oracle, wrong
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -338,7 +338,7 @@ def test_generate_and_humaneval_stop_and_cut_at_every_end_id(world, tmp_path, mo
 
 @pytest.fixture(scope="module")
 def task_data(tmp_path_factory):
-    """Task worlds as tasks.py and data.py leave them: heldout.jsonl (4 prompts per family, answers of
+    """Task worlds as worlds/tasks.py and lib/data.py leave them: heldout.jsonl (4 prompts per family, answers of
     different lengths), train.jsonl, token files and the tokenizer; "bpe" (learnt on them) and "byte"."""
     out = {}
     for kind in ("bpe", "byte"):
@@ -423,14 +423,14 @@ def test_tasks_cache_and_compile_reach_the_sampler(world, task_data, tmp_path, m
 
 
 def test_bench_cache_reports_exact_match_and_agreement(world, task_data, monkeypatch):
-    """bench.py --what cache: a row per block length, threshold and cache, in that order; each row's exact match,
-    family accuracies and tokens per forward are tasks.exact_match's with that cache, its 'same answers' the share
-    of completions equal to the uncached run's (computed here from the rows); the uncached sampler gives the same
+    """benchmarks.bench --what cache: a row per block length, threshold and cache, in that order; each row's exact
+    match, family accuracies and tokens per forward are tasks.exact_match's with that cache, its 'same answers' the
+    share of completions equal to the uncached run's (computed here from the rows); the uncached sampler gives the same
     answers on its second run as on its first. A random model's answers do not depend on the cache, so a stand-in
     exact_match whose answers and speeds do checks the agreement and speed-up columns by hand. Refused in one line
     for a block model or without --data."""
-    r = run_script("bench.py", "--what", "cache", "--ckpt", world / "dlm", "--data", task_data["byte"], "--iters", 2,
-                   "--batch_size", 4, "--device", "cpu")
+    r = run_script("benchmarks/bench.py", "--what", "cache", "--ckpt", world / "dlm", "--data", task_data["byte"],
+                   "--iters", 2,                    "--batch_size", 4, "--device", "cpu")
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [x for x in r.stdout.splitlines() if x.startswith("| ")]
     assert lines[0].startswith("| block length | threshold | cache | sort | rev | add | exact match | same answers")
@@ -459,7 +459,8 @@ def test_bench_cache_reports_exact_match_and_agreement(world, task_data, monkeyp
                     tokens_per_s=100.0 * speeds[cache][run],
                     families={f: dict(accuracy=(j + 3 * k) / 10) for j, f in enumerate(fams)})
     monkeypatch.setattr(tasks, "exact_match", stand_in)
-    r = run_script("bench.py", "--what", "cache", "--ckpt", world / "dlm", "--data", task_data["byte"], "--iters", 3)
+    r = run_script("benchmarks/bench.py", "--what", "cache", "--ckpt", world / "dlm", "--data", task_data["byte"],
+                   "--iters", 3)
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(items) == 12 and len(calls) == 4 * 3 * 3  # every configuration, each cache --iters times
     assert calls[:9] == [(None, 0.9, c) for c in ("none", "prefix", "dual")] * 3  # interleaved
@@ -470,9 +471,9 @@ def test_bench_cache_reports_exact_match_and_agreement(world, task_data, monkeyp
             ["dual", "0.600", "0.700", "0.800", "0.125", "75.0%", "3.50", "2.00", "900", "4.50x"]]
     assert [row[2:] for row in rows] == want * 4  # the ratio of medians, not the median of per-run ratios
     monkeypatch.undo()
-    r = run_script("bench.py", "--what", "cache", "--ckpt", world / "block", "--data", task_data["byte"])
+    r = run_script("benchmarks/bench.py", "--what", "cache", "--ckpt", world / "block", "--data", task_data["byte"])
     assert r.returncode == 1 and "is a block model; the caches are masked diffusion's" in r.stderr
-    r = run_script("bench.py", "--what", "cache", "--ckpt", world / "dlm")
+    r = run_script("benchmarks/bench.py", "--what", "cache", "--ckpt", world / "dlm")
     assert r.returncode == 1 and "needs --ckpt (a masked-diffusion DLM) and --data" in r.stderr
 
 
@@ -489,7 +490,7 @@ def test_tasks_on_checkpoints_and_bad_input(world, task_data, tmp_path, monkeypa
     assert r.returncode == 1 and r.stderr.startswith("tokenizer mismatch: eval: the task data") and \
         len(r.stderr.strip().splitlines()) == 1
     r = run_script("eval.py", "tasks", "--ckpt", world / "ar", "--data", tmp_path)
-    assert r.returncode == 1 and "heldout.jsonl" in r.stderr and "python tasks.py" in r.stderr
+    assert r.returncode == 1 and "heldout.jsonl" in r.stderr and "python -m worlds.tasks" in r.stderr
     for bad in ("0.5,x", "0", "1.5", ""):
         r = run_script("eval.py", "tasks", "--ckpt", world / "dlm", "--data", task_data["byte"], "--thresholds", bad)
         assert r.returncode == 2 and "--thresholds" in r.stderr

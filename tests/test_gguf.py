@@ -10,7 +10,7 @@ import torch
 import gguf  # requirements-dev.txt pins it; convert.py --gguf needs it, nothing else does
 from conftest import TINY, randomise, run_script
 from model import Qwen3, Qwen3Config
-from tokenizer import Tokenizer, bytes_to_unicode
+from lib.tokenizer import Tokenizer, bytes_to_unicode
 
 # llama.cpp's names (gguf-py's tensor_mapping.py), written out here rather than inverted from gguf_import's table
 LLAMA_CPP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",

@@ -1,4 +1,4 @@
-"""harness.py, the lm-evaluation-harness model class: its log-likelihoods against the project's own (eval.py's AR
+"""lib/harness.py, the lm-evaluation-harness model class: its log-likelihoods against the project's own (eval.py's AR
 likelihood, slow loops, the ELBO by hand), its generations against sample.generate, and lm-eval's command line on
 small tasks defined here over local JSONL files (nothing downloaded)."""
 import json
@@ -10,7 +10,7 @@ import torch
 from conftest import run_script
 
 pytest.importorskip("lm_eval", reason="lm-eval is optional: pip install -r requirements-dev.txt -c constraints.txt")
-import harness  # noqa: E402
+from lib import harness  # noqa: E402
 
 KINDS = {"causal": "ar", "bidirectional": "dlm", "block": "block"}
 
@@ -58,7 +58,7 @@ def test_ar_rolling_equals_eval_likelihood(lms, base_world):
     """loglikelihood_rolling of a document = minus eval.py likelihood's summed NLL over the same tokens
     (eval.ar_likelihood on [<|endoftext|>] + the document's ids)."""
     import eval as project_eval
-    import data
+    from lib import data
     lm = lms["causal"]
     text = lm.tok.decode(data.load_split(str(base_world / "data"), "val")[:40].tolist())
     got = lm.loglikelihood_rolling([Req(text)])[0]

@@ -1,7 +1,7 @@
 """Bad input ends a run with one clear line and loses nothing: overlapping or truncated checkpoints in convert.py,
 tokenizer fingerprints (data vs model, teacher vs student, a checkpoint's own tokenizer never replaced), the kind
 of checkpoint a teacher must be, bad --device / --seq_len, Ctrl-C, --resume with changed settings, no step-0
-checkpoint, --save_dtype, failed data.py runs, and the one atomic writer."""
+checkpoint, --save_dtype, failed lib/data.py runs, and the one atomic writer."""
 import hashlib
 import io
 import json
@@ -20,16 +20,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import checkpoint
-import data
-import training
+from lib import checkpoint
+from lib import data
+from lib import training
 from conftest import ROOT, killed_after_checkpoint, run_script, world_copy
 from convert import convert
-from checkpoint import safetensors_names, weight_files
+from lib.checkpoint import safetensors_names, weight_files
 from model import Qwen3, Qwen3Config, preset
-from cli import atomic_write
-from tokenizer import load_tokenizer
-from tokenizer import Tokenizer, check_saving, fingerprint_of, train_bpe, trained_with
+from lib.cli import atomic_write
+from lib.tokenizer import load_tokenizer
+from lib.tokenizer import Tokenizer, check_saving, fingerprint_of, train_bpe, trained_with
 
 SMALL = ["--preset", "micro", "--batch_size", "4", "--seq_len", "32", "--eval_batches", "1", "--warmup", "2",
          "--samples", "0"]
@@ -254,13 +254,13 @@ def test_training_helpers_refuse_other_tokenizers(world, tmp_path):
 def test_data_py_does_not_replace_a_tokenizer_silently(world, tmp_path):
     out = tmp_path / "d"
     src = world / "src"
-    assert run_script("data.py", "--out_dir", out, "--source", src, "--tokenizer", "byte").returncode == 0
-    assert run_script("data.py", "--out_dir", out, "--source", src, "--tokenizer", "byte").returncode == 0  # same
+    assert run_script("lib/data.py", "--out_dir", out, "--source", src, "--tokenizer", "byte").returncode == 0
+    assert run_script("lib/data.py", "--out_dir", out, "--source", src, "--tokenizer", "byte").returncode == 0  # same
     before = {f: sha(out / f) for f in ("tokenizer.json", "meta.json", "train.bin")}
-    r = run_script("data.py", "--out_dir", out, "--source", src, "--tokenizer", world / "other")
+    r = run_script("lib/data.py", "--out_dir", out, "--source", src, "--tokenizer", world / "other")
     assert r.returncode == 1 and "--overwrite" in one_line(r) and len(r.stderr.strip().splitlines()) == 1
     assert {f: sha(out / f) for f in before} == before
-    r = run_script("data.py", "--out_dir", out, "--source", src, "--tokenizer", world / "other", "--overwrite")
+    r = run_script("lib/data.py", "--out_dir", out, "--source", src, "--tokenizer", world / "other", "--overwrite")
     assert r.returncode == 0 and fingerprint_of(out) == fingerprint_of(world / "other")
 
 
@@ -469,8 +469,8 @@ def test_ctrl_c_is_one_line_and_resume_continues_exactly(world, tmp_path):
 # ---- the one atomic writer -------------------------------------------------------------------------------
 
 def test_one_atomic_writer_without_torch_in_the_tokenizer(tmp_path):
-    import tokenizer
-    import training
+    from lib import tokenizer
+    from lib import training
     assert checkpoint.atomic_write is training.atomic_write is tokenizer.atomic_write is atomic_write
     f = tmp_path / "x.json"
     f.write_text("old")

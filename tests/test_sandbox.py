@@ -1,4 +1,4 @@
-"""sandbox.py, the HumanEval harness's sandbox: canonical solutions pass and empty ones fail through eval.py humaneval;
+"""lib.sandbox, the HumanEval harness's sandbox: canonical solutions pass and empty ones fail through eval.py humaneval;
 an early exit(0) does not pass; every hostile completion (writing, reading, connecting, signalling, forking,
 escaping the group, ...) is contained, with the audit hook and with the kernel's layers alone."""
 import json
@@ -10,7 +10,7 @@ import time
 import pytest
 
 import eval as E
-import sandbox
+from lib import sandbox
 from conftest import ROOT, run_script
 
 needs_landlock = pytest.mark.skipif(sandbox.landlock_abi() < sandbox.LANDLOCK_ABI,

@@ -106,7 +106,7 @@ def stored(d):
 
 def test_fixture_is_qwen3_06b(w):
     from model import Qwen3, Qwen3Config
-    from tokenizer import Tokenizer
+    from lib.tokenizer import Tokenizer
     c = Qwen3Config.load(w / "q")
     assert (c.vocab_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
             c.tie_word_embeddings) == (151936, 28, 16, 8, 128, True)
@@ -125,7 +125,7 @@ def test_fixture_is_qwen3_06b(w):
 
 @pytest.fixture(scope="module")
 def data(w):
-    run("data.py --tokenizer Q --max_mb 0.3", "data.py", "--out_dir", w / "data", "--tokenizer", w / "q",
+    run("lib/data.py --tokenizer Q --max_mb 0.3", "lib/data.py", "--out_dir", w / "data", "--tokenizer", w / "q",
         "--max_mb", "0.3")
     return w / "data"
 
@@ -145,7 +145,7 @@ def block(w):
 
 
 def test_data_and_conversions(w, data, dlm, block):
-    from tokenizer import Tokenizer
+    from lib.tokenizer import Tokenizer
     meta = json.loads((data / "meta.json").read_text())
     assert meta["vocab_size"] == 151669 and meta["dtype"] == "uint32"
     assert meta["tokenizer_sha256"] == Tokenizer.from_pretrained(w / "q").fingerprint
@@ -184,7 +184,7 @@ def test_saved_checkpoint_loads_in_transformers_with_our_logits(w, aligned):
     (causal: transformers' Qwen3 is an AR model), its generation config's end ids, and its chat template."""
     import transformers
     from model import Qwen3
-    from tokenizer import Tokenizer
+    from lib.tokenizer import Tokenizer
     t0 = time.perf_counter()
     x = torch.randint(0, 151669, (1, 12), generator=torch.Generator().manual_seed(0))
     ours = Qwen3.from_pretrained(aligned, dtype=torch.float32).eval()

@@ -1,5 +1,5 @@
 """The methods on the exact-answer world: align.py --loss_after masks answers only (windows at document starts)
-and, with --tasks, logs exact match and tokens per forward at every evaluation; distill.py takes tasks.py's
+and, with --tasks, logs exact match and tokens per forward at every evaluation; distill.py takes worlds/tasks.py's
 prompts.jsonl and logs the same; the numbers logged are eval.py tasks' (a child process), equal to tasks.exact_match
 on the last checkpoint in this process."""
 import json
@@ -8,20 +8,20 @@ import pytest
 import torch
 
 import convert
-import data
+from lib import data
 import diffusion
-import runner
-import tasks
+from lib import runner
+from worlds import tasks
 from conftest import ROOT, killed_after_checkpoint, run_script
 from model import Qwen3, preset
-from tokenizer import Tokenizer
+from lib.tokenizer import Tokenizer
 
 TASK_KEYS = {"task_acc", "task_acc_sort", "task_acc_rev", "task_acc_add", "task_tpf", "task_pref"}
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """tasks.py's files (small), prepared with the byte tokenizer ("=" is one token), a micro AR model with random
+    """The task world's files (small), prepared with the byte tokenizer ("=" is one token), a micro AR model with random
     weights, and its bidirectional and block conversions."""
     root = tmp_path_factory.mktemp("tasks")
     train, items = tasks.build(seed=0, n_train=600, n_heldout=4)
@@ -132,10 +132,11 @@ def test_eos_grid_runs_every_rule_and_setting(world, tmp_path):
     assert "| dlm | 6 | 6 | 0.5 |" in r.stdout and "Within 2 points of the AR teacher's exact match" in r.stdout
 
 
-@pytest.mark.parametrize("world,stages", [("tasks", ["tasks.py", "pretrain.py", "align.py", "distill.py", "dpo.py",
-                                                     "merge.py merge", "eval.py tasks", "report.py tasks_world"]),
-                                          ("stdlib", ["data.py", "pretrain.py", "align.py", "distill.py", "dpo.py",
-                                                      "merge.py merge", "eval.py generate", "report.py stdlib_world"])])
+@pytest.mark.parametrize("world,stages", [
+    ("tasks", ["-m worlds.tasks", "pretrain.py", "align.py", "distill.py", "dpo.py", "merge.py merge", "eval.py tasks",
+               "-m scripts.report tasks_world"]),
+    ("stdlib", ["-m lib.data", "pretrain.py", "align.py", "distill.py", "dpo.py", "merge.py merge", "eval.py generate",
+                "-m scripts.report stdlib_world"])])
 def test_run_sh_names_every_stage_of_a_world(world, stages, tmp_path):
     """bash run.sh tasks / stdlib, dry: a stand-in Python that only logs its arguments runs every stage, so an unset
     variable or a broken line in any stage fails here (the real chains take minutes; run.sh real has its own test)."""

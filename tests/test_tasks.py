@@ -1,4 +1,4 @@
-"""tasks.py: the answers against slow schoolbook re-implementations written here; the checkers accept the right
+"""worlds/tasks.py: the answers against slow schoolbook re-implementations written here; the checkers accept the right
 answer and reject near misses; the held-out split is disjoint by construction and deterministic; the text format
 tokenizes the same with and without its answer; exact_match scores an oracle stand-in checkpoint (its logits put
 the right next token first) at 1.0 and a wrong one at 0 under all three samplers, summarises each family over its
@@ -10,13 +10,13 @@ import random
 import pytest
 import torch
 
-import data
+from lib import data
 import sample
-import runner
-import tasks
+from lib import runner
+from worlds import tasks
 from conftest import run_script
 from model import Qwen3Config
-from tokenizer import EOS, Tokenizer, train_bpe
+from lib.tokenizer import EOS, Tokenizer, train_bpe
 
 SIZES = dict(min_len=2, max_len=6, max_digits=3)
 
@@ -179,7 +179,7 @@ def test_separator_marks_exactly_the_answers():
 
 def test_cli_writes_files_data_py_reads(tmp_path):
     small = ("--n_train", 400, "--n_heldout", 7, "--max_len", 5)
-    r = run_script("tasks.py", "--out_dir", tmp_path, *small)
+    r = run_script("worlds/tasks.py", "--out_dir", tmp_path, *small)
     assert r.returncode == 0, r.stderr
     docs = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert len(docs) == 400 and all(set(d) == {"text"} for d in docs)
@@ -210,9 +210,9 @@ def test_cli_writes_files_data_py_reads(tmp_path):
     assert [it["family"] for it in tasks.load_items(tmp_path / "heldout.jsonl", 2)] == [
         f for f in tasks.FAMILIES for _ in range(2)]
     again = tmp_path / "again"
-    assert run_script("tasks.py", "--out_dir", again, *small).returncode == 0
+    assert run_script("worlds/tasks.py", "--out_dir", again, *small).returncode == 0
     assert (again / "train.jsonl").read_text() == (tmp_path / "train.jsonl").read_text()
-    assert run_script("tasks.py", "--out_dir", again, "--families", "sort,mul").returncode == 2
+    assert run_script("worlds/tasks.py", "--out_dir", again, "--families", "sort,mul").returncode == 2
 
 
 # ---- exact_match -----------------------------------------------------------------------------------

@@ -1,15 +1,14 @@
-"""tokenizer.py against an independent reference: Hugging Face's tokenizer.
+"""lib/tokenizer.py against an independent reference: Hugging Face's tokenizer.
 
 The reference Qwen tokenizer is built offline from Qwen's real BPE ranks (shipped inside the
 `dashscope` package) with transformers' TikTokenConverter, given Qwen's regex, NFC and Qwen3's
 added tokens as published (ids 151643-151656 `special: true`, 151657-151668 `special: false`), and
 saved as a tokenizer.json with Qwen3's tokenizer_config.json settings (tests/qwen_shape.py, which also builds
-test_scale.py's checkpoint). Everything here is written out independently of tokenizer.py. Chat templates are
+test_scale.py's checkpoint). Everything here is written out independently of lib/tokenizer.py. Chat templates are
 checked against transformers' own rendering (AutoTokenizer.apply_chat_template).
 """
 import json
 import random
-import sys
 import sysconfig
 import unicodedata
 from pathlib import Path
@@ -17,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from qwen_shape import QWEN3_ADDED, QWEN_TIKTOKEN, write_tokenizer  # noqa: E402
-from tokenizer import Tokenizer, train_bpe  # noqa: E402
+from qwen_shape import QWEN3_ADDED, QWEN_TIKTOKEN, write_tokenizer
+from lib.tokenizer import Tokenizer, train_bpe
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SOURCES = ["json/decoder.py", "textwrap.py", "difflib.py", "email/_header_value_parser.py", "tokenize.py"]
@@ -386,7 +384,7 @@ def slow_bpe(texts, n_merges):
     """Reference trainer: recount every pair from scratch before each merge (no incremental updates)."""
     import collections
     import re
-    from tokenizer import CODE_PATTERN
+    from lib.tokenizer import CODE_PATTERN
     words = collections.Counter(p for t in texts for p in re.findall(CODE_PATTERN, t))
     seqs = {w: [bytes([b]) for b in w.encode()] for w in words}
     merges = []
@@ -453,7 +451,7 @@ def test_chat_tokens_with_qwen3s_own_template(qwen_dir):
     """data.chat_tokens on Qwen3's template (which writes an empty <think> block into the last answer): the ids
     are transformers' for the whole conversation, and the marked tokens are exactly the answers and their
     <|im_end|>."""
-    import data
+    from lib import data
     tok, ref = Tokenizer.from_pretrained(qwen_dir), hf_tokenizer(qwen_dir)
     chat = CHATS[1] + [{"role": "assistant", "content": "6, und hallo"}]
     ids, marks = data.chat_tokens(tok, chat)

@@ -7,8 +7,8 @@ memorised from the teacher's replies.
 
     python -m worlds.conversion --ckpt out/real/ar --out_dir data/real --chats 5000
         -> data/real/replies.jsonl (the cache: the teacher's reply to each training prompt, in order; its first line
-           names the teacher), chats.jsonl (the replies that ended, as conversations: data.py --source),
-           heldout.jsonl (sum, capital and open prompts; realworld.py --prompts), prompts.jsonl (the training
+           names the teacher), chats.jsonl (the replies that ended, as conversations: lib/data.py --source),
+           heldout.jsonl (sum, capital and open prompts; worlds/realworld.py --prompts), prompts.jsonl (the training
            prompts as chat turns: distill.py --prompts)
 
 Sums and capitals are judged by realworld.check; open prompts by the F1 of a reply's words with the teacher's reply
@@ -21,8 +21,8 @@ import random
 import re
 from pathlib import Path
 
-import cli
-import data
+from lib import cli
+from lib import data
 
 # countries whose capital has one common English spelling without accents (the checker looks for it in the reply)
 CAPITALS = dict(pair.split(":") for pair in (
@@ -181,7 +181,7 @@ def teacher_replies(model, tok, items, path, teacher, *, batch_size=32, max_new_
     synced after each batch), so that a rerun reuses every finished batch -> [{prompt, reply, ended}] in item order.
     ended: the reply closed its turn within max_new_tokens. reply(items) -> [(text, ended)]: the generator (default
     realworld.replies through the model's sampler)."""
-    import realworld
+    from worlds import realworld
     from tqdm import tqdm
     rows = read_cache(path, teacher, items)
     if reply is None:
@@ -210,7 +210,7 @@ def teacher_replies(model, tok, items, path, teacher, *, batch_size=32, max_new_
 
 
 def write_chats(path, items, rows):
-    """chats.jsonl: the replies that ended, as conversations (data.py --source); -> how many were kept."""
+    """chats.jsonl: the replies that ended, as conversations (lib/data.py --source); -> how many were kept."""
     kept = [(it, r) for it, r in zip(items, rows) if r["ended"] and r["reply"].strip()]
     with open(path, "w") as f:
         for it, r in kept:
@@ -234,7 +234,7 @@ def main():
     args = p.parse_args()
     if args.chats <= 0 or args.per_family <= 0 or args.max_new_tokens <= 0 or args.batch_size <= 0:
         p.error("--chats, --per_family, --max_new_tokens and --batch_size must be positive")
-    import training
+    from lib import training
     device, _ = cli.setup(args.device, args.seed)
     model = training.load_model(args.ckpt, device, "conversion: --ckpt", attn="causal").eval()
     tok = training.load_tokenizer(args.ckpt, model.config)

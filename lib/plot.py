@@ -2,8 +2,8 @@
 Training curves from one or several runs' log.jsonl (training.Log: pretrain.py, align.py, distill.py,
 dpo.py), as one PNG with one panel per quantity and one line per run.
 
-    python plot.py out/align out/align0 --out fig.png                 # legend labels: align, align0
-    python plot.py out/align --keys loss grad_norm 'val_acc@*' --out acc.png    # a panel per key or pattern
+    python -m lib.plot out/align out/align0 --out fig.png                 # legend labels: align, align0
+    python -m lib.plot out/align --keys loss grad_norm 'val_acc@*' --out acc.png    # a panel per key or pattern
 
 What is notable: a run is a directory holding log.jsonl (or the file itself); a list-valued key, such as
 align.py's per-layer alignment, becomes one series per index (`align_per_layer[3]`); a resumed run's log
@@ -18,7 +18,7 @@ import os
 import re
 from pathlib import Path
 
-import cli
+from lib import cli
 
 # (title, key patterns): a panel is drawn when some run has a key matching one of its patterns
 DEFAULT_PANELS = (

@@ -1,6 +1,6 @@
 """A byte-level BPE tokenizer on top of tiktoken, giving exactly Hugging Face's ids.
 
-Notes on the design: docs/methods.md, "tokenizer.py" under §8.
+Notes on the design: docs/methods.md, "lib/tokenizer.py" under §8.
 """
 import collections
 import copy
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tiktoken
 
-from cli import atomic_write
+from lib.cli import atomic_write
 
 # Qwen's pre-tokenisation regex. Note the single \p{N}: every digit is its own piece.
 QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
@@ -148,7 +148,7 @@ class Tokenizer:
         """A directory with tokenizer.json (or exactly one *.tiktoken), or either file itself. From a directory,
         its tokenizer_config.json and chat_template.jinja come along (checked to be JSON / text). A Hugging Face
         model id works too (checkpoint.resolve)."""
-        from checkpoint import resolve
+        from lib.checkpoint import resolve
         p = resolve(path)
         if p.is_dir():
             if (p / "tokenizer.json").is_file():
@@ -359,7 +359,7 @@ class Tokenizer:
 
     @property
     def eos_id(self):
-        """The id of <|endoftext|>: the end of a document (data.py separates documents with it)."""
+        """The id of <|endoftext|>: the end of a document (lib/data.py separates documents with it)."""
         if EOS not in self._special:
             raise ValueError(f"{self.name} has no {EOS} token")
         return self._special[EOS]
@@ -487,7 +487,7 @@ def train_bpe(texts, vocab_size, name="bpe"):
 def load_tokenizer(path, config):
     """The tokenizer saved with a checkpoint (or a dataset), checked against the model: its embedding rows, its mask
     token, and the tokenizer the model was trained with (config.tokenizer_sha256); a one-line exit otherwise."""
-    from checkpoint import resolve
+    from lib.checkpoint import resolve
     try:
         path = resolve(path)
         tok = Tokenizer.from_pretrained(path)
@@ -537,4 +537,4 @@ def described(config):
 
 
 def prepare_with(model_dir):
-    return f"prepare the data with the model's tokenizer: python data.py --tokenizer {model_dir} --out_dir DIR"
+    return f"prepare the data with the model's tokenizer: python -m lib.data --tokenizer {model_dir} --out_dir DIR"

@@ -3,7 +3,7 @@ Hugging Face checkpoint directories: config.json (+ generation_config.json) and 
 index), read and written the way transformers does, so that official Qwen3 weights load with strict names and
 our checkpoints load in transformers.
 
-Notes on the design: docs/methods.md, "checkpoint.py" under §8.
+Notes on the design: docs/methods.md, "lib/checkpoint.py" under §8.
 """
 import contextlib
 import copy
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from cli import atomic_write
+from lib.cli import atomic_write
 
 COMMON = dict(hidden_act="silu", attention_dropout=0.0, initializer_range=0.02, use_cache=True)
 HF_KEYS = {"qwen3": dict(architectures=["Qwen3ForCausalLM"], **COMMON, use_sliding_window=False),  # written only
@@ -208,7 +208,7 @@ class WeightsFile:
         dtype: the dtype the weights are stored in (default: the parameters'); config.json's torch_dtype names it.
         Each tensor is cast on its own device and moved to the CPU one at a time (no second copy of the model on a
         GPU); a sharded checkpoint already in `path` (index and shards) is replaced. state_dict: the tensors to write
-        in place of self.state_dict() (training.py passes a model's whole tensors gathered from FSDP's shards)."""
+        in place of self.state_dict() (lib/training.py passes a model's whole tensors gathered from FSDP's shards)."""
         from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+ROOT = Path(__file__).resolve().parents[1]  # the project's scripts (eval.py, sample.py)
+
 
 def rank_and_size():
     """-> (rank, world_size) of this process in its torchrun job; (0, 1) alone."""
@@ -72,7 +74,7 @@ def run_script(script, *args, quiet=False):
     """Another of the project's scripts (eval.py, sample.py) in a child process on this Python, its output written
     through this process's sys.stdout and sys.stderr when it ends (quiet: only if it fails); a failure ends this
     run with its last lines."""
-    cmd = [sys.executable, str(Path(__file__).with_name(script)), *map(str, args)]
+    cmd = [sys.executable, str(ROOT / script), *map(str, args)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, WORLD_SIZE="1"))
     if r.returncode or not quiet:
         sys.stdout.write(r.stdout)
@@ -105,7 +107,7 @@ class TaskEval:
         self.out_dir, self.who = Path(out_dir), who
         with open(self.out_dir / "task_eval.log", "w") as log:  # the child writes to its own copy of the file
             self.child = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("eval.py")), "tasks", "--ckpt", "-", "--data",
+                [sys.executable, str(ROOT / "eval.py"), "tasks", "--ckpt", "-", "--data",
                  str(tasks), "--num_prompts", str(n), "--thresholds", ",".join(f"{t:g}" for t in thresholds),
                  "--device", str(device)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,

@@ -1,6 +1,6 @@
 """
 The training machinery every training script shares, behind one object, `Run`: a script keeps its algorithm and a
-loop a reader sees top to bottom (the checkpoint files: checkpoint.py; several processes: runner.py):
+loop a reader sees top to bottom (the checkpoint files: lib/checkpoint.py; several processes: lib/runner.py):
 
     run = training.Run(args, "align")              # device, precision, seeds, torchrun, the Ctrl-C message
     model = run.prepare(run.start(fresh))          # fresh() or --resume's model; --fsdp, AdamW (resumed), --compile
@@ -25,15 +25,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import checkpoint
-import cli
-import data
-import runner
-from checkpoint import rows_with_mask, save_dtype
-from cli import atomic_write
+from lib import checkpoint
+from lib import cli
+from lib import data
+from lib import runner
+from lib.checkpoint import rows_with_mask, save_dtype
+from lib.cli import atomic_write
 from model import Qwen3, Qwen3Config
-from tokenizer import check_saving, described, same_tokenizer, trained_with
-from tokenizer import load_tokenizer  # noqa: F401 (the training scripts' checked loading: training.load_tokenizer)
+from lib.tokenizer import check_saving, described, same_tokenizer, trained_with
+from lib.tokenizer import load_tokenizer  # noqa: F401 (the training scripts' checked loading: training.load_tokenizer)
 
 class Run:
     """One training run: its settings (args), device and autocast context (ctx), its place in a torchrun job (rank,
@@ -296,7 +296,7 @@ def freeze(model, groups):
 
 def configure_optimizer(model, lr, weight_decay, betas=(0.9, 0.95), fused=True):
     """AdamW; weight decay on matrices (and embeddings), none on norms and biases; frozen params skipped. fused: one
-    kernel per group (on a CPU too: bench.py --what pack measures it against the per-tensor loop)."""
+    kernel per group (on a CPU too: benchmarks/bench.py --what pack measures it against the per-tensor loop)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("every parameter is frozen: nothing to train")

@@ -1,11 +1,11 @@
 """
 Data: a text corpus in, flat token files out, and the readers the training scripts use.
 
-    python data.py --out_dir data/stdlib                        # this Python's standard library
-    python data.py --out_dir data/mine --source notes/ --tokenizer path/to/Qwen3-0.6B
-    python data.py --out_dir data/chat --source chats.jsonl --tokenizer path/to/Qwen3-0.6B   # {"messages": [...]}
+    python -m lib.data --out_dir data/stdlib                        # this Python's standard library
+    python -m lib.data --out_dir data/mine --source notes/ --tokenizer path/to/Qwen3-0.6B
+    python -m lib.data --out_dir data/chat --source chats.jsonl --tokenizer path/to/Qwen3-0.6B   # {"messages": [...]}
 
-Notes on the design: docs/methods.md, "data.py" under §8.
+Notes on the design: docs/methods.md, "lib/data.py" under §8.
 """
 import json
 import os
@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import cli
-from cli import atomic_write
-from tokenizer import EOS, Tokenizer, described, fingerprint_of, prepare_with, same_tokenizer, train_bpe, trained_with
+from lib import cli
+from lib.cli import atomic_write
+from lib.tokenizer import (EOS, Tokenizer, described, fingerprint_of, prepare_with, same_tokenizer, train_bpe,
+                           trained_with)
 
 STDLIB_SKIP = {"site-packages", "test", "tests", "idlelib", "__pycache__"}  # dirs left out of the default corpus
 
@@ -299,7 +300,7 @@ def load_split(data_dir, split):
     for p in (meta_path, bin_path):
         if not os.path.exists(p):
             raise FileNotFoundError(f"{data_dir} is not a prepared dataset: missing {os.path.basename(p)}. "
-                                    f"Make one with: python data.py --out_dir {data_dir}")
+                                    f"Make one with: python -m lib.data --out_dir {data_dir}")
     with open(meta_path) as f:
         meta = json.load(f)
     data = np.memmap(bin_path, dtype=meta["dtype"], mode="r")
@@ -432,7 +433,7 @@ def loss_targets(args, tok, train_data, val_data, window, who):
     answers, starts = load_roles(args.data, "train"), dict(train=None)
     if answers is None:
         raise SystemExit(f"{who}: --assistant_only needs a chat dataset ({args.data} holds plain documents): "
-                         "python data.py --source CONVERSATIONS.jsonl --tokenizer CHECKPOINT --out_dir DIR")
+                         "python -m lib.data --source CONVERSATIONS.jsonl --tokenizer CHECKPOINT --out_dir DIR")
     first = conversation_spans(val_data, tok.eos_id, window, f"{who}: --assistant_only", "val")[:, 0]
     starts["val"] = first[first <= len(val_data) - window]  # an evaluation window starts at one of them
     if not len(starts["val"]):
@@ -586,7 +587,7 @@ def add_pairs_command(sub, who):
     object; parse_args() then gives args.fn, which runs it."""
     s = sub.add_parser("pairs", formatter_class=cli.HelpFormatter,
                        help="synthetic preference pairs: prefer single-quoted strings")
-    s.add_argument("--data", default="data/stdlib", help="a directory prepared by data.py")
+    s.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/data.py")
     s.add_argument("--out_dir", default="data/pairs", help="train.jsonl and heldout.jsonl go here")
     for name, default, help in (("n_train", 512, "training pairs"), ("n_heldout", 128, "held-out pairs"),
                                 ("prompt_chars", 192, "characters of text before the response"),
@@ -664,7 +665,7 @@ if __name__ == "__main__":
         meta = prepare(args.out_dir, args.source, args.tokenizer, args.val_fraction, args.max_mb,
                        vocab_size=args.vocab_size, overwrite=args.overwrite)
     except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"data.py: error: {e}")
+        sys.exit(f"lib/data.py: error: {e}")
     s = meta["splits"]
     print(f"{meta['source']}: {meta['source_mb']} MB, skipped {meta['skipped_binary']} binary "
           f"and {meta['skipped_empty']} empty files")

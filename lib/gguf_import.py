@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cli import atomic_write
-from tokenizer import QWEN_PATTERN, Tokenizer
+from lib.cli import atomic_write
+from lib.tokenizer import QWEN_PATTERN, Tokenizer
 
 ARCHS = ("llama", "qwen3")
 # the chat's sampling defaults written into generation_config.json (transformers' keys; greedy, as do_sample is

