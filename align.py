@@ -23,7 +23,7 @@ from model import packed_mask
 p = cli.parser(__doc__)
 p.add_argument("--init", default="out/dlm-tiny", help="the student: a bidirectional DLM checkpoint (convert.py)")
 p.add_argument("--teacher", default=None, help="the AR checkpoint (default: the student's config.converted_from)")
-p.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/data.py")
+p.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/corpus.py")
 p.add_argument("--out_dir", default="out/align", help="checkpoints, log.jsonl and results.json go here")
 p.add_argument("--scratch", action="store_true", help="baseline: random weights of the --init shape (init_weights)")
 p.add_argument("--lambda_align", type=float, default=10.0, help="λ; 0 = the AR fine-tuning baseline (no teacher)")

@@ -18,10 +18,11 @@ import shutil
 from pathlib import Path
 
 from lib import cli
-from lib.checkpoint import resolve, rows_with_mask, weight_files
+from lib.hf import resolve, rows_with_mask, weight_files
 from model import Qwen3, Qwen3Config
 from lib.cli import atomic_write
-from lib.tokenizer import Tokenizer, trained_with
+from lib.checkpoint import trained_with
+from lib.tokenizer import Tokenizer
 
 p = cli.parser(__doc__)
 p.add_argument("--ar", help="the AR (causal) Qwen3 or Llama checkpoint: a directory, or a "

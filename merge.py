@@ -29,7 +29,8 @@ from lib import data
 import diffusion
 from lib import runner
 from lib import training
-from lib.checkpoint import open_weights, read_tensor
+from lib.hf import open_weights, read_tensor
+from worlds import stdlib
 from model import Qwen3Config
 
 TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head",
@@ -50,7 +51,7 @@ def checkpoint_args(parser):
 
 p = cli.parser(__doc__)
 sub = p.add_subparsers(dest="cmd", required=True)
-data.add_pairs_command(sub, "merge pairs")  # the synthetic preference data (data.write_pairs)
+stdlib.add_pairs_command(sub, "merge pairs")  # the synthetic preference data (stdlib.write_pairs)
 sp = checkpoint_args(sub.add_parser("spectrum", formatter_class=cli.HelpFormatter,
                                     help="spectral norms of τ_diff and τ_pref per weight, by layer type"))
 sp.add_argument("--out", default=None, help="default: spectrum.json in the --ar_aligned directory")

@@ -12,14 +12,14 @@ from torch.nn.attention.flex_attention import BlockMask
 from torch.utils.checkpoint import checkpoint
 
 from lib import compiling
-from lib.checkpoint import ConfigFile, WeightsFile
+from lib.hf import ConfigFile, WeightsFile
 
 ATTN_MODES = ("causal", "bidirectional", "block")
 CE_ROWS = 1024  # Qwen3.cross_entropy without grad: rows of logits at a time (Qwen3: 1024 x 151936 fp32 = 0.6 GB)
 
 
 @dataclass
-class Qwen3Config(ConfigFile):  # config.json I/O: checkpoint.ConfigFile; the field names are Hugging Face's
+class Qwen3Config(ConfigFile):  # config.json I/O: hf.ConfigFile; the field names are Hugging Face's
     model_type: str = "qwen3"  # or "llama": the same layer without the q/k RMSNorm (SmolLM2, Llama)
     vocab_size: int = 151936  # embedding rows (the tokenizer uses 151669 of them)
     hidden_size: int = 1024
@@ -42,7 +42,7 @@ class Qwen3Config(ConfigFile):  # config.json I/O: checkpoint.ConfigFile; the fi
     mask_token_id: int | None = None  # an unused embedding row; never sampled as an output
     shift: bool | None = None  # True: the logits at i-1 denoise position i (the AR head's meaning)
     converted_from: str | None = None
-    # checkpoint bookkeeping (checkpoint.ConfigFile): the tokenizer's fingerprint, the directory read from (not
+    # checkpoint bookkeeping (hf.ConfigFile): the tokenizer's fingerprint, the directory read from (not
     # saved), other config.json keys (kept on save), generation_config.json (None: the checkpoint has none)
     tokenizer_sha256: str | None = None
     path: str | None = field(default=None, repr=False, compare=False)
@@ -70,7 +70,7 @@ PRESETS = {
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
-    # the embedded default's AR teacher: lib/data.py's learnt BPE (1024 ids, eos 1021; row 1024 free for the mask)
+    # the embedded default's AR teacher: lib/corpus.py's learnt BPE (1024 ids, eos 1021; row 1024 free for the mask)
     "tiny": dict(vocab_size=1088, hidden_size=128, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, rope_theta=10_000.0,
                  tie_word_embeddings=True, bos_token_id=1021, eos_token_id=1021, torch_dtype="float32"),
@@ -278,7 +278,7 @@ class Qwen3Model(nn.Module):
 
 class Qwen3(WeightsFile, nn.Module):
     """Qwen3ForCausalLM: model (embeddings + decoder layers + final norm) and lm_head; from_pretrained and
-    save_pretrained (Hugging Face directories) from checkpoint.WeightsFile."""
+    save_pretrained (Hugging Face directories) from hf.WeightsFile."""
     config_class = Qwen3Config
 
     def __init__(self, config):

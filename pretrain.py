@@ -1,9 +1,9 @@
 """
 Train the tiny AR teacher of the embedded default: a Qwen3-shaped model on the prepared corpus
-(the Python standard library, in a BPE vocabulary lib/data.py learnt on it), with the plain next-token loss.
+(the Python standard library, in a BPE vocabulary lib/corpus.py learnt on it), with the plain next-token loss.
 nanoGPT's train.py in miniature, on the shared machinery of lib/training.py.
 
-    python -m lib.data --out_dir data/stdlib
+    python -m lib.corpus --out_dir data/stdlib
     python pretrain.py --data data/stdlib --out_dir out/ar-tiny
 
 Notes on the design: docs/methods.md, "pretrain.py" under §8.
@@ -22,7 +22,7 @@ from model import PRESETS, Qwen3, preset
 from lib.tokenizer import EOS, Tokenizer
 
 p = cli.parser(__doc__)
-p.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/data.py")
+p.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/corpus.py")
 p.add_argument("--out_dir", default="out/ar-tiny", help="checkpoints, log.jsonl and results.json go here")
 p.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model shape when starting from scratch")
 p.add_argument("--init", default=None, help="start from this Qwen3 checkpoint instead of random weights")

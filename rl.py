@@ -205,29 +205,30 @@ if __name__ == "__main__":
     def run_eval():  # --tasks: held-out exact match at --threshold, by eval.py
         return training.task_eval(run, policy, tok)
 
-    buffer = []
-    for step in run.steps():
-        k = step % args.mu  # the inner step on this batch of rollouts
-        if k == 0:
-            buffer = [make_batch(*b) for b in run.micro_batches(draw)]
-        for b in buffer:
-            drop, old, ref_lp = b["steps"][k]
-            with ctx:
-                logps = completion_logps(policy, b["x"], b["lens"], b["P"], drop)
-                loss, s = grpo_loss(logps, logps.detach() if old is None else old,
-                                    logps.detach() if ref_lp is None else ref_lp, b["adv"], b["keep"],
-                                    clip=args.clip, beta=args.beta)
-            n = b["x"].numel()
-            rollout = b["stats"] if k == 0 else {}  # the rollouts' figures, logged at the step that made them
-            run.backward(loss, {**s, **rollout}, tokens=n,
-                         flops=training.flops_per_token(policy, b["x"].shape[1], forward_only=ref) * n)
-        rec = run.update()
-        if run.eval_due():
-            rec.update(run.evaluate(run_eval))
-        if (step + 1) % args.eval_interval == 0 or step == args.max_iters - 1:  # where a batch of rollouts ends
-            run.save(policy, tok)
-        run.snapshot(policy, tok)
-        run.log(rec, reward=f"{buffer[0]['stats']['reward']:.2f}", kl=f"{rec['kl']:.4f}")
+    steps = run.steps()
+    for step in steps:  # a batch of rollouts, then μ optimizer steps on it, each under its own prompt mask
+        buffer = [make_batch(*b) for b in run.micro_batches(draw)]
+        for k in range(args.mu):
+            if k and next(steps, None) is None:  # --max_iters ends inside the batch
+                break
+            for b in buffer:
+                drop, old, ref_lp = b["steps"][k]
+                with ctx:
+                    logps = completion_logps(policy, b["x"], b["lens"], b["P"], drop)
+                    loss, s = grpo_loss(logps, logps.detach() if old is None else old,
+                                        logps.detach() if ref_lp is None else ref_lp, b["adv"], b["keep"],
+                                        clip=args.clip, beta=args.beta)
+                n = b["x"].numel()
+                rollout = b["stats"] if k == 0 else {}  # the rollouts' figures, logged at the step that made them
+                run.backward(loss, {**s, **rollout}, tokens=n,
+                             flops=training.flops_per_token(policy, b["x"].shape[1], forward_only=ref) * n)
+            rec = run.update()
+            if run.eval_due():
+                rec.update(run.evaluate(run_eval))
+            if run.save_due(ends=True):  # where a batch of rollouts ends: --resume starts a fresh one
+                run.save(policy, tok)
+            run.snapshot(policy, tok)
+            run.log(rec, reward=f"{buffer[0]['stats']['reward']:.2f}", kl=f"{rec['kl']:.4f}")
 
     final = run.final(run_eval)
     print("\nfinal: " + ", ".join(f"{k} {v:.4f}" for k, v in final.items() if isinstance(v, float)))

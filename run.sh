@@ -39,7 +39,7 @@ resume() { [ -e "$1/train_state.pt" ] && echo --resume || true; }  # an interrup
 tasks_world() {
 D=data/tasks O=out/tasks
 stage tasks     $D/validation.jsonl     "$PYTHON" -m worlds.tasks --out_dir $D
-stage corpus    $D/meta.json            "$PYTHON" -m lib.data --source $D/train.jsonl --out_dir $D
+stage corpus    $D/meta.json            "$PYTHON" -m lib.corpus --source $D/train.jsonl --out_dir $D
 # the loss on the answers only, every window opening a document: the teacher learns the tasks in minutes
 stage pretrain  $O/ar/results.json      "$PYTHON" pretrain.py --data $D --out_dir $O/ar --loss_after " =" --seq_len 16 \
                                           --batch_size 64 --max_iters 1200 --eval_interval 300 $(resume $O/ar)
@@ -81,7 +81,7 @@ echo "run.sh: done in $((SECONDS - T0)) s; the tables are in $O/results.md. Try:
 }
 
 stdlib_world() {
-stage corpus    data/stdlib/meta.json     "$PYTHON" -m lib.data --out_dir data/stdlib
+stage corpus    data/stdlib/meta.json     "$PYTHON" -m lib.corpus --out_dir data/stdlib
 stage pretrain  out/ar-tiny/results.json  "$PYTHON" pretrain.py --data data/stdlib --out_dir out/ar-tiny $(resume out/ar-tiny)
 stage convert   out/dlm-tiny/config.json  "$PYTHON" convert.py --ar out/ar-tiny --out_dir out/dlm-tiny --attn bidirectional
 # The block student is shifted (its head keeps the AR meaning): the published, unshifted one starts from a head aimed
@@ -131,7 +131,7 @@ if [ -n "${REAL_AR:-}" ]; then AR=$REAL_AR; else
 fi
 stage data      $D/chats.jsonl          "$PYTHON" -m worlds.conversion --ckpt $AR --out_dir $D --chats $CHATS \
                                           --per_family $PER --max_new_tokens $N --seed $SEED
-stage corpus    $D/chat/meta.json       "$PYTHON" -m lib.data --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
+stage corpus    $D/chat/meta.json       "$PYTHON" -m lib.corpus --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
                                           --val_fraction ${REAL_VAL_FRACTION:-0.02}
 stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir $O/block --attn block --block_size 4 \
                                           --shift true

@@ -417,7 +417,7 @@ def model_defaults(generation):
 
 
 def main():
-    from lib.tokenizer import load_tokenizer
+    from lib.training import load_tokenizer
     p = cli.parser(__doc__)
     chat.add_args(p)
     args = p.parse_args()

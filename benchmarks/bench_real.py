@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.bench_sample import hf_generator
 from benchmarks.common import build_hf, machine, race, train_step
-from lib.checkpoint import rows_with_mask
+from lib.hf import rows_with_mask
 from model import Qwen3
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that adds two numbers.", "Name a color.",

@@ -113,7 +113,7 @@ def main():
         return status
 
     data_dir = out / "data"
-    st = "ok" if (data_dir / "meta.json").exists() else stage("data", "data", ["-m", "lib.data", "--out_dir",
+    st = "ok" if (data_dir / "meta.json").exists() else stage("data", "data", ["-m", "lib.corpus", "--out_dir",
                                                                               str(data_dir), *cfg["data"]])
     teacher = out / "ar"
     if st == "ok":

@@ -73,7 +73,7 @@ def add_args(p):
     p.add_argument("--prompt", default=None, help="the text to continue (encoded with the checkpoint's tokenizer); "
                    "default 'def ', with --chat: an interactive session")
     p.add_argument("--num_samples", type=int, default=1, help="rows of one batch, all from --prompt")
-    p.add_argument("--data", default=None, help="a lib/data.py directory: one prompt per row instead, the first "
+    p.add_argument("--data", default=None, help="a lib/corpus.py directory: one prompt per row instead, the first "
                    "--num_samples validation documents from their first def (32 tokens)")
     cli.sampler_args(p, 64)
     p.add_argument("--show_rounds", action="store_true",

@@ -1,31 +1,19 @@
 """
-Data: a text corpus in, flat token files out, and the readers the training scripts use.
-
-    python -m lib.data --out_dir data/stdlib                        # this Python's standard library
-    python -m lib.data --out_dir data/mine --source notes/ --tokenizer path/to/Qwen3-0.6B
-    python -m lib.data --out_dir data/chat --source chats.jsonl --tokenizer path/to/Qwen3-0.6B   # {"messages": [...]}
+Data: the readers the training scripts use, of the token files lib/corpus.py prepares (python -m lib.corpus): the
+splits, batches of windows or of packed conversations, the answer-only targets, JSONL prompts and preference pairs
+(the standard library's own pairs: worlds/stdlib.py).
 
 Notes on the design: docs/methods.md, "lib/data.py" under §8.
 """
 import json
 import os
-import platform
-import random
-import sys
-import sysconfig
 import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from lib import cli
-from lib.cli import atomic_write
-from lib.tokenizer import (EOS, Tokenizer, described, fingerprint_of, prepare_with, same_tokenizer, train_bpe,
-                           trained_with)
-
-STDLIB_SKIP = {"site-packages", "test", "tests", "idlelib", "__pycache__"}  # dirs left out of the default corpus
+from lib.checkpoint import described, prepare_with, same_tokenizer, trained_with
+from lib.tokenizer import EOS, fingerprint_of
 
 
 # -----------------------------------------------------------------------------
@@ -53,242 +41,9 @@ def iter_jsonl(path, required_keys=()):
             yield lineno, rec
 
 
-def read_text(path):
-    """The file as a str, or None when it looks binary (a NUL byte) or is not UTF-8."""
-    with open(path, "rb") as f:
-        head = f.read(8192)
-        if b"\0" in head:
-            return None
-        raw = head + f.read()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def iter_documents(source, stats):
-    """Yield (name, text, n_bytes) for a source: None (the stdlib), a folder of text files, or a .jsonl
-    file. The name is the document's stable identity, which decides its split."""
-    if source is not None and os.path.isfile(source):  # JSONL: one {"text": ...} or {"messages": [...]} per line
-        for lineno, rec in iter_jsonl(source):
-            if "messages" in rec:  # a conversation: prepare renders it through the chat template
-                yield f"line {lineno}", rec["messages"], len(json.dumps(rec["messages"]).encode("utf-8"))
-            elif isinstance(rec.get("text"), str):
-                yield f"line {lineno}", rec["text"], len(rec["text"].encode("utf-8"))
-            else:
-                raise ValueError(f"{source}:{lineno}: expected a string 'text' or a list 'messages'")
-        return
-    root = source or sysconfig.get_paths()["stdlib"]
-    skip, exts = (STDLIB_SKIP, (".py",)) if source is None else ({"__pycache__"}, None)
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in skip and not d.startswith(".")]
-        files += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames
-                  if not f.startswith(".") and (exts is None or f.endswith(exts))]
-    for rel in sorted(p.replace(os.sep, "/") for p in files):  # sorted posix paths: same on every machine
-        path = os.path.join(root, rel)
-        text = read_text(path)
-        if text is None:
-            stats["skipped_binary"] += 1
-            continue
-        yield rel, text, os.path.getsize(path)
-
-
 def is_val(name, val_fraction):
     """The split rule: a stable hash of the document's name, independent of order and machine."""
     return zlib.crc32(name.encode("utf-8")) % 10000 < val_fraction * 10000
-
-
-ROLES = ("system", "user", "assistant", "tool")
-
-
-def chat_tokens(tok, messages):
-    """A conversation [{"role", "content"}, ...] -> (ids, assistant): the ids of the whole conversation as the
-    checkpoint's chat template renders it, and a 0/1 list marking the assistant turns' tokens: each assistant
-    message's content and the token after it (the template's end of turn, e.g. <|im_end|>). The contents are found
-    in order in the rendered text (each after its role's name, where the template writes one), so a template that
-    rewrites earlier turns (Qwen3 drops their <think> blocks) is read as it renders them. ValueError, with the
-    reason: not a list of {role, content} strings, a role outside ROLES, no assistant turn, an assistant content the
-    template does not render as given (stripped of surrounding whitespace at most), or cut points that change the
-    tokens."""
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                                 and isinstance(m.get("content"), str) for m in messages):
-        raise ValueError("messages must be a list of {role, content} strings")
-    if unknown := [m["role"] for m in messages if m["role"] not in ROLES]:
-        raise ValueError(f"role {unknown[0]!r} is not one of {', '.join(ROLES)}")
-    if not any(m["role"] == "assistant" for m in messages):
-        raise ValueError("no assistant turn")
-    text = tok.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
-    cuts, at = [], 0  # (start, end) character spans of the assistant contents
-    for m in messages:
-        head = text.find(m["role"], at)  # the turn's header names its role (ChatML, Llama 3): search after it
-        at = head + len(m["role"]) if head >= 0 else at
-        content = m["content"] if m["content"] in text[at:] else m["content"].strip()
-        i = text.find(content, at) if content else -1
-        if i < 0:
-            if m["role"] == "assistant":
-                raise ValueError("the chat template does not render an assistant content as given")
-            continue
-        at = i + len(content)
-        if m["role"] == "assistant":
-            cuts.append((i, at))
-    ids, assistant, prev = [], [], 0
-    def encode(t):
-        return tok.encode(t, allowed_special="all")
-    for a, b in cuts:
-        before, answer = encode(text[prev:a]), encode(text[a:b])
-        ids += before + answer
-        assistant += [0] * len(before) + [1] * len(answer)
-        prev = b
-    rest = encode(text[prev:])
-    ids, assistant = ids + rest, assistant + [0] * len(rest)
-    if ids != encode(text):
-        raise ValueError("the tokens at an assistant turn's edges differ from the whole conversation's")
-    for k in [k for k in range(1, len(ids)) if assistant[k - 1] and not assistant[k]]:
-        assistant[k] = 1  # the token that ends the turn
-    return ids, assistant
-
-
-def is_chat(source):
-    """Whether a source is a JSONL of conversations (its first record has "messages")."""
-    if source is None or not os.path.isfile(source):
-        return False
-    return "messages" in next((rec for _, rec in iter_jsonl(source)), {})
-
-
-# -----------------------------------------------------------------------------
-# preparing a dataset
-
-def bpe_texts(source, val_fraction, max_mb):
-    """The training documents' texts (streamed, as prepare reads them), for learning a BPE vocabulary."""
-    n_bytes = 0
-    for name, text, size in tqdm(iter_documents(source, {"skipped_binary": 0}), desc="learning BPE", unit=" docs"):
-        if max_mb is not None and n_bytes >= max_mb * 1e6:
-            return
-        n_bytes += size
-        if not is_val(name, val_fraction):
-            yield text
-
-
-def prepare(out_dir, source=None, tokenizer="bpe", val_fraction=0.05, max_mb=None, batch_docs=256, vocab_size=1024,
-            *, overwrite=False):
-    """Tokenize a source into out_dir/{train,val}.bin + tokenizer + meta.json; returns meta.
-    tokenizer: "bpe" (learn a byte-level BPE of vocab_size ids on the training documents, a first pass
-    over the source), "byte" (259 ids), or a path to a tokenizer (a dir with tokenizer.json, a .tiktoken).
-    A dataset already in out_dir made with another tokenizer is replaced only with overwrite=True (checkpoints
-    trained on it would no longer match it). A failed run leaves out_dir as it found it (not created)."""
-    if source is not None and not os.path.exists(source):
-        raise FileNotFoundError(f"source not found: {source}")
-    if source is not None and os.path.isfile(source) and not source.endswith(".jsonl"):
-        raise ValueError(f"source {source} is a file: expected a folder of text files or a .jsonl file")
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    chat = is_chat(source)
-    if chat and tokenizer in ("bpe", "byte"):
-        raise ValueError(f"{source} holds conversations: they are rendered through a checkpoint's chat template, so "
-                         "pass --tokenizer DIR (the checkpoint you will train)")
-    if tokenizer == "bpe":
-        tok = train_bpe(bpe_texts(source, val_fraction, max_mb), vocab_size)
-    else:
-        tok = Tokenizer.byte_level() if tokenizer == "byte" else Tokenizer.from_pretrained(tokenizer)
-    if chat and tok.chat_template is None:
-        raise ValueError(f"{source} holds conversations, but the tokenizer {tokenizer} has no chat template "
-                         "(tokenizer_config.json's chat_template or chat_template.jinja)")
-    old = fingerprint_of(out_dir)  # the tokenizer of a dataset already there, or None
-    if old not in (None, tok.fingerprint) and not overwrite:
-        raise ValueError(f"{out_dir} holds a dataset made with another tokenizer (sha256 {old[:12]}; this one "
-                         f"{tok.fingerprint[:12]}), which checkpoints trained on it expect: pass --overwrite to "
-                         f"replace it, or choose another --out_dir")
-    dtype = np.uint16 if tok.vocab_size <= 65536 else np.uint32
-    created = [d for d in (Path(out_dir), *Path(out_dir).parents) if not d.exists()]  # removed again on failure
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {s: os.path.join(out_dir, f"{s}.bin") for s in ("train", "val")}
-    if chat:  # per token 1 if it belongs to an assistant turn (chat_tokens), as uint8
-        paths |= {f"{s}.roles": os.path.join(out_dir, f"{s}.roles.bin") for s in ("train", "val")}
-    counts = {s: {"tokens": 0, "documents": 0} for s in ("train", "val")}
-    stats = {"skipped_binary": 0, "skipped_empty": 0}
-    skipped = {}  # chat: reason -> conversations left out
-    # A small corpus might hash every document to one side, so the first document (in sorted order)
-    # is held back and written last: to the split that would otherwise be empty, else its own.
-    held = None  # (split, ids)
-
-    def write(split, ids, roles=None):
-        np.asarray(ids + [tok.eos_id], dtype=dtype).tofile(files[split])
-        if chat:
-            np.asarray(roles + [0], dtype=np.uint8).tofile(files[f"{split}.roles"])
-        counts[split]["tokens"] += len(ids) + 1
-        counts[split]["documents"] += 1
-
-    def encoded(batch):  # -> [(name, ids, roles or None)]
-        if not chat:
-            return [(n, ids, None) for n, ids in zip(batch, tok.encode_batch(list(batch.values())))]
-        out = []
-        for name, messages in batch.items():
-            try:
-                out.append((name, *chat_tokens(tok, messages)))
-            except ValueError as e:  # counted and reported, never half-trained
-                skipped[str(e)] = skipped.get(str(e), 0) + 1
-        return out
-
-    def route(batch):
-        nonlocal held
-        for name, ids, roles in encoded(batch):
-            split = "val" if is_val(name, val_fraction) else "train"
-            if held is None:
-                held = (split, ids, roles)
-            else:
-                write(split, ids, roles)
-
-    files, done = {}, False
-    try:
-        files = {s: open(p + ".tmp", "wb") for s, p in paths.items()}
-        batch, n_bytes = {}, 0
-        with tqdm(unit="B", unit_scale=True, desc="tokenizing") as bar:
-            for name, text, size in iter_documents(source, stats):
-                if max_mb is not None and n_bytes >= max_mb * 1e6:
-                    break
-                n_bytes += size
-                bar.update(size)
-                if not chat and not text.strip():
-                    stats["skipped_empty"] += 1
-                    continue
-                batch[name] = text
-                if len(batch) >= batch_docs:
-                    route(batch)
-                    batch = {}
-            route(batch)
-        n_docs = counts["train"]["documents"] + counts["val"]["documents"] + (held is not None)
-        if n_docs < 2:
-            raise ValueError(f"found {n_docs} {'usable conversations' if chat else 'text documents'} in "
-                             f"{source or 'the standard library'}; need at least 2 (one for train, one for val)"
-                             + "".join(f"; skipped {k}: {v}" for k, v in skipped.items()))
-        split = next((s for s in ("train", "val") if counts[s]["documents"] == 0), held[0])
-        write(split, *held[1:])
-        for f in files.values():
-            f.close()
-        # finish: the old meta.json goes first, the new one last, so meta.json <=> complete dataset
-        meta_path = os.path.join(out_dir, "meta.json")
-        if os.path.exists(meta_path):
-            os.remove(meta_path)
-        for split, p in paths.items():
-            os.replace(p + ".tmp", p)
-        tok.save_pretrained(out_dir)
-        meta = dict(tokenizer=tok.name, tokenizer_sha256=tok.fingerprint, vocab_size=tok.vocab_size,
-                    eos_id=tok.eos_id, dtype=np.dtype(dtype).name, splits=counts, source=source or "stdlib",
-                    source_mb=round(n_bytes / 1e6, 3), **stats, max_mb=max_mb, val_fraction=val_fraction,
-                    python=platform.python_version(), chat=chat, skipped_conversations=skipped)
-        atomic_write(meta_path, lambda f: Path(f).write_text(json.dumps(meta, indent=2)))
-        done = True
-        return meta
-    finally:  # on any failure: no half-written files left behind, and no directory this call created
-        for split, f in files.items():
-            f.close()
-            if os.path.exists(paths[split] + ".tmp"):
-                os.remove(paths[split] + ".tmp")
-        if not done:
-            for d in created:  # nearest first
-                if d.is_dir() and not any(d.iterdir()):
-                    d.rmdir()
 
 
 # -----------------------------------------------------------------------------
@@ -300,7 +55,7 @@ def load_split(data_dir, split):
     for p in (meta_path, bin_path):
         if not os.path.exists(p):
             raise FileNotFoundError(f"{data_dir} is not a prepared dataset: missing {os.path.basename(p)}. "
-                                    f"Make one with: python -m lib.data --out_dir {data_dir}")
+                                    f"Make one with: python -m lib.corpus --out_dir {data_dir}")
     with open(meta_path) as f:
         meta = json.load(f)
     data = np.memmap(bin_path, dtype=meta["dtype"], mode="r")
@@ -433,7 +188,7 @@ def loss_targets(args, tok, train_data, val_data, window, who):
     answers, starts = load_roles(args.data, "train"), dict(train=None)
     if answers is None:
         raise SystemExit(f"{who}: --assistant_only needs a chat dataset ({args.data} holds plain documents): "
-                         "python -m lib.data --source CONVERSATIONS.jsonl --tokenizer CHECKPOINT --out_dir DIR")
+                         "python -m lib.corpus --source CONVERSATIONS.jsonl --tokenizer CHECKPOINT --out_dir DIR")
     first = conversation_spans(val_data, tok.eos_id, window, f"{who}: --assistant_only", "val")[:, 0]
     starts["val"] = first[first <= len(val_data) - window]  # an evaluation window starts at one of them
     if not len(starts["val"]):
@@ -539,70 +294,6 @@ def pair_batch(items, device):
     return ids.to(device), plen.to(device), ((pos >= plen[:, None]) & real).to(device), real.to(device)
 
 
-def rule_score(text):
-    """The stdlib world's preference, "prefer single-quoted strings", as a score: (#' − #")/max(1, #' + #"), +1 all
-    single quotes, −1 all double, 0 none."""
-    s, d = text.count("'"), text.count('"')
-    return (s - d) / max(1, s + d)
-
-
-def make_pairs(texts, n, prompt_chars, response_chars, seed):
-    """n {prompt, chosen, rejected} records: windows (prompt = the preceding text, response = the continuation)
-    whose response holds >= 2 quotes, drawn with a seeded RNG; chosen: every " made ', rejected: every ' made "."""
-    windows = []
-    for text in texts:
-        for c in range(prompt_chars, len(text) - response_chars + 1, response_chars):
-            y = text[c:c + response_chars]
-            if y.count("'") + y.count('"') >= 2:
-                windows.append((text[c - prompt_chars:c], y))
-    picked = random.Random(seed).sample(windows, min(n, len(windows)))
-    return [dict(prompt=x, chosen=y.replace('"', "'"), rejected=y.replace("'", '"')) for x, y in picked]
-
-
-def write_pairs(data_dir, out_dir, *, n_train, n_heldout, prompt_chars, response_chars, seed, who="pairs"):
-    """The synthetic preference pairs of a prepared dataset (make_pairs): out_dir/train.jsonl from its train split,
-    out_dir/heldout.jsonl from its val split (seed + 1), each written atomically; a one-line exit when none fit."""
-    try:
-        tok = Tokenizer.from_pretrained(data_dir)
-        splits = {s: load_split(data_dir, s) for s in ("train", "val")}
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"{who}: {e}")
-    recs = {}
-    for split, name, n in (("train", "train.jsonl", n_train), ("val", "heldout.jsonl", n_heldout)):
-        texts = [tok.decode(d.tolist()) for d in tqdm(documents(splits[split], tok.eos_id), desc=f"decoding {split}",
-                                                       leave=False)]
-        recs[name] = make_pairs(texts, n, prompt_chars, response_chars, seed + (split == "val"))
-        if not recs[name]:
-            raise SystemExit(f"{who}: no window of the {split} split of {data_dir} has >= 2 quotes in its "
-                             f"{response_chars}-character continuation; try other --prompt_chars/--response_chars")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)  # only now: a failed run leaves no empty directory behind
-    for (name, r), split, n in zip(recs.items(), ("train", "val"), (n_train, n_heldout)):
-        atomic_write(out / name, lambda f: Path(f).write_text("".join(json.dumps(x) + "\n" for x in r)))
-        print(f"{out / name}: {len(r)} pairs from the {split} split" + f" (asked for {n})" * (len(r) < n))
-
-
-def add_pairs_command(sub, who):
-    """The `pairs` subcommand (write_pairs: the synthetic preference pairs of a dataset) on an argparse subparsers
-    object; parse_args() then gives args.fn, which runs it."""
-    s = sub.add_parser("pairs", formatter_class=cli.HelpFormatter,
-                       help="synthetic preference pairs: prefer single-quoted strings")
-    s.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/data.py")
-    s.add_argument("--out_dir", default="data/pairs", help="train.jsonl and heldout.jsonl go here")
-    for name, default, help in (("n_train", 512, "training pairs"), ("n_heldout", 128, "held-out pairs"),
-                                ("prompt_chars", 192, "characters of text before the response"),
-                                ("response_chars", 96, "characters of each response"),
-                                ("seed", 1337, "which corpus windows are cut")):
-        s.add_argument(f"--{name}", type=int, default=default, help=help)
-
-    def run(args):
-        if min(args.n_train, args.n_heldout, args.prompt_chars, args.response_chars) <= 0:
-            s.error("need --n_train, --n_heldout, --prompt_chars and --response_chars > 0")
-        write_pairs(args.data, args.out_dir, n_train=args.n_train, n_heldout=args.n_heldout, who=who,
-                    prompt_chars=args.prompt_chars, response_chars=args.response_chars, seed=args.seed)
-    s.set_defaults(fn=run)
-
-
 def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n, like=None, who="prompts"):
     """[(prompt ids, continuation ids)]: the last seq_len tokens of each record of the JSONL `prompts` (no
     continuation; a record with "chat": true is one user turn in tok's chat template, as in tokenized_pairs), or
@@ -633,47 +324,6 @@ def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n, like=None
 
 def read_pairs(path):
     return read_jsonl(path, ("prompt", "chosen", "rejected"))
-
-
-# -----------------------------------------------------------------------------
-
-if __name__ == "__main__":
-    # run settings (defaults), overridable as --flag value
-    out_dir = "data/stdlib"
-    source = None        # None: this Python's standard library; or a folder of text files, or a .jsonl
-    tokenizer = "bpe"    # "bpe": learnt here on the corpus; "byte"; or a path: a dir with tokenizer.json, a *.tiktoken
-    vocab_size = 1024    # ids of the learnt BPE (256 bytes + merges + 3 special tokens)
-    val_fraction = 0.05
-    max_mb = None        # stop after this many MB of source text
-    p = cli.parser(__doc__)
-    p.add_argument("--out_dir", default=out_dir, help="train.bin, val.bin, meta.json and the tokenizer go here")
-    p.add_argument("--source", default=source,
-                   help="folder of text files or .jsonl with a 'text' field (None: the standard library)")
-    p.add_argument("--tokenizer", default=tokenizer, help="'bpe', 'byte', or a tokenizer dir / .tiktoken file")
-    p.add_argument("--vocab_size", type=int, default=vocab_size, help="with --tokenizer bpe: the number of ids")
-    p.add_argument("--val_fraction", type=float, default=val_fraction,
-                   help="share of documents in the validation split (by a hash of their name)")
-    p.add_argument("--max_mb", type=float, default=max_mb, help="stop after this many MB of source text (None: all)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a dataset in --out_dir that was made with another tokenizer")
-    args = p.parse_args()
-    if args.source is not None and not os.path.exists(args.source):
-        p.error(f"--source {args.source} does not exist")
-    if not 259 <= args.vocab_size <= 65536:
-        p.error("--vocab_size must be in 259..65536 (the 256 bytes and 3 special tokens at least)")
-    try:
-        meta = prepare(args.out_dir, args.source, args.tokenizer, args.val_fraction, args.max_mb,
-                       vocab_size=args.vocab_size, overwrite=args.overwrite)
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"lib/data.py: error: {e}")
-    s = meta["splits"]
-    print(f"{meta['source']}: {meta['source_mb']} MB, skipped {meta['skipped_binary']} binary "
-          f"and {meta['skipped_empty']} empty files")
-    for split in s:
-        print(f"{split}: {s[split]['documents']:,} documents, {s[split]['tokens']:,} tokens ({meta['dtype']})")
-    for why, n in meta["skipped_conversations"].items():
-        print(f"skipped {n} conversation(s): {why}")
-    print(f"wrote {args.out_dir}/{{train.bin,val.bin,meta.json}}{' + roles' * meta['chat']} + tokenizer")
 
 
 def unigram_entropy(ids):

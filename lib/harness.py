@@ -22,7 +22,7 @@ import diffusion
 import sample
 from lib import cli
 from lib import training
-from lib.tokenizer import load_tokenizer
+from lib.training import load_tokenizer
 
 
 def seeded(seed, ids):

@@ -2,13 +2,11 @@
 
 Notes on the design: docs/methods.md, "lib/tokenizer.py" under §8.
 """
-import collections
 import copy
 import functools
 import hashlib
 import json
 import operator
-import re
 import unicodedata
 from base64 import b64decode
 from pathlib import Path
@@ -148,7 +146,7 @@ class Tokenizer:
         """A directory with tokenizer.json (or exactly one *.tiktoken), or either file itself. From a directory,
         its tokenizer_config.json and chat_template.jinja come along (checked to be JSON / text). A Hugging Face
         model id works too (checkpoint.resolve)."""
-        from lib.checkpoint import resolve
+        from lib.hf import resolve
         p = resolve(path)
         if p.is_dir():
             if (p / "tokenizer.json").is_file():
@@ -359,7 +357,7 @@ class Tokenizer:
 
     @property
     def eos_id(self):
-        """The id of <|endoftext|>: the end of a document (lib/data.py separates documents with it)."""
+        """The id of <|endoftext|>: the end of a document (lib/corpus.py separates documents with it)."""
         if EOS not in self._special:
             raise ValueError(f"{self.name} has no {EOS} token")
         return self._special[EOS]
@@ -439,102 +437,3 @@ class Tokenizer:
 
     def __repr__(self):
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, nfc={self.nfc})"
-
-
-def train_bpe(texts, vocab_size, name="bpe"):
-    """Byte-level BPE learnt from texts: the 256 bytes, then the most frequent adjacent pair merged
-    into a new token, again and again, within the pieces CODE_PATTERN cuts, until vocab_size ids
-    (with the three special tokens of Tokenizer.byte_level() last). Pair counts are updated only for the
-    words a merge touches, so the standard library trains in well under a minute."""
-    words = collections.Counter(p for t in texts for p in re.findall(CODE_PATTERN, t))
-    seqs = [[bytes([b]) for b in w.encode("utf-8")] for w in words]  # each distinct piece as tokens
-    freq = list(words.values())
-    pairs, where = collections.Counter(), collections.defaultdict(set)  # pair -> count, -> word indices
-    for i, s in enumerate(seqs):
-        for pair in zip(s, s[1:]):
-            pairs[pair] += freq[i]
-            where[pair].add(i)
-    ranks = {bytes([b]): b for b in range(256)}
-    while len(ranks) < vocab_size - 3 and pairs:
-        (a, b), n = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))  # most frequent; ties by bytes
-        if n < 2:
-            break
-        ranks.setdefault(a + b, len(ranks))
-        for i in where.pop((a, b)):
-            s, f = seqs[i], freq[i]
-            for pair in zip(s, s[1:]):
-                pairs[pair] -= f
-            j, new = 0, []
-            while j < len(s):
-                if s[j] == a and j + 1 < len(s) and s[j + 1] == b:
-                    new.append(a + b)
-                    j += 2
-                else:
-                    new.append(s[j])
-                    j += 1
-            seqs[i] = new
-            for pair in zip(new, new[1:]):
-                pairs[pair] += f
-                where[pair].add(i)
-        del pairs[(a, b)]
-    n = len(ranks)
-    added = {EOS: (n, True), "<|im_start|>": (n + 1, True), "<|im_end|>": (n + 2, True)}
-    return Tokenizer(name, ranks, CODE_PATTERN, added, nfc=False)
-
-
-# ---- a checkpoint's or a dataset's tokenizer, checked against the model ------------------------------------
-
-def load_tokenizer(path, config):
-    """The tokenizer saved with a checkpoint (or a dataset), checked against the model: its embedding rows, its mask
-    token, and the tokenizer the model was trained with (config.tokenizer_sha256); a one-line exit otherwise."""
-    from lib.checkpoint import resolve
-    try:
-        path = resolve(path)
-        tok = Tokenizer.from_pretrained(path)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"tokenizer: {e}")
-    if config.path is not None and Path(path).resolve() == Path(config.path).resolve():  # the checkpoint's own
-        same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", trained_with(config),
-                       "its config.json", "they were replaced after the checkpoint was saved; restore them")
-    model, model_dir = described(config)
-    same_tokenizer(tok.fingerprint, str(path), trained_with(config), model, prepare_with(model_dir))
-    if tok.vocab_size > config.vocab_size:
-        raise SystemExit(f"tokenizer in {path} uses {tok.vocab_size} ids but the model has only "
-                         f"{config.vocab_size} embedding rows: they do not belong together")
-    if config.mask_token_id is not None and config.mask_token_id < tok.vocab_size:
-        raise SystemExit(f"mask_token_id {config.mask_token_id} is an ordinary token of the tokenizer in {path}")
-    return tok
-
-
-def trained_with(config):
-    """The fingerprint of the tokenizer a model was trained with: config.tokenizer_sha256, or for a checkpoint that
-    records none (written before fingerprints were, or downloaded) that of the tokenizer files in its directory,
-    then kept in config; None when unknown."""
-    if config.tokenizer_sha256 is None and config.path is not None:
-        config.tokenizer_sha256 = fingerprint_of(config.path)
-    return config.tokenizer_sha256
-
-
-def check_saving(tok, config, out_dir):
-    """Exit with one line unless tok may be saved with a model of this config into out_dir: it must be the model's
-    own tokenizer (trained_with) and that of any checkpoint already in out_dir (never replaced). Then config records
-    it (a new model's)."""
-    fix = "a checkpoint keeps the tokenizer it was trained with; use data prepared with it, or another --out_dir"
-    same_tokenizer(tok.fingerprint, "the tokenizer being saved", trained_with(config), "the model", fix)
-    same_tokenizer(tok.fingerprint, "the tokenizer being saved", fingerprint_of(out_dir), str(out_dir), fix)
-    config.tokenizer_sha256 = tok.fingerprint
-
-
-def same_tokenizer(fp, where, want, want_where, fix):
-    """Exit with one line naming both sides when two tokenizer fingerprints differ (None: unknown, not refused)."""
-    if None not in (fp, want) and fp != want:
-        raise SystemExit(f"tokenizer mismatch: {where} (sha256 {fp[:12]}) vs {want_where} (sha256 {want[:12]}); {fix}")
-
-
-def described(config):
-    """-> ("the model DIR", DIR) for messages; DIR is a placeholder for a model not read from a directory."""
-    return (f"the model {config.path}", config.path) if config.path else ("the model", "MODEL_DIR")
-
-
-def prepare_with(model_dir):
-    return f"prepare the data with the model's tokenizer: python -m lib.data --tokenizer {model_dir} --out_dir DIR"

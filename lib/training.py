@@ -29,11 +29,12 @@ from lib import checkpoint
 from lib import cli
 from lib import data
 from lib import runner
-from lib.checkpoint import rows_with_mask, save_dtype
+from lib.checkpoint import check_saving, described, prepare_with, same_tokenizer, save_dtype, trained_with
 from lib.cli import atomic_write
+from lib.hf import resolve, rows_with_mask
+from lib.tokenizer import Tokenizer
 from model import Qwen3, Qwen3Config
-from lib.tokenizer import check_saving, described, same_tokenizer, trained_with
-from lib.tokenizer import load_tokenizer  # noqa: F401 (the training scripts' checked loading: training.load_tokenizer)
+
 
 class Run:
     """One training run: its settings (args), device and autocast context (ctx), its place in a torchrun job (rank,
@@ -182,9 +183,10 @@ class Run:
         """Whether this step evaluates: every --eval_interval steps, and the last."""
         return self.step % self.args.eval_interval == 0 or self.step == self.args.max_iters - 1
 
-    def save_due(self, interval=None):
-        """Whether this step writes a checkpoint: every `interval` steps (default --eval_interval), and the last."""
-        return self.step % (interval or self.args.eval_interval) == 0 or self.step == self.args.max_iters - 1
+    def save_due(self, interval=None, *, ends=False):
+        """Whether this step writes a checkpoint: every `interval` steps (default --eval_interval), and the last. The
+        steps that are multiples of it, or (ends) the steps that complete one (rl.py: a batch of rollouts ends)."""
+        return (self.step + ends) % (interval or self.args.eval_interval) == 0 or self.step == self.args.max_iters - 1
 
     def save(self, model, tokenizer, *, extra=None, exact=None, state_dict=None):
         """The checkpoint of this step (checkpoint.save_checkpoint, by rank 0; with --fsdp every rank gathers the
@@ -346,6 +348,27 @@ def require_dlm(config, where, who, attn=None):
         raise SystemExit(f"{who}: {where} is not a {attn + ' ' if attn else ''}DLM (attn={config.attn!r}, block_size="
                          f"{config.block_size}, mask_token_id={config.mask_token_id}, shift={config.shift}); make one "
                          f"with: python convert.py --ar AR_DIR --out_dir DLM_DIR {flags}")
+
+
+def load_tokenizer(path, config):
+    """The tokenizer saved with a checkpoint (or a dataset), checked against the model: its embedding rows, its mask
+    token, and the tokenizer the model was trained with (config.tokenizer_sha256); a one-line exit otherwise."""
+    try:
+        path = resolve(path)
+        tok = Tokenizer.from_pretrained(path)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"tokenizer: {e}")
+    if config.path is not None and Path(path).resolve() == Path(config.path).resolve():  # the checkpoint's own
+        same_tokenizer(tok.fingerprint, f"the tokenizer files in {path}", trained_with(config),
+                       "its config.json", "they were replaced after the checkpoint was saved; restore them")
+    model, model_dir = described(config)
+    same_tokenizer(tok.fingerprint, str(path), trained_with(config), model, prepare_with(model_dir))
+    if tok.vocab_size > config.vocab_size:
+        raise SystemExit(f"tokenizer in {path} uses {tok.vocab_size} ids but the model has only "
+                         f"{config.vocab_size} embedding rows: they do not belong together")
+    if config.mask_token_id is not None and config.mask_token_id < tok.vocab_size:
+        raise SystemExit(f"mask_token_id {config.mask_token_id} is an ordinary token of the tokenizer in {path}")
+    return tok
 
 
 def load_teacher(path, student, device, who, *, same_shapes=False, dtype=torch.float32, share=False):

@@ -32,7 +32,7 @@ PROMPTS=(--families $FAMILIES --per_family $PER --max_new_tokens $N)
 # replies to CHATS training prompts: the chat data, and the full stop's preference pairs
 stage prompts   $D/chats.jsonl          "$PYTHON" -m worlds.realworld --ckpt $AR --out_dir $D "${PROMPTS[@]}" --chats $CHATS \
                                           --out $O/eval/ar.json
-stage corpus    $D/chat/meta.json       "$PYTHON" -m lib.data --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
+stage corpus    $D/chat/meta.json       "$PYTHON" -m lib.corpus --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
                                           --val_fraction 0.1
 stage convert   $O/dlm/config.json      "$PYTHON" convert.py --ar $AR --out_dir $O/dlm --attn bidirectional
 stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir $O/block --attn block --block_size 4

@@ -29,7 +29,7 @@ D=$OUT/data
 T0=$SECONDS
 source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
 stage tasks    $D/heldout.jsonl       "$PYTHON" -m worlds.tasks --out_dir $D --mark_share $MARK_SHARE "${TASKS[@]}"
-stage corpus   $D/meta.json           "$PYTHON" -m lib.data --source $D/train.jsonl --out_dir $D
+stage corpus   $D/meta.json           "$PYTHON" -m lib.corpus --source $D/train.jsonl --out_dir $D
 stage pretrain $OUT/ar/results.json   "$PYTHON" pretrain.py --data $D --out_dir $OUT/ar --loss_after " =" --seq_len 16 \
                                         --batch_size 64 "${PRE[@]}"
 stage convert  $OUT/dlm/config.json   "$PYTHON" convert.py --ar $OUT/ar --out_dir $OUT/dlm --attn bidirectional

@@ -76,16 +76,16 @@ def world_copy(base, tmp_path_factory, name="world"):
 
 
 def tiny_world(root, ar=True):
-    """root/data: a tiny, repetitive "codebase" prepared by lib/data.py (a small model learns it quickly);
+    """root/data: a tiny, repetitive "codebase" prepared by lib/corpus.py (a small model learns it quickly);
     root/ar (ar=True): a micro AR model with random weights and the byte-level tokenizer."""
-    from lib import data
     from model import Qwen3, preset
+    from lib import corpus
     from lib.tokenizer import Tokenizer
     src = root / "src"
     src.mkdir(parents=True)
     for i in range(12):
         (src / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {j}\n\n" for j in range(i, i + 40)))
-    data.prepare(str(root / "data"), source=str(src), val_fraction=0.2, tokenizer="byte")
+    corpus.prepare(str(root / "data"), source=str(src), val_fraction=0.2, tokenizer="byte")
     if ar:
         Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
         Tokenizer.byte_level().save_pretrained(root / "ar")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from lib import corpus
 from lib import data
 from conftest import run_script, world_copy
 from lib.tokenizer import Tokenizer
@@ -48,7 +49,7 @@ CONV = [dict(role="system", content="Be brief."), dict(role="user", content="add
 
 def test_chat_tokens_against_the_template_by_hand(world):
     tok = Tokenizer.from_pretrained(world / "ar_chat")
-    ids, assistant = data.chat_tokens(tok, CONV)
+    ids, assistant = corpus.chat_tokens(tok, CONV)
     want_ids, want_mask = [], []
     for text, trained in by_hand(CONV):
         t = tok.encode(text, allowed_special="all")
@@ -63,15 +64,15 @@ def test_chat_tokens_refusals(world, tmp_path):
                           ([dict(role="robot", content="x"), dict(role="assistant", content="y")], "'robot'"),
                           ([dict(role="user")], "list of {role, content}"), ("hi", "list of {role, content}")]:
         with pytest.raises(ValueError, match=why):
-            data.chat_tokens(tok, messages)
+            corpus.chat_tokens(tok, messages)
     # a template that does not render an earlier answer as given: its tokens cannot be found
     hides = with_template(world / "ar", tmp_path / "hides", CHATML.replace("{{ m['content'] }}", "{% if loop.last %}"
                                                                           "{{ m['content'] }}{% endif %}"))
     with pytest.raises(ValueError, match="does not render an assistant content"):
-        data.chat_tokens(Tokenizer.from_pretrained(hides), CONV)
+        corpus.chat_tokens(Tokenizer.from_pretrained(hides), CONV)
     # a template that strips the content: found without its surrounding whitespace
     strip = with_template(world / "ar", tmp_path / "strip", CHATML.replace("m['content']", "m['content'] | trim"))
-    ids, assistant = data.chat_tokens(Tokenizer.from_pretrained(strip), [dict(role="user", content="q"),
+    ids, assistant = corpus.chat_tokens(Tokenizer.from_pretrained(strip), [dict(role="user", content="q"),
                                                                          dict(role="assistant", content=" a \n")])
     assert Tokenizer.from_pretrained(strip).decode([i for i, a in zip(ids, assistant) if a]) == "a<|im_end|>"
 
@@ -95,7 +96,7 @@ def test_prepare_marks_assistant_tokens_and_counts_skips(world, tmp_path):
            dict(messages=[dict(role="robot", content="x"), dict(role="assistant", content="y")]),
            dict(messages=[dict(role="user", content="x"), dict(role="assistant", content="y")])]
     src = write_jsonl(tmp_path / "chats.jsonl", conversations(30) + bad)
-    meta = data.prepare(str(tmp_path / "d"), source=str(src), tokenizer=str(world / "ar_chat"))
+    meta = corpus.prepare(str(tmp_path / "d"), source=str(src), tokenizer=str(world / "ar_chat"))
     assert meta["chat"] and meta["skipped_conversations"] == {"no assistant turn": 1, "role 'robot' is not one of "
                                                               "system, user, assistant, tool": 1}
     assert sum(s["documents"] for s in meta["splits"].values()) == 31
@@ -109,12 +110,12 @@ def test_prepare_marks_assistant_tokens_and_counts_skips(world, tmp_path):
             text = tok.decode(ids[d[:-1]].tolist())
             user = text.split("\n")[1].split("<|im_end|>")[0]
             msgs = next(r["messages"] for r in conversations(30) + bad[2:] if r["messages"][0]["content"] == user)
-            want = data.chat_tokens(tok, msgs)
+            want = corpus.chat_tokens(tok, msgs)
             assert ids[d[:-1]].tolist() == want[0] and roles[d].tolist() == want[1] + [0]
     assert data.load_roles(world / "data", "train") is None  # plain documents have none
-    r = run_script("lib/data.py", "--source", src, "--out_dir", tmp_path / "e", "--tokenizer", "byte")
+    r = run_script("lib/corpus.py", "--source", src, "--out_dir", tmp_path / "e", "--tokenizer", "byte")
     assert r.returncode == 1 and "--tokenizer DIR" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = run_script("lib/data.py", "--source", src, "--out_dir", tmp_path / "e", "--tokenizer", world / "ar")
+    r = run_script("lib/corpus.py", "--source", src, "--out_dir", tmp_path / "e", "--tokenizer", world / "ar")
     assert r.returncode == 1 and "no chat template" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -125,7 +126,7 @@ def test_align_assistant_only(world, tmp_path, monkeypatch):
     import diffusion
     src = write_jsonl(tmp_path / "chats.jsonl", conversations(60, long_every=7))
     d = tmp_path / "d"
-    data.prepare(str(d), source=str(src), tokenizer=str(world / "dlm_chat"))
+    corpus.prepare(str(d), source=str(src), tokenizer=str(world / "dlm_chat"))
     ids, roles = np.asarray(data.load_split(d, "train")), np.asarray(data.load_roles(d, "train"))
     tok = Tokenizer.from_pretrained(d)
     seen, corrupt = [], diffusion.corrupt
@@ -181,7 +182,7 @@ def test_distill_prompts_are_the_turns_before_each_answer(world, tmp_path):
     generation prompt), its continuation that turn; a short run trains on them."""
     src = write_jsonl(tmp_path / "chats.jsonl", conversations(40))
     d = tmp_path / "d"
-    data.prepare(str(d), source=str(src), tokenizer=str(world / "block_shift_chat"))
+    corpus.prepare(str(d), source=str(src), tokenizer=str(world / "block_shift_chat"))
     tok = Tokenizer.from_pretrained(d)
     pool = data.prompt_pool(tok, 4, data_dir=str(d), seq_len=64, n=100)
     val = [r["messages"] for r in conversations(40)]

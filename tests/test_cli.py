@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["align.py", "benchmarks/bench.py", "convert.py", "lib/data.py", "distill.py", "dpo.py", "eval.py",
+SCRIPTS = ["align.py", "benchmarks/bench.py", "convert.py", "lib/corpus.py", "distill.py", "dpo.py", "eval.py",
            "merge.py", "lib/plot.py", "pretrain.py", "sample.py", "worlds/tasks.py"]
 
 

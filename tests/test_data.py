@@ -1,4 +1,5 @@
-"""Tests for lib/data.py: preparing a corpus (round trip, stable split, atomic writes), batching, JSONL readers, CLI."""
+"""lib/corpus.py and lib/data.py: preparing a corpus (round trip, stable split, atomic writes), batching, JSONL
+readers, the command line."""
 import ast
 import json
 import os
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from lib import corpus
 from lib import data
 from lib.tokenizer import Tokenizer
 
@@ -51,14 +53,14 @@ def test_bpe_is_learnt_on_train_documents_only(tmp_path):
     val_only = [n for n in docs if n.startswith("v") and data.is_val(n, 0.2)]
     docs = {n: t for n, t in docs.items() if not n.startswith("v") or n in val_only}
     assert val_only
-    data.prepare(str(tmp_path / "out"), str(make_corpus(tmp_path / "src", docs)), val_fraction=0.2, vocab_size=400)
+    corpus.prepare(str(tmp_path / "out"), str(make_corpus(tmp_path / "src", docs)), val_fraction=0.2, vocab_size=400)
     tok = Tokenizer.from_pretrained(str(tmp_path / "out"))
     assert len(tok.encode(" zyzzyva")) >= 4  # never merged: the val documents did not shape the vocabulary
 
 
 def test_prepare_round_trip(tmp_path):
     src, out = make_corpus(tmp_path / "src", DOCS), tmp_path / "out"
-    meta = data.prepare(str(out), str(src), val_fraction=0.2, vocab_size=300)  # a BPE learnt here
+    meta = corpus.prepare(str(out), str(src), val_fraction=0.2, vocab_size=300)  # a BPE learnt here
     texts, tok = split_texts(out), Tokenizer.from_pretrained(str(out))
     assert 259 < tok.vocab_size <= 300 and meta["tokenizer"] == "bpe"  # fewer when pairs run out
     assert texts["train"] and texts["val"]
@@ -87,13 +89,13 @@ def test_prepare_round_trip(tmp_path):
 def test_split_is_stable(tmp_path, monkeypatch):
     """Same files -> same bytes, whatever order the OS lists them in; extra files move nobody."""
     src = str(make_corpus(tmp_path / "src_a", DOCS))
-    a = data.prepare(str(tmp_path / "a"), src, val_fraction=0.2)
-    monkeypatch.setattr(data.os, "walk", reversed_walk)
-    data.prepare(str(tmp_path / "a2"), src, val_fraction=0.2)
+    a = corpus.prepare(str(tmp_path / "a"), src, val_fraction=0.2)
+    monkeypatch.setattr(corpus.os, "walk", reversed_walk)
+    corpus.prepare(str(tmp_path / "a2"), src, val_fraction=0.2)
     for s in ("train", "val"):
         assert (tmp_path / "a" / f"{s}.bin").read_bytes() == (tmp_path / "a2" / f"{s}.bin").read_bytes()
     more = dict(DOCS, **{f"extra/e{i}.txt": f"extra document {i}\n" for i in range(20)})
-    data.prepare(str(tmp_path / "b"), str(make_corpus(tmp_path / "src_b", more, reverse=True)), val_fraction=0.2)
+    corpus.prepare(str(tmp_path / "b"), str(make_corpus(tmp_path / "src_b", more, reverse=True)), val_fraction=0.2)
     ta, tb = split_texts(tmp_path / "a"), split_texts(tmp_path / "b")
     for s in ("train", "val"):
         assert set(ta[s]) == set(tb[s]) & set(DOCS.values())
@@ -103,19 +105,19 @@ def test_split_is_stable(tmp_path, monkeypatch):
 def test_tiny_corpus_gets_both_splits(tmp_path, monkeypatch):
     src = make_corpus(tmp_path / "src", {"a.txt": "first\n", "b.txt": "second\n"})
     for out in ("o1", "o2"):
-        meta = data.prepare(str(tmp_path / out), str(src), val_fraction=0.0001)
+        meta = corpus.prepare(str(tmp_path / out), str(src), val_fraction=0.0001)
         assert meta["splits"]["train"]["documents"] == meta["splits"]["val"]["documents"] == 1
     assert split_texts(tmp_path / "o1") == split_texts(tmp_path / "o2")
     # and the other way round: every document would hash to val
-    meta = data.prepare(str(tmp_path / "o3"), str(src), val_fraction=0.9999)
+    meta = corpus.prepare(str(tmp_path / "o3"), str(src), val_fraction=0.9999)
     assert meta["splits"]["train"]["documents"] == meta["splits"]["val"]["documents"] == 1
     # the document that is moved does not depend on listing order
     src = make_corpus(tmp_path / "src5", {f"{c}.txt": f"doc {c}\n" for c in "abcde"})
     for frac in (0.0001, 0.9999):
-        data.prepare(str(tmp_path / "f"), str(src), val_fraction=frac, overwrite=True)  # another split: another BPE
+        corpus.prepare(str(tmp_path / "f"), str(src), val_fraction=frac, overwrite=True)  # another split: another BPE
         with monkeypatch.context() as m:
-            m.setattr(data.os, "walk", reversed_walk)
-            data.prepare(str(tmp_path / "r"), str(src), val_fraction=frac, overwrite=True)
+            m.setattr(corpus.os, "walk", reversed_walk)
+            corpus.prepare(str(tmp_path / "r"), str(src), val_fraction=frac, overwrite=True)
         f, r = split_texts(tmp_path / "f"), split_texts(tmp_path / "r")
         assert {s: set(t) for s, t in f.items()} == {s: set(t) for s, t in r.items()}
 
@@ -123,12 +125,12 @@ def test_tiny_corpus_gets_both_splits(tmp_path, monkeypatch):
 def test_too_few_documents(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="found 0 text documents"):
-        data.prepare(str(tmp_path / "o"), str(tmp_path / "empty"))
+        corpus.prepare(str(tmp_path / "o"), str(tmp_path / "empty"))
     one = make_corpus(tmp_path / "one", {"a.txt": "only\n", "b.txt": "  \n"})  # whitespace-only is skipped
     with pytest.raises(ValueError, match="found 1 text documents"):
-        data.prepare(str(tmp_path / "o"), str(one))
+        corpus.prepare(str(tmp_path / "o"), str(one))
     with pytest.raises(FileNotFoundError, match="source not found"):
-        data.prepare(str(tmp_path / "o"), str(tmp_path / "nope"))
+        corpus.prepare(str(tmp_path / "o"), str(tmp_path / "nope"))
     assert not (tmp_path / "o" / "train.bin").exists() and not list((tmp_path / "o").glob("*.tmp"))
 
 
@@ -136,7 +138,7 @@ def test_jsonl_source(tmp_path):
     texts = [f"record {i}: {'ß' * i}" for i in range(12)]
     src = tmp_path / "c.jsonl"
     src.write_text("\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(texts)) + "\n\n")
-    meta = data.prepare(str(tmp_path / "out"), str(src), val_fraction=0.3)
+    meta = corpus.prepare(str(tmp_path / "out"), str(src), val_fraction=0.3)
     got = split_texts(tmp_path / "out")
     assert sorted(got["train"] + got["val"]) == sorted(texts)
     assert meta["splits"]["val"]["documents"] + meta["splits"]["train"]["documents"] == 12
@@ -147,7 +149,7 @@ def test_failing_source_leaves_nothing(tmp_path):
     src.write_text('{"text": "fine"}\n{"text": "fine too"}\n{"text": broken\n')
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=r"bad\.jsonl:3"):
-        data.prepare(str(out), str(src))
+        corpus.prepare(str(out), str(src))
     assert not (out / "train.bin").exists() and not (out / "meta.json").exists()
     assert not list(out.glob("*.tmp"))
 
@@ -155,13 +157,13 @@ def test_failing_source_leaves_nothing(tmp_path):
 def test_interrupted_finish_leaves_no_meta(tmp_path, monkeypatch):
     """A re-prepare that dies after replacing the .bin files must not leave the old meta.json."""
     src, out = str(make_corpus(tmp_path / "src", DOCS)), tmp_path / "out"
-    data.prepare(str(out), src, val_fraction=0.2)
+    corpus.prepare(str(out), src, val_fraction=0.2)
 
     def boom(self, directory):
         raise RuntimeError("disk full")
-    monkeypatch.setattr(data.Tokenizer, "save_pretrained", boom)
+    monkeypatch.setattr(corpus.Tokenizer, "save_pretrained", boom)
     with pytest.raises(RuntimeError):
-        data.prepare(str(out), src, val_fraction=0.5, overwrite=True)
+        corpus.prepare(str(out), src, val_fraction=0.5, overwrite=True)
     assert not (out / "meta.json").exists() and not list(out.glob("*.tmp"))
     with pytest.raises(FileNotFoundError, match="missing meta.json"):
         data.load_split(str(out), "train")
@@ -173,14 +175,14 @@ def test_binary_files_skipped(tmp_path):
     (src / "latin1.txt").write_bytes("café".encode("latin-1"))  # not UTF-8
     (src / ".hidden").mkdir()
     (src / ".hidden" / "x.txt").write_text("hidden\n")
-    meta = data.prepare(str(tmp_path / "out"), str(src), val_fraction=0.3)
+    meta = corpus.prepare(str(tmp_path / "out"), str(src), val_fraction=0.3)
     assert meta["skipped_binary"] == 2
     got = split_texts(tmp_path / "out")
     assert sorted(got["train"] + got["val"]) == ["alpha\n", "beta\n", "gamma = 1\n"]
 
 
 def test_stdlib_slice(tmp_path):
-    meta = data.prepare(str(tmp_path / "std"), max_mb=0.3)
+    meta = corpus.prepare(str(tmp_path / "std"), max_mb=0.3)
     assert meta["source"] == "stdlib" and 0.3 <= meta["source_mb"] < 1.5
     got = split_texts(tmp_path / "std")
     assert len(got["train"]) > 5 and got["val"]
@@ -192,10 +194,10 @@ def test_stdlib_slice(tmp_path):
 
 
 def test_load_split_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"missing meta\.json.*python -m lib\.data --out_dir"):
+    with pytest.raises(FileNotFoundError, match=r"missing meta\.json.*python -m lib\.corpus --out_dir"):
         data.load_split(str(tmp_path), "train")
     src = make_corpus(tmp_path / "src", DOCS)
-    data.prepare(str(tmp_path / "out"), str(src), val_fraction=0.2)
+    corpus.prepare(str(tmp_path / "out"), str(src), val_fraction=0.2)
     with open(tmp_path / "out" / "train.bin", "r+b") as f:
         f.truncate(100)
     with pytest.raises(ValueError, match="prepare it again"):
@@ -276,16 +278,16 @@ def test_read_pairs(tmp_path):
 
 def test_cli_help():
     """The one real subprocess (importing torch costs seconds): the script runs as a file."""
-    r = subprocess.run([sys.executable, "-m", "lib.data", "--help"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "lib.corpus", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "--out_dir" in r.stdout and "--val_fraction" in r.stdout
 
 
 def run_cli(monkeypatch, *args):
-    """Run lib/data.py's __main__ in this process; returns the exit code (0 when it returns)."""
-    monkeypatch.setattr(sys, "argv", ["lib/data.py", *args])
+    """Run lib/corpus.py's __main__ in this process; returns the exit code (0 when it returns)."""
+    monkeypatch.setattr(sys, "argv", ["lib/corpus.py", *args])
     try:
-        runpy.run_path(os.path.join(ROOT, "lib/data.py"), run_name="__main__")
+        runpy.run_path(os.path.join(ROOT, "lib/corpus.py"), run_name="__main__")
     except SystemExit as e:
         return e.code
     return 0

@@ -1,7 +1,7 @@
 """Bad input ends a run with one clear line and loses nothing: overlapping or truncated checkpoints in convert.py,
 tokenizer fingerprints (data vs model, teacher vs student, a checkpoint's own tokenizer never replaced), the kind
 of checkpoint a teacher must be, bad --device / --seq_len, Ctrl-C, --resume with changed settings, no step-0
-checkpoint, --save_dtype, failed lib/data.py runs, and the one atomic writer."""
+checkpoint, --save_dtype, failed lib/corpus.py runs, and the one atomic writer."""
 import hashlib
 import io
 import json
@@ -21,15 +21,18 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from lib import checkpoint
+from lib import corpus
 from lib import data
 from lib import training
 from conftest import ROOT, killed_after_checkpoint, run_script, world_copy
 from convert import convert
-from lib.checkpoint import safetensors_names, weight_files
+from lib.hf import safetensors_names, weight_files
 from model import Qwen3, Qwen3Config, preset
 from lib.cli import atomic_write
-from lib.tokenizer import load_tokenizer
-from lib.tokenizer import Tokenizer, check_saving, fingerprint_of, train_bpe, trained_with
+from lib.checkpoint import check_saving, trained_with
+from lib.corpus import train_bpe
+from lib.tokenizer import Tokenizer, fingerprint_of
+from lib.training import load_tokenizer
 
 SMALL = ["--preset", "micro", "--batch_size", "4", "--seq_len", "32", "--eval_batches", "1", "--warmup", "2",
          "--samples", "0"]
@@ -254,24 +257,24 @@ def test_training_helpers_refuse_other_tokenizers(world, tmp_path):
 def test_data_py_does_not_replace_a_tokenizer_silently(world, tmp_path):
     out = tmp_path / "d"
     src = world / "src"
-    assert run_script("lib/data.py", "--out_dir", out, "--source", src, "--tokenizer", "byte").returncode == 0
-    assert run_script("lib/data.py", "--out_dir", out, "--source", src, "--tokenizer", "byte").returncode == 0  # same
+    assert run_script("lib/corpus.py", "--out_dir", out, "--source", src, "--tokenizer", "byte").returncode == 0
+    assert run_script("lib/corpus.py", "--out_dir", out, "--source", src, "--tokenizer", "byte").returncode == 0  # same
     before = {f: sha(out / f) for f in ("tokenizer.json", "meta.json", "train.bin")}
-    r = run_script("lib/data.py", "--out_dir", out, "--source", src, "--tokenizer", world / "other")
+    r = run_script("lib/corpus.py", "--out_dir", out, "--source", src, "--tokenizer", world / "other")
     assert r.returncode == 1 and "--overwrite" in one_line(r) and len(r.stderr.strip().splitlines()) == 1
     assert {f: sha(out / f) for f in before} == before
-    r = run_script("lib/data.py", "--out_dir", out, "--source", src, "--tokenizer", world / "other", "--overwrite")
+    r = run_script("lib/corpus.py", "--out_dir", out, "--source", src, "--tokenizer", world / "other", "--overwrite")
     assert r.returncode == 0 and fingerprint_of(out) == fingerprint_of(world / "other")
 
 
 def test_failed_data_py_leaves_no_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="found 0 text documents"):
-        data.prepare(str(tmp_path / "new" / "sub"), str(tmp_path / "empty"), tokenizer="byte")
+        corpus.prepare(str(tmp_path / "new" / "sub"), str(tmp_path / "empty"), tokenizer="byte")
     assert not (tmp_path / "new").exists()
     (tmp_path / "kept").mkdir()
     with pytest.raises(ValueError):
-        data.prepare(str(tmp_path / "kept"), str(tmp_path / "empty"), tokenizer="byte")
+        corpus.prepare(str(tmp_path / "kept"), str(tmp_path / "empty"), tokenizer="byte")
     assert (tmp_path / "kept").is_dir()  # a directory that was there stays
 
 
@@ -483,8 +486,8 @@ def test_one_atomic_writer_without_torch_in_the_tokenizer(tmp_path):
     assert f.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
     atomic_write(f, lambda name: Path(name).write_text("new"))
     assert f.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
-    r = subprocess.run([sys.executable, "-c", "import sys, tokenizer; print('torch' in sys.modules)"], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", "import sys; from lib import tokenizer; print('torch' in sys.modules)"],
+                       cwd=ROOT, capture_output=True, text=True)
     assert r.stdout.strip() == "False", r.stderr
 
 

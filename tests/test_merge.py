@@ -1,7 +1,7 @@
 """merge.py (AR-MAP): response log-probs and the DPO loss against slow references, LoRA (and its reference with the
 adapters off), in-place apply/revert, TIES and DARE on hand-made tensors, spectral norms against the SVD, the ELBO
 estimate (deterministic, common masks, a slow position-by-position reference, padding), the rewards and margins of
-the γ grid against a slow loop, shared vs independent masks, pick_gamma, the synthetic pairs (data.make_pairs), DPO
+the γ grid against a slow loop, shared vs independent masks, pick_gamma, the synthetic pairs (stdlib.make_pairs), DPO
 resume (LoRA's train_state.pt without the merged weights), and the CLI end to end (γ
 chosen on training pairs without reading the held-out ones)."""
 import json
@@ -11,13 +11,14 @@ import pytest
 import torch
 
 import convert
-from lib import data
+from lib import corpus
 import diffusion
 import dpo
 import merge
 from conftest import run_script, world_copy
 from model import Qwen3, preset
 from lib.tokenizer import Tokenizer
+from worlds import stdlib
 
 MASK = 259
 
@@ -41,7 +42,7 @@ def quote_world(root):
     src.mkdir()
     for i in range(10):
         (src / f"q{i}.py").write_text("".join(f"x{j} = 'a{j}' + \"b\"\nprint(\"c{i}\", y)\n" for j in range(30)))
-    data.prepare(str(root / "qdata"), source=str(src), val_fraction=0.2)
+    corpus.prepare(str(root / "qdata"), source=str(src), val_fraction=0.2)
     Qwen3(preset("micro", intermediate_size=96)).init_weights(1).save_pretrained(root / "ar_other")
     Tokenizer.byte_level().save_pretrained(root / "ar_other")
     convert.convert(root / "ar_other", root / "dlm_other", "bidirectional")
@@ -254,15 +255,15 @@ def test_pick_gamma():
 
 def test_pairs_follow_the_rule_and_are_deterministic(world):
     texts = ["a = 'x' + \"y\"\n" * 20, 'print("hi", \'there\')\n' * 20]
-    recs = data.make_pairs(texts, 6, 16, 12, seed=3)
-    assert recs == data.make_pairs(texts, 6, 16, 12, seed=3) and len(recs) == 6
+    recs = stdlib.make_pairs(texts, 6, 16, 12, seed=3)
+    assert recs == stdlib.make_pairs(texts, 6, 16, 12, seed=3) and len(recs) == 6
     for r in recs:
         assert '"' not in r["chosen"] and "'" not in r["rejected"] and len(r["prompt"]) == 16
         assert r["chosen"].replace("'", '"') == r["rejected"]
-    assert data.rule_score("'a' \"b\" 'c'") == pytest.approx(1 / 3)  # (4 - 2) / 6
-    assert (data.rule_score("no quotes"), data.rule_score("'x'"), data.rule_score('"x"')) == (0.0, 1.0, -1.0)
+    assert stdlib.rule_score("'a' \"b\" 'c'") == pytest.approx(1 / 3)  # (4 - 2) / 6
+    assert (stdlib.rule_score("no quotes"), stdlib.rule_score("'x'"), stdlib.rule_score('"x"')) == (0.0, 1.0, -1.0)
     lines = (world / "pairs" / "train.jsonl").read_text().splitlines()
-    assert len(lines) == 24 and all(data.rule_score(json.loads(l)["chosen"]) == 1.0 for l in lines)
+    assert len(lines) == 24 and all(stdlib.rule_score(json.loads(l)["chosen"]) == 1.0 for l in lines)
     r = run("pairs", "--data", world / "qdata", "--out_dir", world / "pairs2", "--n_train", 24, "--n_heldout", 8,
             "--prompt_chars", 24, "--response_chars", 12)
     assert (world / "pairs2" / "train.jsonl").read_text() == "\n".join(lines) + "\n"
@@ -394,7 +395,7 @@ def test_a_dlm_with_appended_mask_rows_merges_on_the_ar_rows(tmp_path):
     """A vocabulary that uses every embedding row (SmolLM2's) gets mask rows appended by convert.py: open_weights
     takes the AR pair and that DLM as one model, task_deltas gives τ_pref on the AR's rows and 0 on the appended
     ones, and any other difference in shape is still refused."""
-    from lib.checkpoint import open_weights
+    from lib.hf import open_weights
     from model import Qwen3Config
     ar = Qwen3(preset("micro", vocab_size=259)).init_weights(0)  # the byte tokenizer's 259 ids: every row used
     tok = Tokenizer.byte_level()

@@ -74,7 +74,7 @@ def test_nan_stops_cleanly_and_refusals(corpus, tmp_path):
     r = run("--data", str(corpus), "--out_dir", str(out), "--max_iters", "2", *SMALL)
     assert r.returncode == 1 and "--resume" in r.stderr
     r = run("--data", str(tmp_path / "nowhere"), "--out_dir", str(tmp_path / "z"), *SMALL)
-    assert r.returncode == 1 and "python -m lib.data" in r.stderr
+    assert r.returncode == 1 and "python -m lib.corpus" in r.stderr
     r = run("--batch_size", "0")
     assert r.returncode == 2 and "must be positive" in r.stderr
 
@@ -149,7 +149,7 @@ def task_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("tasks")
     train, _ = tasks.build(seed=0, n_train=1500, n_heldout=1, families=("sort", "rev"), max_len=3)
     tasks.write(root, train, [])
-    data.prepare(str(root), source=str(root / "train.jsonl"), tokenizer="byte", val_fraction=0.1)
+    corpus.prepare(str(root), source=str(root / "train.jsonl"), tokenizer="byte", val_fraction=0.1)
     return root
 
 

@@ -130,7 +130,7 @@ def test_conversions_train_two_steps_and_load_again(smollm2, tmp_path, kind):
             a, b = i % 7 + 1, i // 7 + 2
             f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
                                              {"role": "assistant", "content": f"{a} + {b} = {a + b}."}]}) + "\n")
-    assert run_script("lib/data.py", "--source", chats, "--out_dir", tmp_path / "d", "--tokenizer",
+    assert run_script("lib/corpus.py", "--source", chats, "--out_dir", tmp_path / "d", "--tokenizer",
                       smollm2 / kind).returncode == 0
     common = ["--init", smollm2 / kind, "--data", tmp_path / "d", "--batch_size", 2, "--max_iters", 2,
               "--eval_interval", 2, "--eval_batches", 1, "--device", "cpu", "--out_dir", tmp_path / "run"]
@@ -151,7 +151,7 @@ def test_conversions_train_two_steps_and_load_again(smollm2, tmp_path, kind):
 
 def test_realworld_measures_the_real_model_and_writes_its_replies(smollm2, tmp_path):
     """worlds/realworld.py --ckpt on the real model: a reply per held-out prompt through its chat template, judged and
-    tabled; --chats: its replies to training prompts as a chat JSONL, which lib/data.py prepares in its template."""
+    tabled; --chats: its replies to training prompts as a chat JSONL, which lib/corpus.py prepares in its template."""
     few = ["--per_family", 2, "--families", "capital,sum", "--device", "cpu"]
     r = run_script("worlds/realworld.py", "--ckpt", smollm2 / "ar", *few, "--max_new_tokens", 12, "--out_dir", tmp_path,
                    "--chats", 5, "--out", tmp_path / "ar.json")
@@ -172,6 +172,6 @@ def test_realworld_measures_the_real_model_and_writes_its_replies(smollm2, tmp_p
     train = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     assert [c["messages"][0]["content"] for c in chats] == [t["prompt"] for t in train[:5]]
     assert all(c["messages"][1]["role"] == "assistant" and c["messages"][1]["content"] for c in chats)
-    assert run_script("lib/data.py", "--source", tmp_path / "chats.jsonl", "--out_dir", tmp_path / "d", "--tokenizer",
+    assert run_script("lib/corpus.py", "--source", tmp_path / "chats.jsonl", "--out_dir", tmp_path / "d", "--tokenizer",
                       smollm2 / "ar", "--val_fraction", 0.5).returncode == 0  # lines 4 and 5 of 1-5: val
     assert run_script("worlds/realworld.py", "--chats", 4, "--ckpt", smollm2 / "ar").returncode == 2  # no --out_dir

@@ -1,13 +1,13 @@
-"""scripts/report.py, protocol.py and stats.py: each table of run.sh and the reproduction scripts, rendered from
-small JSON files made here (the shapes eval.py, merge.py, align.py and distill.py write), with the numbers where they
-belong; the statistics against tables' critical values and by-hand computations."""
+"""scripts/report.py, world_tables.py, protocol.py and stats.py: each table of run.sh and the reproduction scripts,
+rendered from small JSON files made here (the shapes eval.py, merge.py, align.py and distill.py write), with the
+numbers where they belong; the statistics against tables' critical values and by-hand computations."""
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-from scripts import conversion, protocol, report, stats
+from scripts import conversion, protocol, report, stats, world_tables
 
 
 def write(path, obj):
@@ -89,7 +89,7 @@ def test_tasks_world(tmp_path, monkeypatch, capsys):
     write("out/tasks/eval/ar.json", dict(results=dict(runs=[task_run(None, 0.9, 1.0)])))
     write("out/tasks/eval/align.json", dict(results=dict(runs=[task_run(0.5, 0.4, 2.5), task_run(0.9, 0.6, 1.5)])))
     write("out/tasks/merged/merge.json", MERGE)
-    report.tasks_world("ar", "align")
+    world_tables.tasks_world("ar", "align")
     out = capsys.readouterr().out
     assert "| AR teacher (`pretrain.py`, 1200 steps) | 0.90 | 0.91 | 0.92 | 1.00 (N 6; 2.00 + 0.50) | — | 0.25 |" in out
     assert ("| REPR-ALIGN, λ = 10 (`align.py`, 200 steps) | 0.60 | 0.61 | 0.62 | 1.50 (N 6; 2.00 + 0.50) | 0.40 / 2.50 "
@@ -109,7 +109,7 @@ def test_stdlib_world(tmp_path, monkeypatch, capsys):
     write("out/eval/align.likelihood.json", dict(results={"kind": "DLM", "nelbo_bits_per_token": 6.9861,
                                                           "stderr": 0.0123, "acc@0.5": 0.3333}))
     write("out/eval/align.generate.json", dict(results=gen))
-    report.stdlib_world("ar-tiny", "align")
+    world_tables.stdlib_world("ar-tiny", "align")
     out = capsys.readouterr().out
     assert "| ar-tiny: AR teacher (pretrain.py) | 5.497 | — | 12.3 | 4.50 | 1.25 | — |" in out
     assert "| align: REPR-ALIGN, λ = 10 (align.py) | 6.986 ± 0.012 | 0.333 | 12.3 | 4.50 | 1.25 | — |" in out

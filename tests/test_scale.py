@@ -125,7 +125,7 @@ def test_fixture_is_qwen3_06b(w):
 
 @pytest.fixture(scope="module")
 def data(w):
-    run("lib/data.py --tokenizer Q --max_mb 0.3", "lib/data.py", "--out_dir", w / "data", "--tokenizer", w / "q",
+    run("lib/corpus.py --tokenizer Q --max_mb 0.3", "lib/corpus.py", "--out_dir", w / "data", "--tokenizer", w / "q",
         "--max_mb", "0.3")
     return w / "data"
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import convert
+from lib import corpus
 from lib import data
 import diffusion
 from lib import runner
@@ -26,7 +27,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("tasks")
     train, items = tasks.build(seed=0, n_train=600, n_heldout=4)
     tasks.write(root / "data", train, items, *tasks.prompts_and_pairs(train, items, n_prompts=40))
-    data.prepare(str(root / "data"), source=str(root / "data/train.jsonl"), tokenizer="byte")
+    corpus.prepare(str(root / "data"), source=str(root / "data/train.jsonl"), tokenizer="byte")
     Qwen3(preset("micro")).init_weights(0).save_pretrained(root / "ar")
     Tokenizer.byte_level().save_pretrained(root / "ar")
     convert.convert(root / "ar", root / "dlm", "bidirectional")
@@ -135,8 +136,8 @@ def test_eos_grid_runs_every_rule_and_setting(world, tmp_path):
 @pytest.mark.parametrize("world,stages", [
     ("tasks", ["-m worlds.tasks", "pretrain.py", "align.py", "distill.py", "dpo.py", "merge.py merge", "eval.py tasks",
                "-m scripts.report tasks_world"]),
-    ("stdlib", ["-m lib.data", "pretrain.py", "align.py", "distill.py", "dpo.py", "merge.py merge", "eval.py generate",
-                "-m scripts.report stdlib_world"])])
+    ("stdlib", ["-m lib.corpus", "pretrain.py", "align.py", "distill.py", "dpo.py", "merge.py merge",
+                "eval.py generate", "-m scripts.report stdlib_world"])])
 def test_run_sh_names_every_stage_of_a_world(world, stages, tmp_path):
     """bash run.sh tasks / stdlib, dry: a stand-in Python that only logs its arguments runs every stage, so an unset
     variable or a broken line in any stage fails here (the real chains take minutes; run.sh real has its own test)."""

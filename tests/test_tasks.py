@@ -10,13 +10,15 @@ import random
 import pytest
 import torch
 
+from lib import corpus
 from lib import data
 import sample
 from lib import runner
 from worlds import tasks
 from conftest import run_script
 from model import Qwen3Config
-from lib.tokenizer import EOS, Tokenizer, train_bpe
+from lib.corpus import train_bpe
+from lib.tokenizer import EOS, Tokenizer
 
 SIZES = dict(min_len=2, max_len=6, max_digits=3)
 
@@ -187,7 +189,7 @@ def test_cli_writes_files_data_py_reads(tmp_path):
     assert len(items) == 21 and all(set(it) == {"prompt", "answer", "family"} for it in items)
     val = data.read_prompts(tmp_path / "validation.jsonl")
     assert len(val) == 3 * 100 and not {it["prompt"] for it in val} & {it["prompt"] for it in items}
-    meta = data.prepare(str(tmp_path), source=str(tmp_path / "train.jsonl"), tokenizer="byte")
+    meta = corpus.prepare(str(tmp_path), source=str(tmp_path / "train.jsonl"), tokenizer="byte")
     assert sum(s["documents"] for s in meta["splits"].values()) == 400
     pool = data.read_prompts(tmp_path / "prompts.jsonl")  # distill.py's --prompts: whole training prompts
     texts = {d["text"] for d in docs}

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from qwen_shape import QWEN3_ADDED, QWEN_TIKTOKEN, write_tokenizer
-from lib.tokenizer import Tokenizer, train_bpe
+from lib import corpus
+from lib.corpus import train_bpe
+from lib.tokenizer import Tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SOURCES = ["json/decoder.py", "textwrap.py", "difflib.py", "email/_header_value_parser.py", "tokenize.py"]
@@ -448,13 +450,12 @@ def test_a_file_is_parsed_once_per_content(qwen_dir, tmp_path):
 
 
 def test_chat_tokens_with_qwen3s_own_template(qwen_dir):
-    """data.chat_tokens on Qwen3's template (which writes an empty <think> block into the last answer): the ids
+    """corpus.chat_tokens on Qwen3's template (which writes an empty <think> block into the last answer): the ids
     are transformers' for the whole conversation, and the marked tokens are exactly the answers and their
     <|im_end|>."""
-    from lib import data
     tok, ref = Tokenizer.from_pretrained(qwen_dir), hf_tokenizer(qwen_dir)
     chat = CHATS[1] + [{"role": "assistant", "content": "6, und hallo"}]
-    ids, marks = data.chat_tokens(tok, chat)
+    ids, marks = corpus.chat_tokens(tok, chat)
     want = ref.apply_chat_template(chat, tokenize=True)
     assert ids == list(want["input_ids"] if hasattr(want, "keys") else want)
     assert tok.decode([i for i, m in zip(ids, marks) if m]) == "4<|im_end|>6, und hallo<|im_end|>"

@@ -7,7 +7,7 @@ memorised from the teacher's replies.
 
     python -m worlds.conversion --ckpt out/real/ar --out_dir data/real --chats 5000
         -> data/real/replies.jsonl (the cache: the teacher's reply to each training prompt, in order; its first line
-           names the teacher), chats.jsonl (the replies that ended, as conversations: lib/data.py --source),
+           names the teacher), chats.jsonl (the replies that ended, as conversations: lib/corpus.py --source),
            heldout.jsonl (sum, capital and open prompts; worlds/realworld.py --prompts), prompts.jsonl (the training
            prompts as chat turns: distill.py --prompts)
 
@@ -210,7 +210,7 @@ def teacher_replies(model, tok, items, path, teacher, *, batch_size=32, max_new_
 
 
 def write_chats(path, items, rows):
-    """chats.jsonl: the replies that ended, as conversations (lib/data.py --source); -> how many were kept."""
+    """chats.jsonl: the replies that ended, as conversations (lib/corpus.py --source); -> how many were kept."""
     kept = [(it, r) for it, r in zip(items, rows) if r["ended"] and r["reply"].strip()]
     with open(path, "w") as f:
         for it, r in kept:

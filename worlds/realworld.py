@@ -232,7 +232,7 @@ def main():
     p.add_argument("--show", type=int, default=2, help="replies printed per family")
     p.add_argument("--chats", type=int, default=0, help="with --ckpt and --out_dir: also write chats.jsonl, the "
                    "checkpoint's own greedy replies to the first N training prompts (instruction data it already "
-                   "produces: lib/data.py --source chats.jsonl), and the full stop's preference pairs of its replies "
+                   "produces: lib/corpus.py --source chats.jsonl), and the full stop's preference pairs of its replies "
                    "(pairs_train.jsonl, pairs_heldout.jsonl: dpo.py, merge.py)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--seed", type=int, default=1337, help="draws the prompts (the split is by prompt hash)")

@@ -1,10 +1,10 @@
 """
 A second embedded world, with exact answers: algorithmic prompt -> answer tasks made in code, a checker per
 task, and exact-match evaluation of any checkpoint with its own sampler (minGPT's sorting and addition demos,
-as documents for lib/data.py: one {"text": prompt + answer} per line of train.jsonl).
+as documents for lib/corpus.py: one {"text": prompt + answer} per line of train.jsonl).
 
     python -m worlds.tasks --out_dir data/tasks                                  # train.jsonl, heldout.jsonl
-    python -m lib.data --source data/tasks/train.jsonl --out_dir data/tasks   # a BPE learnt on them, token files
+    python -m lib.corpus --source data/tasks/train.jsonl --out_dir data/tasks   # a BPE learnt on them, token files
     python pretrain.py --data data/tasks --out_dir out/ar-tasks --loss_after " =" --seq_len 16 --batch_size 64 \
         --max_iters 1200 --eval_interval 300                             # answer-only loss, rows of whole prompts
     python eval.py tasks --ckpt out/ar-tasks --data data/tasks            # exact match on heldout.jsonl
@@ -21,7 +21,8 @@ import torch
 from lib import cli
 from lib import data
 import sample
-from lib.tokenizer import EOS, fingerprint_of, same_tokenizer, trained_with
+from lib.checkpoint import same_tokenizer, trained_with
+from lib.tokenizer import EOS, fingerprint_of
 
 FAMILIES = ("sort", "rev", "add")
 
