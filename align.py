@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import diffusion
+from model import packed_mask
 from lib import cli
 from lib import data
-import diffusion
 from lib import runner
 from lib import training
-from model import packed_mask
 
 p = cli.parser(__doc__)
 p.add_argument("--init", default="out/dlm-tiny", help="the student: a bidirectional DLM checkpoint (convert.py)")

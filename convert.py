@@ -17,11 +17,11 @@ import json
 import shutil
 from pathlib import Path
 
-from lib import cli
-from lib.hf import resolve, rows_with_mask, weight_files
 from model import Qwen3, Qwen3Config
-from lib.cli import atomic_write
+from lib import cli
 from lib.checkpoint import trained_with
+from lib.cli import atomic_write
+from lib.hf import resolve, rows_with_mask, weight_files
 from lib.tokenizer import Tokenizer
 
 p = cli.parser(__doc__)

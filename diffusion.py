@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask
 
-from lib import data
 from model import attend, packed_mask
+from lib import data
 
 NORMS = ("mean", "elbo")
 # Every evaluation here scores each checkpoint on the same corruptions: masks from a generator of this seed, at

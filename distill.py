@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from lib import cli
-from lib import training
 from diffusion import EVAL_SEED, block_logits
 from model import attend, canvas, left_padded
 from sample import block_generate, end_list
+from lib import cli
+from lib import training
 
 p = cli.parser(__doc__)
 p.add_argument("--init", default="out/dlm-block", help="the student: a block DLM checkpoint (convert.py --attn block)")

@@ -5,7 +5,7 @@ DLM converted from that AR model, as the task vector τ_pref = W_AR_aligned − 
     python dpo.py --ar out/ar-tiny --pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl \
                   --out_dir out/ar-dpo                          # add --lora_rank 8 for LoRA
 
-Per step, for a batch of pairs (x, y_w, y_l) (merge.py pairs, or worlds/tasks.py's pairs_*.jsonl):
+Per step, for a batch of pairs (x, y_w, y_l) (worlds.stdlib, or worlds/tasks.py's pairs_*.jsonl):
     log π(y|x)  = Σ_{i ∈ y} log p(y_i | x, y_<i)          one causal forward, lm_head on the response rows only
     r(x, y)     = β (log π(y|x) − log π_ref(y|x))          π_ref: the AR model before DPO, frozen
     L           = −log σ(r(x, y_w) − r(x, y_l))  [+ α · NLL(y_w) per token: --sft_weight]
@@ -21,10 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
+from diffusion import N_DRAWS, all_logps, draw_masks, pair_elbo, response_logps
 from lib import cli
 from lib import data
 from lib import training
-from diffusion import N_DRAWS, all_logps, draw_masks, pair_elbo, response_logps
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -10,7 +10,8 @@ checkpoints alike. Each subcommand prints a short table and writes --out FILE (J
     python eval.py winrate    --ckpt out/dlm-merged --ref out/align --pairs data/pairs/heldout.jsonl
     python eval.py harness    --model_args pretrained=out/align --tasks T ...     # lm-eval (lib/harness.py)
 
-Notes on the design: docs/methods.md, "eval.py" under §8.
+Each measure is a function of models, tokenizers, tensors and numbers (likelihood, generate, humaneval, task_curve,
+win_rate); cmd_<subcommand> loads, calls and writes. Notes on the design: docs/methods.md, "eval.py" under §8.
 """
 import contextlib
 import json
@@ -68,20 +69,17 @@ def dlm_nelbo(model, batches, ctx, n_draws, seed, eps=1e-3):
                 per_sequence=(total / n_draws).tolist())
 
 
-def likelihood(args):
-    from lib import data
+def likelihood(model, batches, ctx, n_draws, seed, eps=1e-3):
+    """The model's likelihood on the fixed batches ((B, T) token ids each): AR, ar_likelihood -> dict(kind="AR",
+    ...); a DLM, dlm_nelbo (n_draws, seed, eps) and diffusion.fixed_mask_eval's masked-token CE (ce_nats@r) and
+    accuracy (acc@r) at fixed ratios -> dict(kind="DLM", attn, shift, bound, ...)."""
     import diffusion
-    import torch
-    model, tok, device, ctx = load(args.ckpt, args.device, args.seed, torch.float32)
-    val = data.load_split(args.data, "val")
-    val = {"all": val, "first": val[:len(val) // 2], "second": val[len(val) // 2:]}[args.half]
-    batches = data.eval_batches(val, args.batch_size, args.seq_len, args.n_batches, device)
     c = model.config
     if c.attn == "causal":
         return dict(kind="AR", **ar_likelihood(model, batches, ctx))
     bound = "BD3-LM" if c.attn == "block" else "masked diffusion"
     res = dict(kind="DLM", attn=c.attn, shift=c.shift, bound=bound,
-               **dlm_nelbo(model, batches, ctx, args.n_draws, args.seed, args.eps))
+               **dlm_nelbo(model, batches, ctx, n_draws, seed, eps))
     fixed = diffusion.fixed_mask_eval(model, batches, ctx)
     res.update({k.replace("val_loss", "ce_nats").replace("val_", ""): v for k, v in fixed.items() if k != "val_nelbo"})
     return res
@@ -89,35 +87,24 @@ def likelihood(args):
 
 # ---- generation ----------------------------------------------------------------------------------
 
-def load(path, device="auto", seed=1337, dtype=None):
+def seeded(model, seed):
+    """A torch.Generator on the model's device, seeded: the samples of a measure repeat."""
     import torch
-
-    from lib import cli
-    from model import Qwen3
-    from lib.tokenizer import load_tokenizer
-    device, ctx = cli.setup(device, seed)
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    try:
-        model = Qwen3.from_pretrained(path, device=device, dtype=dtype).eval()
-        tok = load_tokenizer(path, model.config)
-    except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"eval: {path}: {e}")
-    return model, tok, device, ctx
+    return torch.Generator(model.model.embed_tokens.weight.device).manual_seed(seed)
 
 
-def draw(model, prompts, args, tok, generator):
-    """The checkpoint's sampler (sample.generate) on a list of token lists -> (Generation, seconds). A row stops at
-    the first of the checkpoint's end ids (Tokenizer.end_ids), or never with --ignore_eos."""
-    from lib import cli
+def draw(model, tok, prompts, max_new_tokens, generator, ignore_eos=False, **sampler):
+    """The checkpoint's sampler (sample.generate; sampler: its other keyword arguments, e.g. cli.sampler_kwargs) on a
+    list of token lists -> (Generation, seconds). A row stops at the first of the checkpoint's end ids
+    (Tokenizer.end_ids), or never with ignore_eos. ValueError ("sampler: ...") for a setting the sampler refuses."""
     import sample
     import torch
     t0 = time.perf_counter()
     try:
-        gen = sample.generate(model, prompts, args.max_new_tokens,
-                              eos_id=None if args.ignore_eos else tok.end_ids(model.config), generator=generator,
-                              vocab_limit=tok.vocab_size, **cli.sampler_kwargs(args))
+        gen = sample.generate(model, prompts, max_new_tokens, eos_id=None if ignore_eos else tok.end_ids(model.config),
+                              generator=generator, vocab_limit=tok.vocab_size, **sampler)
     except ValueError as e:
-        raise SystemExit(f"eval: sampler: {e}")
+        raise ValueError(f"sampler: {e}") from e
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return gen, time.perf_counter() - t0
@@ -154,39 +141,30 @@ def gen_perplexity(ref, pairs, ctx):
     return math.exp(nll / n) if n else float("nan"), n
 
 
-def generate(args):
-    from lib import cli
+def generate(model, tok, ref, prompts, ctx, *, max_new_tokens, batch_size, seed, ignore_eos=False, show=2,
+             **sampler):
+    """Completions of prompts (token lists) by the checkpoint's own sampler (draw: sampler, sample.generate's keyword
+    arguments), batch_size rows a call, one generator seeded with seed; scored by ref, an AR model with the same
+    tokenizer -> dict(sampler, temperature, prompts, gen_perplexity, completion_tokens, entropies, repetition_4gram,
+    **tasks.throughput, seconds, samples: the first `show` as texts, dict(prompt, completion))."""
     from lib import data
     from worlds import tasks
-    import torch
-    model, tok, device, ctx = load(args.ckpt, args.device, args.seed)
-    if args.prompts:  # each record's last --prompt_len tokens
-        prompts = [tok.encode(r["prompt"])[-args.prompt_len:] for r in data.read_prompts(args.prompts)]
-        prompts = prompts[:args.num_prompts]
-    else:
-        prompts = data.code_prompts(data.load_split(args.data, "val"), tok, args.num_prompts, args.prompt_len)
-    g, ends = torch.Generator(device).manual_seed(args.seed), tok.end_ids(model.config)
+    g, ends = seeded(model, seed), tok.end_ids(model.config)
     pairs, gens, secs = [], [], 0.0
-    for i in tqdm(range(0, len(prompts), args.batch_size), desc="generate", leave=False):
-        gen, dt = draw(model, prompts[i:i + args.batch_size], args, tok, g)
+    for i in tqdm(range(0, len(prompts), batch_size), desc="generate", leave=False):
+        gen, dt = draw(model, tok, prompts[i:i + batch_size], max_new_tokens, g, ignore_eos, **sampler)
         gens, secs = gens + [gen], secs + dt
-        pairs += [(p, completion_ids(gen, b, ends)) for b, p in enumerate(prompts[i:i + args.batch_size])]
-    ref, rtok, _, _ = load(args.ref, args.device, args.seed)
-    probe = "def f(x):\n    return x  # ü\n"
-    if ref.config.attn != "causal" or rtok.encode(probe) != tok.encode(probe):
-        raise SystemExit(f"eval: --ref {args.ref} must be an AR checkpoint with the same tokenizer")
+        pairs += [(p, completion_ids(gen, b, ends)) for b, p in enumerate(prompts[i:i + batch_size])]
     ppl, n = gen_perplexity(ref, pairs, ctx)
     reps = [r for r in (repetition_rate(c) for _, c in pairs) if r is not None]
     # tokens per forward: per row (its tokens up to eos / the forwards it needed), then the mean over rows
-    res = dict(sampler=model.config.attn, temperature=cli.sampling(args)["temperature"], prompts=len(prompts),
+    res = dict(sampler=model.config.attn, temperature=sampler.get("temperature", 0.0), prompts=len(prompts),
                gen_perplexity=ppl, completion_tokens=n,
                unigram_entropy_bits=sum(data.unigram_entropy(c) for _, c in pairs) / len(pairs),  # mean per sample
                pooled_entropy_bits=data.unigram_entropy([t for _, c in pairs for t in c]),
                repetition_4gram=sum(reps) / len(reps) if reps else float("nan"),  # mean per sample of >= 4 tokens
                **tasks.throughput(gens, secs), seconds=secs)
-    res["samples"] = [dict(prompt=tok.decode(p), completion=tok.decode(c)) for p, c in pairs[:args.show]]
-    for s in res["samples"]:
-        print(f"--- {s['prompt']!r}\n{s['completion']}")
+    res["samples"] = [dict(prompt=tok.decode(p), completion=tok.decode(c)) for p, c in pairs[:show]]
     return res
 
 
@@ -215,45 +193,29 @@ def task_table(sampler, runs):
     return "\n".join(lines)
 
 
-def task_serve(args):
-    """tasks --ckpt -: the child side of the --tasks protocol (runner.RESULT): a checkpoint directory per line of
-    stdin, each answered by one line of stdout, runner.RESULT and task_curve's result as JSON (torch imported once,
-    not per evaluation)."""
-    from lib import runner
-    for line in sys.stdin:
-        args.ckpt = line.strip()
-        with contextlib.redirect_stdout(sys.stderr):
-            res = task_curve(args)
-        print(runner.RESULT + json.dumps(res), flush=True)
-
-
-def task_curve(args):
-    """The task world's held-out prompts (the first --num_prompts of each family) scored by exact match
-    (tasks.exact_match), per family and overall, with each row's tokens per forward; a DLM once per threshold
-    (the accuracy-versus-parallelism curve), an AR model once (thresholds do not apply). -> dict(sampler, prompts,
-    runs=[dict(threshold, accuracy, families, correct and preferred_rows (per prompt, in order: for paired tests),
-    **sample.throughput)]); the rows' texts are not kept."""
+def task_curve(model, tok, items, thresholds, *, seed, batch_size=64, max_new_tokens=None, block_length=None,
+               cache="none", finish_block=False, eos_rule="free", eos_penalty=3.0, compile=False):
+    """items (the task world's held-out prompts: tasks.heldout_items) scored by exact match (tasks.exact_match: the
+    other arguments are its, with eval.py tasks' defaults), per family and overall, with each row's tokens per
+    forward; a DLM once per threshold of thresholds (the accuracy-versus-parallelism curve), an AR model once
+    (thresholds do not apply), each run's generator seeded with seed. -> dict(sampler, prompts, runs=[dict(threshold,
+    accuracy, families, correct and preferred_rows (per prompt, in order: for paired tests), **sample.throughput)]);
+    the rows' texts are not kept."""
     import sample
     from worlds import tasks
-    import torch
-    model, tok, device, _ = load(args.ckpt, args.device, args.seed)
-    items = tasks.heldout_items(args.data, model.config, args.ckpt, "eval", args.num_prompts)  # None: all of them
-    sampler = sample.SAMPLERS[model.config.attn]
+    sampler, dlm = sample.SAMPLERS[model.config.attn], model.config.attn != "causal"
     runs = []
-    for t in [None] if model.config.attn == "causal" else args.thresholds:
-        g = torch.Generator(device).manual_seed(args.seed)
-        res = tasks.exact_match(model, tok, items, batch_size=args.batch_size, threshold=t,
-                                max_new_tokens=args.max_new_tokens, block_length=args.block_length, generator=g,
-                                cache=args.cache, finish_block=args.finish_block, eos_rule=args.eos_rule,
-                                eos_penalty=args.eos_penalty, compile=args.compile)
+    for t in thresholds if dlm else [None]:
+        res = tasks.exact_match(model, tok, items, batch_size=batch_size, threshold=t, max_new_tokens=max_new_tokens,
+                                block_length=block_length, generator=seeded(model, seed), cache=cache,
+                                finish_block=finish_block, eos_rule=eos_rule, eos_penalty=eos_penalty, compile=compile)
         runs.append(dict(threshold=t, correct=[r["correct"] for r in res["rows"]],
                          preferred_rows=[r["preferred"] for r in res["rows"]],
                          **{k: v for k, v in res.items() if k != "rows"}))
-    if args.cache != "none":
-        sampler += f", {args.cache} cache"
-    if model.config.attn != "causal" and args.eos_rule != "free":
-        sampler += f", end tokens {args.eos_rule}" + f" {args.eos_penalty:g}" * (args.eos_rule == "penalty")
-    print(task_table(sampler, runs))
+    if cache != "none":
+        sampler += f", {cache} cache"
+    if dlm and eos_rule != "free":
+        sampler += f", end tokens {eos_rule}" + f" {eos_penalty:g}" * (eos_rule == "penalty")
     return dict(sampler=sampler, prompts=len(items), runs=runs)
 
 
@@ -282,23 +244,14 @@ def completions(model, prompts, tok, seed, ctx):
     return out
 
 
-def win_rate(args):
-    """Each --ckpt's completions against --ref's on the first --samples prompts of --pairs (cycled), by rule_score
-    -> dict(win_rates, rule_scores (the mean per --ckpt), rule_score_ref, samples, and each completion's score:
-    scores (one list per --ckpt), scores_ref: the units of a paired test)."""
-    from lib import data
-    scores = []
-    for path in [args.ref, *args.ckpt]:
-        model, tok, _, ctx = load(path, args.device, args.seed)
-        if model.config.attn == "causal":
-            raise SystemExit(f"eval: winrate: {path} is an AR checkpoint; the win rate compares DLMs' samplers")
-        pairs = data.tokenized_pairs(args.pairs, tok, WIN_SEQ_LEN, "eval")
-        prompts = [pairs[k % len(pairs)][0] for k in range(args.samples)]
-        scores.append([data.rule_score(x) for x in completions(model, prompts, tok, args.seed, ctx)])
-    base = scores.pop(0)
+def win_rate(scores, base):
+    """Models' completions against a reference's, prompt by prompt, by their rule scores (stdlib.rule_score of
+    completions' texts): scores, a list per model, and base, the reference's, all in the prompts' order ->
+    dict(win_rates (a tie counting half), rule_scores (the mean per model), rule_score_ref, samples, scores,
+    scores_ref: the units of a paired test)."""
     wins = [sum((x > y) + 0.5 * (x == y) for x, y in zip(mine, base)) / len(base) for mine in scores]  # ties: half
     return dict(win_rates=wins, rule_scores=[sum(m) / len(m) for m in scores], rule_score_ref=sum(base) / len(base),
-                samples=args.samples, scores=scores, scores_ref=base)
+                samples=len(base), scores=scores, scores_ref=base)
 
 
 # ---- HumanEval: pass@k, the programs run by sandbox.execute --------------------------------------
@@ -324,43 +277,37 @@ def truncate(text):
     return text[:cut]
 
 
-def model_completions(args, probs):
+def model_completions(model, tok, probs, *, n_samples, max_new_tokens, batch_size, seed, ignore_eos=False,
+                      **sampler):
+    """n_samples completions of each problem's prompt (probs: problems()) by the checkpoint's sampler (draw: sampler,
+    sample.generate's keyword arguments), batch_size rows a call, one generator seeded with seed; each cut at the
+    first end id and at STOP (truncate) -> ([dict(task_id, completion)], dict(gen_seconds, **tasks.throughput))."""
     from worlds import tasks
-    import torch
-    model, tok, device, _ = load(args.ckpt, args.device, args.seed)
-    g, ends = torch.Generator(device).manual_seed(args.seed), tok.end_ids(model.config)
-    jobs = [tid for tid in probs for _ in range(args.n_samples)]
+    g, ends = seeded(model, seed), tok.end_ids(model.config)
+    jobs = [tid for tid in probs for _ in range(n_samples)]
     recs, gens, secs = [], [], 0.0
-    for i in tqdm(range(0, len(jobs), args.batch_size), desc="humaneval generate"):
-        chunk = jobs[i:i + args.batch_size]
-        gen, dt = draw(model, [tok.encode(probs[t]["prompt"]) for t in chunk], args, tok, g)
+    for i in tqdm(range(0, len(jobs), batch_size), desc="humaneval generate"):
+        chunk = jobs[i:i + batch_size]
+        gen, dt = draw(model, tok, [tok.encode(probs[t]["prompt"]) for t in chunk], max_new_tokens, g, ignore_eos,
+                       **sampler)
         gens, secs = gens + [gen], secs + dt
         recs += [dict(task_id=t, completion=truncate(tok.decode(completion_ids(gen, b, ends))))
                  for b, t in enumerate(chunk)]
     return recs, dict(gen_seconds=secs, **tasks.throughput(gens, secs))
 
 
-def humaneval(args):
-    probs = problems(args.limit)
-    if args.completions:
-        from lib import data
-        try:
-            recs = data.read_jsonl(args.completions, ("task_id", "completion"))
-        except (FileNotFoundError, ValueError) as e:
-            raise SystemExit(f"eval: --completions: {e}")
-        if unknown := {r["task_id"] for r in recs} - set(problems()):
-            raise SystemExit(f"eval: --completions: unknown task ids {sorted(unknown)[:5]}")
-        recs, stats = [r for r in recs if r["task_id"] in probs], {}
-    else:
-        recs, stats = model_completions(args, probs)
+def humaneval(probs, recs, stats, *, workers, timeout, memory_mb):
+    """Each completion (recs: dict(task_id, completion)) run after its problem's prompt and before its tests (probs:
+    problems()) by sandbox.execute, workers at once, each in timeout seconds and memory_mb -> dict(problems,
+    programs, exec_seconds, programs_per_s, **stats (the generation's: model_completions; {} for given completions),
+    pass@1 and pass@10 (where every problem has that many), samples: recs, each updated with its result)."""
     from lib.sandbox import count_processes, execute, subreaper
-    nproc = count_processes(os.getuid()) + 16 * args.workers
+    nproc = count_processes(os.getuid()) + 16 * workers
     def run(r):
         return execute(probs[r["task_id"]]["prompt"] + r["completion"] + "\n\n" + probs[r["task_id"]]["test"]
-                       + f"\n\ncheck({probs[r['task_id']]['entry_point']})\n", args.timeout, args.memory_mb,
-                       nproc=nproc)
+                       + f"\n\ncheck({probs[r['task_id']]['entry_point']})\n", timeout, memory_mb, nproc=nproc)
     t0 = time.perf_counter()
-    with subreaper(), ThreadPoolExecutor(args.workers) as pool:
+    with subreaper(), ThreadPoolExecutor(workers) as pool:
         results = list(tqdm(pool.map(run, recs), total=len(recs), desc="execute"))
     exec_s = time.perf_counter() - t0
     per_task = {}
@@ -376,7 +323,121 @@ def humaneval(args):
     return out
 
 
-# ---- CLI -----------------------------------------------------------------------------------------
+# ---- CLI: a function per subcommand (its flags -> checkpoints and data -> the measure -> its output) -----------
+
+def load(path, device="auto", seed=1337, dtype=None):
+    """A checkpoint directory -> (model (eval mode; dtype default bf16 on CUDA, else fp32), tokenizer, device,
+    autocast context), the RNGs seeded (cli.setup); SystemExit naming the path if it is not one."""
+    import torch
+
+    from lib import cli
+    from model import Qwen3
+    from lib.training import load_tokenizer
+    device, ctx = cli.setup(device, seed)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    try:
+        model = Qwen3.from_pretrained(path, device=device, dtype=dtype).eval()
+        tok = load_tokenizer(path, model.config)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"eval: {path}: {e}")
+    return model, tok, device, ctx
+
+
+def cmd_likelihood(args):
+    """likelihood: the checkpoint in fp32 on --n_batches fixed batches of the validation split (or one --half)."""
+    from lib import data
+    import torch
+    model, _, device, ctx = load(args.ckpt, args.device, args.seed, torch.float32)
+    val = data.load_split(args.data, "val")
+    val = {"all": val, "first": val[:len(val) // 2], "second": val[len(val) // 2:]}[args.half]
+    batches = data.eval_batches(val, args.batch_size, args.seq_len, args.n_batches, device)
+    return likelihood(model, batches, ctx, args.n_draws, args.seed, args.eps)
+
+
+def cmd_generate(args):
+    """generate: the prompts (--prompts, each record's last --prompt_len tokens; else --data's validation documents),
+    completed by --ckpt and scored by --ref; the samples kept are printed."""
+    from lib import cli
+    from lib import data
+    model, tok, _, ctx = load(args.ckpt, args.device, args.seed)
+    if args.prompts:
+        prompts = [tok.encode(r["prompt"])[-args.prompt_len:] for r in data.read_prompts(args.prompts)]
+        prompts = prompts[:args.num_prompts]
+    else:
+        prompts = data.code_prompts(data.load_split(args.data, "val"), tok, args.num_prompts, args.prompt_len)
+    ref, rtok, _, _ = load(args.ref, args.device, args.seed)
+    probe = "def f(x):\n    return x  # ü\n"
+    if ref.config.attn != "causal" or rtok.encode(probe) != tok.encode(probe):
+        raise SystemExit(f"eval: --ref {args.ref} must be an AR checkpoint with the same tokenizer")
+    res = generate(model, tok, ref, prompts, ctx, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                   seed=args.seed, ignore_eos=args.ignore_eos, show=args.show, **cli.sampler_kwargs(args))
+    for s in res["samples"]:
+        print(f"--- {s['prompt']!r}\n{s['completion']}")
+    return res
+
+
+def cmd_humaneval(args):
+    """humaneval: the first --limit problems, their completions read from --completions or written by --ckpt."""
+    from lib import cli
+    from lib import data
+    probs = problems(args.limit)
+    if args.completions:
+        try:
+            recs = data.read_jsonl(args.completions, ("task_id", "completion"))
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"eval: --completions: {e}")
+        if unknown := {r["task_id"] for r in recs} - set(problems()):
+            raise SystemExit(f"eval: --completions: unknown task ids {sorted(unknown)[:5]}")
+        recs, stats = [r for r in recs if r["task_id"] in probs], {}
+    else:
+        model, tok, _, _ = load(args.ckpt, args.device, args.seed)
+        recs, stats = model_completions(model, tok, probs, n_samples=args.n_samples, max_new_tokens=args.max_new_tokens,
+                                        batch_size=args.batch_size, seed=args.seed, ignore_eos=args.ignore_eos,
+                                        **cli.sampler_kwargs(args))
+    return humaneval(probs, recs, stats, workers=args.workers, timeout=args.timeout, memory_mb=args.memory_mb)
+
+
+def cmd_tasks(args):
+    """tasks: the checkpoint's task_curve on the first --num_prompts held-out items of each family of --data (None:
+    all of them); its table printed."""
+    from worlds import tasks
+    model, tok, _, _ = load(args.ckpt, args.device, args.seed)
+    items = tasks.heldout_items(args.data, model.config, args.ckpt, "eval", args.num_prompts)
+    res = task_curve(model, tok, items, args.thresholds, seed=args.seed, batch_size=args.batch_size,
+                     max_new_tokens=args.max_new_tokens, block_length=args.block_length, cache=args.cache,
+                     finish_block=args.finish_block, eos_rule=args.eos_rule, eos_penalty=args.eos_penalty,
+                     compile=args.compile)
+    print(task_table(res["sampler"], res["runs"]))
+    return res
+
+
+def task_serve(args):
+    """tasks --ckpt -: the child side of the --tasks protocol (runner.RESULT): a checkpoint directory per line of
+    stdin, each answered by one line of stdout, runner.RESULT and task_curve's result as JSON (torch imported once,
+    not per evaluation)."""
+    from lib import runner
+    for line in sys.stdin:
+        args.ckpt = line.strip()
+        with contextlib.redirect_stdout(sys.stderr):
+            res = cmd_tasks(args)
+        print(runner.RESULT + json.dumps(res), flush=True)
+
+
+def cmd_winrate(args):
+    """winrate: each --ckpt's completions against --ref's on the first --samples prompts of --pairs (cycled, as each
+    checkpoint's tokenizer cuts them: WIN_SEQ_LEN), one checkpoint loaded at a time."""
+    from lib import data
+    from worlds import stdlib
+    scores = []
+    for path in [args.ref, *args.ckpt]:
+        model, tok, _, ctx = load(path, args.device, args.seed)
+        if model.config.attn == "causal":
+            raise SystemExit(f"eval: winrate: {path} is an AR checkpoint; the win rate compares DLMs' samplers")
+        pairs = data.tokenized_pairs(args.pairs, tok, WIN_SEQ_LEN, "eval")
+        prompts = [pairs[k % len(pairs)][0] for k in range(args.samples)]
+        scores.append([stdlib.rule_score(x) for x in completions(model, prompts, tok, args.seed, ctx)])
+    return win_rate(scores[1:], scores[0])
+
 
 def parser():
     from lib.cli import HelpFormatter, cache_args, parser, sampler_args, thresholds
@@ -433,7 +494,7 @@ def parser():
                     "answer, its full stop and the end token, rounded up to the block)")
     cache_args(tk)
     wr = sub.add_parser("winrate", formatter_class=HelpFormatter,
-                        help="the preference's win rate (data.rule_score) of DLM completions against a reference")
+                        help="the preference's win rate (stdlib.rule_score) of DLM completions against a reference")
     wr.add_argument("--ckpt", nargs="+", required=True, help="the DLM checkpoints scored (each against --ref)")
     wr.add_argument("--ref", required=True, help="the reference DLM (e.g. the one merged into)")
     wr.add_argument("--pairs", default="data/pairs/heldout.jsonl", help="pairs whose prompts are continued")
@@ -467,8 +528,8 @@ def main():
     try:
         if args.cmd == "tasks" and args.ckpt == "-":
             return task_serve(args)
-        run = {"likelihood": likelihood, "generate": generate, "humaneval": humaneval, "tasks": task_curve,
-               "winrate": win_rate}[args.cmd]
+        run = {"likelihood": cmd_likelihood, "generate": cmd_generate, "humaneval": cmd_humaneval, "tasks": cmd_tasks,
+               "winrate": cmd_winrate}[args.cmd]
         res = run(args)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"eval: {e}")

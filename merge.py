@@ -2,7 +2,7 @@
 AR-MAP (docs/methods.md §4), step 2: carry the preference the AR model learnt with DPO (dpo.py) into the DLM
 converted from that AR model, by adding the preference task vector τ_pref = W_AR_aligned − W_AR to its weights.
 
-    python merge.py pairs    --data data/stdlib --out_dir data/pairs          # the synthetic preference data
+    python -m worlds.stdlib  --data data/stdlib --out_dir data/pairs          # the synthetic preference data
     python dpo.py            --ar out/ar-tiny --pairs data/pairs/train.jsonl --heldout data/pairs/heldout.jsonl \\
                              --out_dir out/ar-dpo                               # step 1: DPO on the AR model
     python merge.py spectrum --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/repro/lambda10
@@ -24,14 +24,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import diffusion
+from model import Qwen3Config
 from lib import cli
 from lib import data
-import diffusion
 from lib import runner
 from lib import training
 from lib.hf import open_weights, read_tensor
-from worlds import stdlib
-from model import Qwen3Config
 
 TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens", "lm_head",
          "norms")  # spectrum's rows, in this order
@@ -51,7 +50,6 @@ def checkpoint_args(parser):
 
 p = cli.parser(__doc__)
 sub = p.add_subparsers(dest="cmd", required=True)
-stdlib.add_pairs_command(sub, "merge pairs")  # the synthetic preference data (stdlib.write_pairs)
 sp = checkpoint_args(sub.add_parser("spectrum", formatter_class=cli.HelpFormatter,
                                     help="spectral norms of τ_diff and τ_pref per weight, by layer type"))
 sp.add_argument("--out", default=None, help="default: spectrum.json in the --ar_aligned directory")

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import sample
+from model import PRESETS, Qwen3, preset
 from lib import cli
 from lib import data
-import sample
 from lib import training
-from model import PRESETS, Qwen3, preset
 from lib.tokenizer import EOS, Tokenizer
 
 p = cli.parser(__doc__)

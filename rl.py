@@ -19,12 +19,12 @@ import time
 
 import torch
 
-from lib import cli
-from lib import data
-from lib import training
 from diffusion import block_logits, denoiser_rows
 from model import attend, left_padded
 from sample import block_generate, diffusion_generate, until_end
+from lib import cli
+from lib import data
+from lib import training
 
 p = cli.parser(__doc__)
 p.add_argument("--init", default="out/tasks/align", help="the policy: a DLM checkpoint (convert.py, align.py, ...)")

@@ -93,7 +93,7 @@ stage align     out/align/results.json    "$PYTHON" align.py $ALIGN --out_dir ou
 stage align-λ0  out/align0/results.json   "$PYTHON" align.py $ALIGN --out_dir out/align0 --lambda_align 0 $(resume out/align0)
 stage distill   out/distill/results.json  "$PYTHON" distill.py --init out/dlm-block --teacher out/ar-tiny --data data/stdlib \
                                             --out_dir out/distill --max_iters 40 --curriculum_steps 30 --eval_interval 20 $(resume out/distill)
-stage pairs     data/pairs/heldout.jsonl  "$PYTHON" merge.py pairs --data data/stdlib --out_dir data/pairs --n_heldout 64
+stage pairs     data/pairs/heldout.jsonl  "$PYTHON" -m worlds.stdlib --data data/stdlib --out_dir data/pairs --n_heldout 64
 stage dpo       out/ar-dpo/results.json   "$PYTHON" dpo.py --ar out/ar-tiny --pairs data/pairs/train.jsonl \
                                             --heldout data/pairs/heldout.jsonl --out_dir out/ar-dpo $(resume out/ar-dpo)
 stage merge     out/dlm-merged/merge.json "$PYTHON" merge.py merge --ar out/ar-tiny --ar_aligned out/ar-dpo --dlm out/align \

@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass
 
 import torch
+from model import Qwen3, attend, canvas
 from lib import chat
 from lib import cli
 from lib import compiling
-from model import Qwen3, attend, canvas
 
 STOP_EVERY = 32  # AR: how many tokens between the (host-syncing) "every row has produced eos" checks
 NEG_INF = float("-inf")

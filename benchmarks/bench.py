@@ -15,6 +15,7 @@ Notes on the design: docs/methods.md, "benchmarks/bench.py" under §8.
 """
 import torch
 
+from lib.cli import parser, setup
 from benchmarks.bench_model import bench_model
 from benchmarks.bench_pack import bench_pack
 from benchmarks.bench_real import bench_real
@@ -22,7 +23,6 @@ from benchmarks.bench_sample import bench_cache, bench_sample
 from benchmarks.bench_train import bench_align, bench_distill
 from benchmarks.common import SHAPES
 from benchmarks.gpu_check import gpu_check
-from lib.cli import parser, setup
 
 
 def main():

@@ -18,10 +18,10 @@ import tempfile
 
 import torch
 
+from model import Qwen3
+from lib.hf import rows_with_mask
 from benchmarks.bench_sample import hf_generator
 from benchmarks.common import build_hf, machine, race, train_step
-from lib.hf import rows_with_mask
-from model import Qwen3
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that adds two numbers.", "Name a color.",
            "What is 12 + 7?", "Give me three tips for sleeping well.", "Translate 'good morning' into Spanish.",

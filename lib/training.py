@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from model import Qwen3, Qwen3Config
 from lib import checkpoint
 from lib import cli
 from lib import data
@@ -33,7 +34,6 @@ from lib.checkpoint import check_saving, described, prepare_with, same_tokenizer
 from lib.cli import atomic_write
 from lib.hf import resolve, rows_with_mask
 from lib.tokenizer import Tokenizer
-from model import Qwen3, Qwen3Config
 
 
 class Run:

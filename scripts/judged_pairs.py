@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from lib import cli
-from lib import data
 import rl
 import sample
+from lib import cli
+from lib import data
 from lib import training
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
+import sample
 from lib import cli
 from lib import data
-from worlds import realworld
-import sample
 from lib import training
+from worlds import realworld
 
 OPEN_PROMPTS = [
     "Write a haiku about autumn.", 'Translate "good morning" into French.', "Give me three tips for better sleep.",

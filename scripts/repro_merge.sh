@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The small-scale AR-MAP reproduction. DPO teaches the tiny AR teacher out/ar-tiny to prefer single-quoted strings
-# (synthetic pairs cut from the corpus, merge.py pairs); the preference task vector τ_pref = W_AR_aligned − W_AR is
+# (synthetic pairs cut from the corpus, worlds.stdlib); the preference task vector τ_pref = W_AR_aligned − W_AR is
 # merged into the REPR-ALIGN DLM out/repro/lambda10 (made by scripts/repro_align.sh) by linear, TIES and DARE merging. γ is
 # chosen on a sample of the training pairs and reported on the held-out pairs, every run on the same γ grid with the
 # same mask draws (same --seed):
@@ -35,7 +35,7 @@ fi
 T0=$SECONDS
 source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
 P=$OUT/pairs
-stage pairs "$P/heldout.jsonl" "$PYTHON" merge.py pairs --data data/stdlib --out_dir "$P" $PAIRS
+stage pairs "$P/heldout.jsonl" "$PYTHON" -m worlds.stdlib --data data/stdlib --out_dir "$P" $PAIRS
 resume=$([ -e "$OUT/ar-dpo/train_state.pt" ] && echo --resume || true)  # an interrupted run continues
 stage dpo "$OUT/ar-dpo/results.json" "$PYTHON" dpo.py --ar out/ar-tiny --pairs "$P/train.jsonl" \
   --heldout "$P/heldout.jsonl" --out_dir "$OUT/ar-dpo" $DPO $resume

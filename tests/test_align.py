@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 
 import align
-from lib import checkpoint
 import convert
 import diffusion
-from lib import training
-from lib import data
 from conftest import run_script, world_copy, killed_after_checkpoint
 from model import Qwen3, Qwen3Model, preset
+from lib import checkpoint
+from lib import data
+from lib import training
 from lib.tokenizer import Tokenizer
 
 

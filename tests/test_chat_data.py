@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import run_script, world_copy
 from lib import corpus
 from lib import data
-from conftest import run_script, world_copy
 from lib.tokenizer import Tokenizer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers  # the reference implementation (requirements-dev.txt)
 
-from model import Qwen3, Qwen3Config
 from conftest import TINY, hf_model, ids, randomise  # the pair fixture comes from conftest too
+from model import Qwen3, Qwen3Config
 
 
 def test_our_checkpoint_loads_in_transformers(pair):

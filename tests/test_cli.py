@@ -8,7 +8,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ["align.py", "benchmarks/bench.py", "convert.py", "lib/corpus.py", "distill.py", "dpo.py", "eval.py",
-           "merge.py", "lib/plot.py", "pretrain.py", "sample.py", "worlds/tasks.py"]
+           "merge.py", "lib/plot.py", "pretrain.py", "sample.py", "worlds/tasks.py",
+           "worlds/stdlib.py"]
 
 
 class Captured(Exception):

@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
-from lib import compiling
 import sample as S
 from sample import ar_generate, block_generate, diffusion_generate
+from lib import compiling
 from test_sample import make
 
 

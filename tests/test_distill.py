@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounter
 from torch.nn.attention.flex_attention import create_mask
 
-from lib import data
 import diffusion
 import distill
 from conftest import run_script, world_copy, killed_after_checkpoint
 from model import Qwen3
 from sample import block_generate
+from lib import data
 from lib.tokenizer import Tokenizer
 
 SMALL = ["--batch_size", "4", "--seq_len", "12", "--rollout_min", "8", "--rollout_max", "16", "--curriculum_steps", "4",

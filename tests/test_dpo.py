@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from lib import data
 import diffusion
 import dpo
 from conftest import killed_after_checkpoint, world_copy
 from model import Qwen3
+from lib import data
 from test_merge import dpo_args, micro, quote_world, run_dpo
 from lib.tokenizer import Tokenizer
 

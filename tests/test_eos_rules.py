@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import sample as S
-from worlds import tasks
 from conftest import run_script
 from sample import block_generate, diffusion_generate
+from worlds import tasks
 from test_sample import EOS, MASK, PROMPTS, V, make
 from test_sample_rows import height_at, positional, token_at
 

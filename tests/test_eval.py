@@ -7,7 +7,8 @@ the 4-gram repetition rate against a slow count; generate (from the data and fro
 prompts file) and humaneval end to end on micro checkpoints, and both on a stand-in declaring two end ids (each row
 stopped and cut at the second); tasks through its command line: the oracle stand-in
 scores 1.0 and the wrong one 0.0 at every threshold, an AR model gets one run, a checkpoint with another tokenizer
-than the task data's is refused."""
+than the task data's is refused; likelihood and task_curve called as library functions give what the command line
+writes."""
 import collections
 import contextlib
 import json
@@ -20,14 +21,15 @@ import torch
 import torch.nn.functional as F
 
 import convert
-from lib import data
 import diffusion
-import model as model_module
 import eval as E
+import model as model_module
 import sample as S
-from worlds import tasks
 from conftest import run_script, world_copy
 from model import Qwen3, preset
+from lib import corpus
+from lib import data
+from worlds import tasks
 from test_sandbox import needs_landlock, write_jsonl
 from test_tasks import Oracle, wrong
 from lib.tokenizer import Tokenizer
@@ -185,7 +187,7 @@ def test_likelihood_half_reads_one_half_of_the_split(world, monkeypatch):
     for half in ("first", "second"):
         args = argparse.Namespace(ckpt=world / "dlm", device="cpu", seed=0, data=world / "data", half=half,
                                   batch_size=2, seq_len=16, n_batches=2, n_draws=2, eps=1e-3)
-        out[half] = E.likelihood(args)
+        out[half] = E.cmd_likelihood(args)
     assert np.array_equal(seen[0], val[:len(val) // 2]) and np.array_equal(seen[1], val[len(val) // 2:])
     assert len(out["first"]["per_sequence"]) == 4 and out["first"]["per_sequence"] != out["second"]["per_sequence"]
 
@@ -322,13 +324,14 @@ def test_generate_and_humaneval_stop_and_cut_at_every_end_id(world, tmp_path, mo
             common = ["--ckpt", "stand-in", "--max_new_tokens", N, "--batch_size", 2, "--temperature", 0, *ignore]
             args = E.parser().parse_args(map(str, ["generate", *common, "--ref", world / "ar", "--prompts", jsonl,
                                                    "--prompt_len", 64, "--show", 2]))
-            res = E.generate(args)
+            res = E.cmd_generate(args)
             assert [s["completion"] for s in res["samples"]] == want, (declared, ignore)
             assert res["completion_tokens"] == sum(map(len, want))  # byte-level: a token a character
             rows = 2 * N if ignore else sum(len(c) + 1 for c in want)  # each row's tokens up to and with its end
             assert res["tokens_per_s"] * res["seconds"] == pytest.approx(rows)
-            args = E.parser().parse_args(map(str, ["humaneval", *common, "--n_samples", 1]))
-            recs, _ = E.model_completions(args, {p: {"prompt": p} for p in TWO_ENDS})
+            recs, _ = E.model_completions(model, tok, {p: {"prompt": p} for p in TWO_ENDS}, n_samples=1,
+                                          max_new_tokens=N, batch_size=2, seed=1337, ignore_eos=bool(ignore),
+                                          temperature=0.0)
             assert [r["completion"] for r in recs] == want, (declared, ignore)
 
 
@@ -338,14 +341,14 @@ def test_generate_and_humaneval_stop_and_cut_at_every_end_id(world, tmp_path, mo
 
 @pytest.fixture(scope="module")
 def task_data(tmp_path_factory):
-    """Task worlds as worlds/tasks.py and lib/data.py leave them: heldout.jsonl (4 prompts per family, answers of
+    """Task worlds as worlds/tasks.py and lib/corpus.py leave them: heldout.jsonl (4 prompts per family, answers of
     different lengths), train.jsonl, token files and the tokenizer; "bpe" (learnt on them) and "byte"."""
     out = {}
     for kind in ("bpe", "byte"):
         root = tmp_path_factory.mktemp(f"tasks-{kind}")
         train, items = tasks.build(seed=0, n_train=2000, n_heldout=4, min_len=2, max_len=6, max_digits=3)
         tasks.write(root, train, items)
-        data.prepare(str(root), source=str(root / "train.jsonl"), tokenizer=kind)
+        corpus.prepare(str(root), source=str(root / "train.jsonl"), tokenizer=kind)
         out[kind] = root
     return out
 
@@ -499,6 +502,34 @@ def test_tasks_on_checkpoints_and_bad_input(world, task_data, tmp_path, monkeypa
                                                            "(config.attn 'causal'); drop it")
 
 
+def untimed(x):
+    """x without its wall-clock figures (tokens_per_s, raw_tokens_per_s), at any depth."""
+    if isinstance(x, dict):
+        return {k: untimed(v) for k, v in x.items() if not k.endswith("tokens_per_s")}
+    return [untimed(v) for v in x] if isinstance(x, list) else x
+
+
+def test_measures_as_library_functions_match_the_command_line(world, task_data, tmp_path):
+    """eval.likelihood and eval.task_curve called as library functions (a model, its tokenizer, batches or items,
+    numbers: no argparse namespace) return what eval.py likelihood and eval.py tasks write (--out) on the same
+    checkpoint, data and seed; the timings aside."""
+    r = run_script("eval.py", "likelihood", "--ckpt", world / "dlm", "--data", world / "data", "--batch_size", 2,
+                   "--seq_len", 16, "--n_batches", 2, "--n_draws", 2, "--seed", 3, "--device", "cpu",
+                   "--out", tmp_path / "l.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    model = Qwen3.from_pretrained(world / "dlm").eval()
+    xs = data.eval_batches(data.load_split(world / "data", "val"), 2, 16, 2)
+    res = E.likelihood(model, xs, contextlib.nullcontext(), 2, 3)
+    assert res["kind"] == "DLM" and res == json.loads((tmp_path / "l.json").read_text())["results"]
+    r = run_script("eval.py", "tasks", "--ckpt", world / "block", "--data", task_data["byte"], "--num_prompts", 2,
+                   "--thresholds", "0.5,0.9", "--seed", 3, "--device", "cpu", "--out", tmp_path / "t.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    model, tok = Qwen3.from_pretrained(world / "block").eval(), Tokenizer.from_pretrained(world / "block")
+    res = E.task_curve(model, tok, tasks.load_items(task_data["byte"] / "heldout.jsonl", 2), [0.5, 0.9], seed=3)
+    assert [run["threshold"] for run in res["runs"]] == [0.5, 0.9] and res["prompts"] == 6
+    assert untimed(res) == untimed(json.loads((tmp_path / "t.json").read_text())["results"])
+
+
 # ---- winrate -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("attn, block_size", [("bidirectional", None), ("block", 4)])
@@ -522,8 +553,8 @@ def test_win_rate_samples_stop_and_cut_at_every_end_id(attn, block_size):
 
 
 def test_win_rate_keeps_each_completion_score(monkeypatch):
-    """eval.win_rate returns every completion's rule score (scores per --ckpt, scores_ref), in the prompts' order, and
-    its win rates are those scores compared pairwise, a tie counting half."""
+    """eval.py winrate (cmd_winrate, then win_rate) returns every completion's rule score (scores per --ckpt,
+    scores_ref), in the prompts' order, and its win rates are those scores compared pairwise, a tie counting half."""
     import argparse
     import types
     texts = {"ref": ['"a"', "'b'", "x"], "m1": ["'a'", '"b"', "y"], "m2": ["'a' \"b\"", "'b'", "'z'"]}
@@ -532,7 +563,7 @@ def test_win_rate_keeps_each_completion_score(monkeypatch):
     monkeypatch.setattr(data, "tokenized_pairs", lambda *a: [([k], None, None) for k in range(3)])
     monkeypatch.setattr(E, "completions", lambda m, prompts, tok, seed, ctx: texts[tok][:len(prompts)])
     args = argparse.Namespace(ref="ref", ckpt=["m1", "m2"], pairs="p.jsonl", samples=3, device="cpu", seed=0)
-    res = E.win_rate(args)
+    res = E.cmd_winrate(args)
     assert res["scores_ref"] == [-1.0, 1.0, 0.0]
     assert res["scores"] == [[1.0, -1.0, 0.0], [0.0, 1.0, 1.0]]
     assert res["win_rates"] == [pytest.approx((1 + 0 + 0.5) / 3), pytest.approx((1 + 0.5 + 1) / 3)]

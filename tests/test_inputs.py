@@ -20,17 +20,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from conftest import ROOT, killed_after_checkpoint, run_script, world_copy
+from convert import convert
+from model import Qwen3, Qwen3Config, preset
 from lib import checkpoint
 from lib import corpus
 from lib import data
 from lib import training
-from conftest import ROOT, killed_after_checkpoint, run_script, world_copy
-from convert import convert
-from lib.hf import safetensors_names, weight_files
-from model import Qwen3, Qwen3Config, preset
-from lib.cli import atomic_write
 from lib.checkpoint import check_saving, trained_with
+from lib.cli import atomic_write
 from lib.corpus import train_bpe
+from lib.hf import safetensors_names, weight_files
 from lib.tokenizer import Tokenizer, fingerprint_of
 from lib.training import load_tokenizer
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import convert
-from lib import corpus
 import diffusion
 import dpo
 import merge
 from conftest import run_script, world_copy
 from model import Qwen3, preset
+from lib import corpus
 from lib.tokenizer import Tokenizer
 from worlds import stdlib
 
@@ -25,6 +25,10 @@ MASK = 259
 
 def run(*args):
     return run_script("merge.py", *args)
+
+
+def run_pairs(*args):
+    return run_script("worlds/stdlib.py", *args)
 
 
 def run_dpo(*args):
@@ -46,7 +50,7 @@ def quote_world(root):
     Qwen3(preset("micro", intermediate_size=96)).init_weights(1).save_pretrained(root / "ar_other")
     Tokenizer.byte_level().save_pretrained(root / "ar_other")
     convert.convert(root / "ar_other", root / "dlm_other", "bidirectional")
-    r = run("pairs", "--data", root / "qdata", "--out_dir", root / "pairs", "--n_train", 24, "--n_heldout", 8,
+    r = run_pairs("--data", root / "qdata", "--out_dir", root / "pairs", "--n_train", 24, "--n_heldout", 8,
             "--prompt_chars", 24, "--response_chars", 12)
     assert r.returncode == 0, r.stderr[-2000:]
     return root
@@ -264,7 +268,7 @@ def test_pairs_follow_the_rule_and_are_deterministic(world):
     assert (stdlib.rule_score("no quotes"), stdlib.rule_score("'x'"), stdlib.rule_score('"x"')) == (0.0, 1.0, -1.0)
     lines = (world / "pairs" / "train.jsonl").read_text().splitlines()
     assert len(lines) == 24 and all(stdlib.rule_score(json.loads(l)["chosen"]) == 1.0 for l in lines)
-    r = run("pairs", "--data", world / "qdata", "--out_dir", world / "pairs2", "--n_train", 24, "--n_heldout", 8,
+    r = run_pairs("--data", world / "qdata", "--out_dir", world / "pairs2", "--n_train", 24, "--n_heldout", 8,
             "--prompt_chars", 24, "--response_chars", 12)
     assert (world / "pairs2" / "train.jsonl").read_text() == "\n".join(lines) + "\n"
 
@@ -385,9 +389,9 @@ def test_bad_inputs_give_one_line_errors(world, tmp_path):
     r = run("merge", "--ar", world / "ar", "--ar_aligned", world / "ar", "--dlm", world / "dlm", "--pairs", held,
             "--heldout", held, "--out_dir", tmp_path / "m3")
     assert r.returncode == 1 and "same file" in r.stderr and not (tmp_path / "m3").exists()
-    r = run("pairs", "--data", tmp_path / "no_data", "--out_dir", tmp_path / "p")
-    assert r.returncode == 1 and "merge pairs:" in r.stderr and not (tmp_path / "p").exists()  # no empty directory
-    r = run("pairs", "--data", world / "data", "--out_dir", tmp_path / "p2")  # a corpus without quotes
+    r = run_pairs("--data", tmp_path / "no_data", "--out_dir", tmp_path / "p")
+    assert r.returncode == 1 and "worlds.stdlib:" in r.stderr and not (tmp_path / "p").exists()  # no empty directory
+    r = run_pairs("--data", world / "data", "--out_dir", tmp_path / "p2")  # a corpus without quotes
     assert r.returncode == 1 and "quotes" in r.stderr and not (tmp_path / "p2").exists()
 
 

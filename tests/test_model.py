@@ -4,9 +4,9 @@ the full forward (checkpoint files: test_checkpoint.py)."""
 import pytest
 import torch
 
-from lib import training
 from conftest import TINY, ids, randomise  # the pair fixture comes from conftest too
 from model import KVCache, Qwen3, Qwen3Config, attention_mask, preset
+from lib import training
 
 
 

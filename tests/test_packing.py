@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import align
-from lib import data
 import diffusion
 from model import Qwen3, packed_mask, preset
+from lib import data
 
 MASK, EOS = 259, 256
 LENGTHS = (5, 9, 4, 7, 6, 3, 8)

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib import data
-from worlds import tasks
 from conftest import run_script, tiny_world, killed_after_checkpoint
 from model import Qwen3, preset
 from pretrain import ar_loss
+from lib import data
 from lib.tokenizer import Tokenizer
+from worlds import tasks
 
 SMALL = ["--preset", "micro", "--batch_size", "4", "--seq_len", "32", "--eval_batches", "2", "--warmup", "2",
          "--samples", "1"]

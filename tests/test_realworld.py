@@ -7,11 +7,11 @@ import shutil
 import pytest
 import torch
 
-from lib import data
-from worlds import realworld as R
 from conftest import run_script, world_copy
 from model import Qwen3
+from lib import data
 from lib.tokenizer import Tokenizer
+from worlds import realworld as R
 
 
 def item(family, prompt, answer):

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import rl
-from worlds import tasks
 from conftest import killed_after_checkpoint, run_script, world_copy
 from model import Qwen3, attend, left_padded
+from worlds import tasks
 
 
 @pytest.fixture(scope="module")

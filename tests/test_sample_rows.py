@@ -8,10 +8,10 @@ import re
 import pytest
 import torch
 
-from lib import chat
 import sample as S
-from worlds import tasks
 from sample import Generation, ar_generate, block_generate, diffusion_generate
+from lib import chat
+from worlds import tasks
 from test_sample import EOS, PROMPTS, V, make
 from lib.tokenizer import Tokenizer
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import eval as E
-from lib import sandbox
 from conftest import ROOT, run_script
+from lib import sandbox
 
 needs_landlock = pytest.mark.skipif(sandbox.landlock_abi() < sandbox.LANDLOCK_ABI,
                                     reason="the sandbox needs Landlock, Linux 6.12+")
@@ -50,7 +50,7 @@ def test_early_exit_does_not_pass():
 
 
 # the kernel's part alone: eval.py humaneval with the audit hook blanked
-HOOKLESS = "import sys, sandbox, eval as E; sandbox.PREAMBLE = ''; sys.argv[0] = 'eval.py'; E.main()"
+HOOKLESS = "import sys, eval as E; from lib import sandbox; sandbox.PREAMBLE = ''; sys.argv[0] = 'eval.py'; E.main()"
 
 
 @needs_landlock

@@ -125,7 +125,7 @@ def test_fixture_is_qwen3_06b(w):
 
 @pytest.fixture(scope="module")
 def data(w):
-    run("lib/corpus.py --tokenizer Q --max_mb 0.3", "lib/corpus.py", "--out_dir", w / "data", "--tokenizer", w / "q",
+    run("lib.corpus --tokenizer Q --max_mb 0.3", "-m", "lib.corpus", "--out_dir", w / "data", "--tokenizer", w / "q",
         "--max_mb", "0.3")
     return w / "data"
 
@@ -253,7 +253,7 @@ def test_distill_sample_humaneval(w, distilled):
 
 @pytest.fixture(scope="module")
 def pairs(w, data):
-    run("merge.py pairs, 4 + 2 pairs", "merge.py", "pairs", "--data", data, "--out_dir", w / "pairs", "--n_train", "4",
+    run("worlds.stdlib, 4 + 2 pairs", "-m", "worlds.stdlib", "--data", data, "--out_dir", w / "pairs", "--n_train", "4",
         "--n_heldout", "2", "--prompt_chars", "64", "--response_chars", "32")
     return w / "pairs"
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import convert
-from lib import corpus
-from lib import data
 import diffusion
-from lib import runner
-from worlds import tasks
 from conftest import ROOT, killed_after_checkpoint, run_script
 from model import Qwen3, preset
+from lib import corpus
+from lib import data
+from lib import runner
 from lib.tokenizer import Tokenizer
+from worlds import tasks
 
 TASK_KEYS = {"task_acc", "task_acc_sort", "task_acc_rev", "task_acc_add", "task_tpf", "task_pref"}
 

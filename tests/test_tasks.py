@@ -10,15 +10,15 @@ import random
 import pytest
 import torch
 
-from lib import corpus
-from lib import data
 import sample
-from lib import runner
-from worlds import tasks
 from conftest import run_script
 from model import Qwen3Config
+from lib import corpus
+from lib import data
+from lib import runner
 from lib.corpus import train_bpe
 from lib.tokenizer import EOS, Tokenizer
+from worlds import tasks
 
 SIZES = dict(min_len=2, max_len=6, max_digits=3)
 

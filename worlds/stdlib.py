@@ -2,7 +2,7 @@
 The standard-library world's preference: "prefer single-quoted strings", as a rule score and as synthetic pairs cut
 from a prepared corpus (chosen: every double quote made single; rejected: the reverse), for DPO and AR-MAP.
 
-    python merge.py pairs --data data/stdlib --out_dir data/pairs     # train.jsonl, heldout.jsonl
+    python -m worlds.stdlib --data data/stdlib --out_dir data/pairs     # train.jsonl, heldout.jsonl
 """
 import json
 import random
@@ -59,22 +59,17 @@ def write_pairs(data_dir, out_dir, *, n_train, n_heldout, prompt_chars, response
         print(f"{out / name}: {len(r)} pairs from the {split} split" + f" (asked for {n})" * (len(r) < n))
 
 
-def add_pairs_command(sub, who):
-    """The `pairs` subcommand (write_pairs: the synthetic preference pairs of a dataset) on an argparse subparsers
-    object; parse_args() then gives args.fn, which runs it."""
-    s = sub.add_parser("pairs", formatter_class=cli.HelpFormatter,
-                       help="synthetic preference pairs: prefer single-quoted strings")
-    s.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/corpus.py")
-    s.add_argument("--out_dir", default="data/pairs", help="train.jsonl and heldout.jsonl go here")
+if __name__ == "__main__":
+    p = cli.parser(__doc__)
+    p.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/corpus.py")
+    p.add_argument("--out_dir", default="data/pairs", help="train.jsonl and heldout.jsonl go here")
     for name, default, help in (("n_train", 512, "training pairs"), ("n_heldout", 128, "held-out pairs"),
                                 ("prompt_chars", 192, "characters of text before the response"),
                                 ("response_chars", 96, "characters of each response"),
                                 ("seed", 1337, "which corpus windows are cut")):
-        s.add_argument(f"--{name}", type=int, default=default, help=help)
-
-    def run(args):
-        if min(args.n_train, args.n_heldout, args.prompt_chars, args.response_chars) <= 0:
-            s.error("need --n_train, --n_heldout, --prompt_chars and --response_chars > 0")
-        write_pairs(args.data, args.out_dir, n_train=args.n_train, n_heldout=args.n_heldout, who=who,
-                    prompt_chars=args.prompt_chars, response_chars=args.response_chars, seed=args.seed)
-    s.set_defaults(fn=run)
+        p.add_argument(f"--{name}", type=int, default=default, help=help)
+    args = p.parse_args()
+    if min(args.n_train, args.n_heldout, args.prompt_chars, args.response_chars) <= 0:
+        p.error("need --n_train, --n_heldout, --prompt_chars and --response_chars > 0")
+    write_pairs(args.data, args.out_dir, n_train=args.n_train, n_heldout=args.n_heldout, who="worlds.stdlib",
+                prompt_chars=args.prompt_chars, response_chars=args.response_chars, seed=args.seed)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+import sample
 from lib import cli
 from lib import data
-import sample
 from lib.checkpoint import same_tokenizer, trained_with
 from lib.tokenizer import EOS, fingerprint_of
 
