@@ -145,7 +145,7 @@ class Tokenizer:
     def from_pretrained(cls, path):
         """A directory with tokenizer.json (or exactly one *.tiktoken), or either file itself. From a directory,
         its tokenizer_config.json and chat_template.jinja come along (checked to be JSON / text). A Hugging Face
-        model id works too (checkpoint.resolve)."""
+        model id works too (hf.resolve)."""
         from lib.hf import resolve
         p = resolve(path)
         if p.is_dir():

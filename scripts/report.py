@@ -2,8 +2,8 @@
 The reproduction scripts' tables (scripts/repro_*.sh, scripts/real_arms.sh), rendered from the JSON their runs write:
 one function per table, each printing markdown (the scripts tee it into their results.md / table.md). The one entry
 point: it also dispatches to the tables run.sh prints at the end of its worlds (scripts/world_tables.py), the real
-model's conversion tables (scripts/conversion.py) and the verdict protocol's sweeps and tables (scripts/protocol.py);
-the statistics are in scripts/stats.py.
+model's conversion tables (scripts/conversion.py), the verdict protocol's sweeps and tables (scripts/protocol.py) and
+README's claims table (scripts/claims.py: `claims`, `claims --check`); the statistics are in scripts/stats.py.
 
     python -m scripts.report tasks_world ar ar-dpo dlm align0 align ...    # what run.sh prints at its end
     python -m scripts.report repro_align out/repro lambda0 lambda10 ...
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from lib import cli
-from scripts import conversion, protocol, world_tables
+from scripts import claims, conversion, protocol, world_tables
 from scripts.protocol import stage_seconds
 from scripts.stats import chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead
 
@@ -704,7 +704,7 @@ def repro_rl(*args):
 TABLES = {f.__name__: f for f in (*world_tables.COMMANDS, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo, repro_mark, real_world,
                                   real_sweep, real_sweep_table, real_verdicts, rl_sweep, repro_rl, *protocol.COMMANDS,
-                                  *conversion.COMMANDS)}
+                                  *conversion.COMMANDS, *claims.COMMANDS)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

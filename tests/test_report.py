@@ -1,13 +1,14 @@
-"""scripts/report.py, world_tables.py, protocol.py and stats.py: each table of run.sh and the reproduction scripts,
-rendered from small JSON files made here (the shapes eval.py, merge.py, align.py and distill.py write), with the
-numbers where they belong; the statistics against tables' critical values and by-hand computations."""
+"""scripts/report.py, world_tables.py, protocol.py, claims.py and stats.py: each table of run.sh and the reproduction
+scripts, rendered from small JSON files made here (the shapes eval.py, merge.py, align.py and distill.py write), with
+the numbers where they belong; the statistics against tables' critical values and by-hand computations; README's
+claims table from docs/claims/."""
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-from scripts import conversion, protocol, report, stats, world_tables
+from scripts import claims, conversion, protocol, report, stats, world_tables
 
 
 def write(path, obj):
@@ -689,3 +690,117 @@ def test_conversion_sweep_names_the_chosen_rate_and_its_edge(tmp_path, capsys):
     assert "chosen: 0.0003 (an edge of the sweep: extend it past this rate)" in capsys.readouterr().out
     conversion.conversion_sweep(*runs({"3e-4": 3.7, "1e-4": 3.7, "3e-5": 3.8}))
     assert "chosen: 0.0001 (inside" in capsys.readouterr().out  # a tie: the lower rate
+
+
+def test_claims_rule_gives_each_word():
+    """scripts/claims.py verdict, the one rule, on hand-made tests (setting, sign, Holm p; None: not tested)."""
+    v = claims.verdict
+    assert v([("steps", 1, 0.01), ("time", 1, 0.049)]) == "reproduced"
+    assert v([("steps", -1, 0.001), ("time", -1, 0.02)]) == "contradicted"
+    assert v([("0.5", -1, 0.01), ("0.7", 1, 0.4), ("0.9", 1, 0.01)]) == \
+        "mixed (ahead at 0.9; behind at 0.5; level at 0.7)"
+    assert v([("steps", 1, 0.01), ("time", 1, 0.05)]) == "mixed (ahead at steps; level at time)"  # 0.05 is not < 0.05
+    assert v([("steps", 1, 0.2), ("time", -1, 0.6)]) == "not significant"
+    assert v([("0.9", 1, 0.001), ("1.0", 1, None)]) == "reproduced where tested"
+    assert v([("0.5", -1, 0.001), ("0.9", 1, None)]) == "contradicted where tested"
+    assert v([("steps", 1, None)], seeds_run=1) == "one seed: not tested"
+    assert v([("steps", 1, None)], seeds_run=3) == "not tested per seed"
+    assert v([("steps", 0, 0.0)]) == "not significant"  # a tie is a tie, never a win, whatever its p
+    # metrics within one setting: one significant and none the other way decides it; both ways split it
+    assert v([("steps", -1, 0.01), ("steps", 1, 0.3)]) == "contradicted"
+    assert v([("steps", -1, 0.01), ("steps", 1, 0.01)]) == "mixed (split at steps)"
+
+
+def claims_row(cell, claim="A claim"):
+    fixed = {"text": "—", "reason": "not run"}
+    return {"claim": claim, "cells": {"tasks": cell, "stdlib": fixed, "real": fixed}}
+
+
+def claims_cell(tests, **kw):
+    return {"arms": {"A": "base", "B": "paper"}, "metric": "exact match", "better": "higher", "seeds_run": 3,
+            "source": {"section": "S", "command": "C"}, "not_per_seed": "why", "tests": tests, **kw}
+
+
+def claims_test(setting, a, b, pooled=("0.40", "0.50", "0.001")):
+    t = {"setting": setting, "pooled": dict(zip(("A", "B", "p_holm"), pooled), test="McNemar")}
+    if a is not None:
+        t["per_seed"] = {"seeds": list(range(1, len(a) + 1)), "A": " / ".join(a), "B": " / ".join(b)}
+    return t
+
+
+def test_claims_cells_from_hand_made_numbers(tmp_path):
+    """A cell's words: the paired t over the seeds' means with Holm across the cell's tests, the seeds ahead (ties
+    apart), the settings without per-seed numbers named, the pooled test's word by the same rule; lower-is-better
+    flips "ahead"."""
+    a, steady, noisy = ["0.40", "0.50", "0.45"], ["0.50", "0.61", "0.54"], ["0.50", "0.40", "0.45"]
+    write(tmp_path / "1.json", claims_row(claims_cell([claims_test("steps", a, steady), claims_test("time", a, noisy),
+                                                       claims_test("1.0", None, None, ("0.5", "0.4", "0.01"))])))
+    rows = claims.load(tmp_path)
+    p = stats.holm([stats.paired_t([.4, .5, .45], [.5, .61, .54]), stats.paired_t([.4, .5, .45], [.5, .4, .45])])
+    text = claims.table(rows).splitlines()[2]
+    assert text.startswith(f"| A claim | mixed (ahead at steps; level at time) (paper ahead in 3/3 seeds at "
+                           f"steps, p = {p[0]:.2g}; in 1/3 seeds, 1 tied at time, p = {p[1]:.2g}; 1.0 untested); "
+                           f"pooled per prompt: mixed (ahead at steps, time; behind at 1.0) | — | — |")
+    assert p[0] < 0.05 < p[1]
+    lower = claims_cell([claims_test("steps", steady, a, ("0.5", "0.4", "0.02"))], better="lower")
+    write(tmp_path / "1.json", claims_row(lower))
+    assert "| reproduced (paper ahead in 3/3 seeds at steps" in claims.table(claims.load(tmp_path))
+    write(tmp_path / "1.json", claims_row(claims_cell([claims_test("", ["0.3"], ["0.2"])], seeds_run=1)))
+    assert "| one seed: not tested; pooled per prompt: reproduced |" in claims.table(claims.load(tmp_path))
+
+
+def test_claims_refuse_a_bad_file_in_one_line(tmp_path):
+    """claims.load: a file that is not JSON, or lacks a world, a reason or a field, or whose per-seed numbers do not
+    line up, is refused in one line naming the file and what is wrong."""
+    good = claims_cell([claims_test("steps", ["0.1", "0.2"], ["0.3", "0.4"])])
+    bad = {"not JSON": ("{", "not JSON"), "no cells": ({"claim": "x"}, "needs {\"claim\""),
+           "a world missing": ({"claim": "x", "cells": {"tasks": good}}, "cells must be exactly tasks, stdlib, real"),
+           "seeds and values": (claims_row(claims_cell([claims_test("steps", ["0.1", "0.2"], ["0.3"])])),
+                                "per_seed has 2 seeds, 2 A and 1 B values"),
+           "better": (claims_row(dict(good, better="more")), "better: \"higher\" or \"lower\""),
+           "not numbers": (claims_row(claims_cell([claims_test("steps", ["0.1", "x"], ["0.3", "0.4"])])),
+                           "not numbers: '0.1 / x'"),
+           "no reason": (claims_row({k: v for k, v in claims_cell([claims_test("1.0", None, None)]).items()
+                                     if k != "not_per_seed"}), "say why in not_per_seed"),
+           "a typo": (claims_row(dict(good, seed_run=3)), "unknown keys ['seed_run']"),
+           "fixed without reason": (claims_row({"text": "not measurable here"}), "a fixed cell has a text, a reason")}
+    for what, (obj, why) in bad.items():
+        folder = tmp_path / what.replace(" ", "-")
+        write(folder / "1-row.json", obj if isinstance(obj, str) else json.dumps(obj))
+        with pytest.raises(SystemExit) as e:
+            claims.load(folder)
+        msg = str(e.value)
+        assert msg.startswith("claims: ") and "1-row.json: " in msg and why in msg and "\n" not in msg, (what, msg)
+    write(tmp_path / "ok" / "1.json", claims_row(good))
+    assert len(claims.load(tmp_path / "ok")) == 1
+
+
+def test_claims_check_passes_on_the_readme_and_fails_on_a_changed_copy(tmp_path, capsys):
+    """`python -m scripts.report claims --check`: README.md's table is the one docs/claims/ gives (every number there
+    found in the docs/results.md section its source names); a changed cell or a missing row fails in one line."""
+    report.TABLES["claims"]("--check")
+    readme = (Path(claims.ROOT) / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| OPDLM: on-policy beats off-policy |"))
+    last = next(line for line in readme.splitlines() if line.startswith("| AR-MAP beats DPO on the DLM itself |"))
+    for changed, where in ((readme.replace(row, row.replace("not significant", "contradicted", 1)),
+                            "at line 6 ('OPDLM: on-policy beats off-policy')"),
+                           (readme.replace(last + "\n", ""), "('AR-MAP beats DPO on the DLM itself', missing)")):
+        (tmp_path / "README.md").write_text(changed)
+        with pytest.raises(SystemExit) as e:
+            claims.claims("--check", "--readme", tmp_path / "README.md")
+        assert "claims table differs" in str(e.value) and where in str(e.value) and "\n" not in str(e.value)
+    claims.claims()
+    assert capsys.readouterr().out.strip().splitlines() == claims.readme_table(readme)
+
+
+def test_claims_numbers_are_the_ones_results_md_prints():
+    """verify() finds every copied number in its source's section and refuses one that is not there."""
+    results = (Path(claims.ROOT) / "docs/results.md").read_text()
+    rows = claims.load()
+    claims.verify(rows, results)
+    t = rows[0]["cells"]["tasks"]["tests"][0]
+    assert t["per_seed"]["strings"][0] == "0.527 / 0.505 / 0.502 / 0.427 / 0.465"
+    assert stats.paired_t(t["per_seed"]["a"], t["per_seed"]["b"]) == pytest.approx(0.2245, abs=1e-4)
+    t["per_seed"]["strings"][0] = "0.527 / 0.505 / 0.502 / 0.427 / 0.466"
+    with pytest.raises(SystemExit, match="is not in results.md's section 'REPR-ALIGN under the protocol"):
+        claims.verify(rows, results)
