@@ -12,7 +12,7 @@
 #                                                   # rolled out on the training prompts (prompts.jsonl), N = 32
 # LR (default 1e-4), SEED (1337), STEPS and SNAPS (the arm's defaults below) set a run; out/conversion/ARM-LR-sSEED
 # (NAME: another name there). END_PAD=N (the align.py arms): each answer followed by end tokens up to N, trained
-# (align.py --end_pad; the held-out canvas is 32). TRAIN_ONLY=1: the training alone, no snapshots, no held-out scores (a rate sweep:
+# (align.py --end_pad; the held-out canvas is 32). FRONTIER: the last snapshot's thresholds (default 0.5-1). TRAIN_ONLY=1: the training alone, no snapshots, no held-out scores (a rate sweep:
 # scripts/sweep_conversion.sh, which scores each run by its validation −ELBO instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
@@ -51,7 +51,7 @@ stage "train $ARM" $R/results.json "$PYTHON" $SCRIPT --init $INIT --data $D/chat
 [ "${TRAIN_ONLY:-0}" = 1 ] && { echo "scripts/repro_conversion.sh: trained $R"; exit 0; }
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens 32 --teacher $O/eval/ar.json)
 for s in ${SNAPS//,/ } $STEPS; do
-  thr=$([ "$s" = "$STEPS" ] && echo 0.5,0.7,0.9,0.95,1 || echo 0.9)
+  thr=$([ "$s" = "$STEPS" ] && echo ${FRONTIER:-0.5,0.7,0.9,0.95,1} || echo 0.9)
   stage "eval $ARM step $s" $R/eval/step-$s.json "$PYTHON" -m worlds.realworld --ckpt $R/step-$s "${EVAL[@]}" \
     --thresholds $thr --out $R/eval/step-$s.json
 done
