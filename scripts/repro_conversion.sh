@@ -12,8 +12,9 @@
 #                                                   # rolled out on the training prompts (prompts.jsonl), N = 32
 # LR (default 1e-4), SEED (1337), STEPS and SNAPS (the arm's defaults below) set a run; out/conversion/ARM-LR-sSEED
 # (NAME: another name there). END_PAD=N (the align.py arms): each answer followed by end tokens up to N, trained
-# (align.py --end_pad; the held-out canvas is 32). FRONTIER: the last snapshot's thresholds (default 0.5-1). TRAIN_ONLY=1: the training alone, no snapshots, no held-out scores (a rate sweep:
-# scripts/sweep_conversion.sh, which scores each run by its validation −ELBO instead).
+# (align.py --end_pad; the held-out canvas is 32). FRONTIER: the last snapshot's thresholds (default 0.5-1).
+# TRAIN_ONLY=1: the training alone, no snapshots, no held-out scores (a rate sweep: scripts/sweep_conversion.sh,
+# which scores each run by its validation −ELBO instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 source scripts/python_env.sh
