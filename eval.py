@@ -199,7 +199,7 @@ def task_curve(model, tok, items, thresholds, *, seed, batch_size=64, max_new_to
     other arguments are its, with eval.py tasks' defaults), per family and overall, with each row's tokens per
     forward; a DLM once per threshold of thresholds (the accuracy-versus-parallelism curve), an AR model once
     (thresholds do not apply), each run's generator seeded with seed. -> dict(sampler, prompts, runs=[dict(threshold,
-    accuracy, families, correct and preferred_rows (per prompt, in order: for paired tests), **sample.throughput)]);
+    accuracy, families, correct and preferred_rows (per prompt, in order: for paired tests), **tasks.throughput)]);
     the rows' texts are not kept."""
     import sample
     from worlds import tasks
@@ -446,7 +446,8 @@ def parser():
     lk = sub.add_parser("likelihood", formatter_class=HelpFormatter,
                         help="AR perplexity / DLM negative ELBO, masked-token accuracy")
     lk.add_argument("--ckpt", required=True, help="an AR or DLM checkpoint directory")
-    lk.add_argument("--data", default="data/stdlib", help="a directory prepared by lib/data.py (its validation split)")
+    lk.add_argument("--data", default="data/stdlib",
+                    help="a directory prepared by lib/corpus.py (its validation split)")
     lk.add_argument("--batch_size", type=int, default=8, help="sequences per batch")
     lk.add_argument("--seq_len", type=int, default=256, help="tokens per sequence")
     lk.add_argument("--n_batches", type=int, default=16, help="fixed validation batches (same for every checkpoint)")
@@ -483,7 +484,7 @@ def parser():
     tk.add_argument("--ckpt", required=True, help="an AR or DLM checkpoint trained on the task data (-: one "
                     "per line of stdin, each answered on stdout: a training run's --tasks)")
     tk.add_argument("--data", default="data/tasks", help="the task world's --out_dir "
-                    "(heldout.jsonl), prepared by lib.data")
+                    "(heldout.jsonl), prepared by lib.corpus")
     tk.add_argument("--thresholds", type=thresholds, default=[0.5, 0.7, 0.9, 0.95],
                     help="DLMs: parallel decoding thresholds in (0, 1], comma-separated (one run each); AR: unused")
     tk.add_argument("--num_prompts", type=int, default=None, help="at most this many prompts per family")

@@ -1,6 +1,6 @@
 """
 The fidelity run (`bash fidelity.sh`, docs/scale.md "One fidelity run"): the methods' claims at a teacher ~40x the
-embedded default's, in at most 6 minutes on one H200, by subprocesses of the scripts themselves: lib/data.py (this
+embedded default's, in at most 6 minutes on one H200, by subprocesses of the scripts themselves: lib/corpus.py (this
 Python's standard library) -> pretrain.py (a Qwen3-shaped teacher, written at FIDELITY's shape by this driver and
 passed as --init) -> convert.py (bidirectional for REPR-ALIGN, block 4 shifted for OPDLM, as run.sh) -> align.py
 at λ = 0 and λ = 10, evaluated every few steps -> distill.py on- and off-policy. Ends with one markdown table: per

@@ -33,7 +33,11 @@ def short(doc):
 
 
 def parser(doc, **kwargs):
-    """The ArgumentParser of a script whose module docstring is `doc`."""
+    """The ArgumentParser of a script whose module docstring is `doc`; a module of a package run with -m is named
+    as it is run (usage: python -m lib.corpus ...)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and "." in (spec.name or "") and "prog" not in kwargs:
+        kwargs["prog"] = f"python -m {spec.name}"
     return argparse.ArgumentParser(description=short(doc), formatter_class=HelpFormatter, **kwargs)
 
 
@@ -225,7 +229,7 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
                        "every token of random windows")
     if answers == "chat":
         p.add_argument("--assistant_only", action="store_true",
-                       help="chat data (lib.data on a JSONL of {\"messages\"}): train on the assistant turns' tokens "
+                       help="chat data (lib.corpus on a JSONL of {\"messages\"}): train on the assistant turns' tokens "
                        "only, in windows that begin at a conversation; longer conversations are left out, and counted")
     if tasks:
         p.add_argument("--tasks", default=None, metavar="FILE",
@@ -259,7 +263,7 @@ def parse_loop_args(p):
     if getattr(args, "tasks_n", 1) <= 0:
         p.error("--tasks_n must be > 0")
     if getattr(args, "tasks", None) and not Path(args.tasks).is_file():
-        p.error(f"--tasks {args.tasks}: no such file (worlds/tasks.py --out_dir DIR writes DIR/heldout.jsonl)")
+        p.error(f"--tasks {args.tasks}: no such file (python -m worlds.tasks --out_dir DIR writes DIR/heldout.jsonl)")
     return args
 
 

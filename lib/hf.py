@@ -111,7 +111,7 @@ class ConfigFile:
     @classmethod
     def load(cls, path):
         """config.json of a checkpoint directory, with `path` set and generation_config.json read when present
-        (tokenizer_sha256 as recorded: None for a checkpoint that records none; see tokenizer.trained_with)."""
+        (tokenizer_sha256 as recorded: None for a checkpoint that records none; see checkpoint.trained_with)."""
         path = resolve(path)
         f = path / "config.json"
         if not f.is_file():

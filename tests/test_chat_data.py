@@ -1,4 +1,4 @@
-"""Instruction data: lib.data on a JSONL of conversations ({"messages": [...]}, Hugging Face's shape), rendered by the
+"""Instruction data: lib.corpus on a JSONL of conversations ({"messages": [...]}, Hugging Face's shape), rendered by the
 checkpoint's chat template with the assistant turns' tokens marked (against the template applied by hand here);
 the counted skips; align.py --assistant_only training on those tokens only; distill.py's prompts from the turns
 before each answer."""

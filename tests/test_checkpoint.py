@@ -1,4 +1,4 @@
-"""lib/checkpoint.py: Hugging Face directories both ways (transformers writes, we read; we write, transformers reads),
+"""lib/hf.py: Hugging Face directories both ways (transformers writes, we read; we write, transformers reads),
 config.json of transformers 4.x and 5.x, bf16 without an fp32 copy, shards, Qwen3-0.6B's stored tied head and
 generation_config.json, saving over a sharded checkpoint; and a clear error for each bad checkpoint."""
 import json

@@ -1,5 +1,5 @@
 """Several processes on a CPU (torchrun, gloo): two ranks reproduce the one-process run step for step. pretrain,
-align (with a teacher and frozen tensors) and merge dpo log the same losses with --nproc_per_node=2 as alone, each
+align (with a teacher and frozen tensors) and dpo log the same losses with --nproc_per_node=2 as alone, each
 rank computing half of the --grad_accum micro-batches; distill runs on two ranks and writes one checkpoint, with the
 same first losses as alone; --fsdp (FSDP2) gives the same losses as DDP and saves the same whole checkpoint. The
 one-process runs are in-process; each two-process run starts torch twice (seconds on 2 cores)."""

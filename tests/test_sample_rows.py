@@ -1,4 +1,4 @@
-"""Parallel decoding counted per row (Generation.row_nfe, row_tokens, sample.throughput) against slow
+"""Parallel decoding counted per row (Generation.row_nfe, row_tokens, tasks.throughput) against slow
 references written here: a model whose prediction and confidence at each RoPE position are chosen by the
 test (so each row of a ragged batch needs its own number of rounds and meets eos in its own block), every
 row decoded alone at batch 1, the recorded rounds; the per-row figures by hand; sample.generate's dispatch
