@@ -16,7 +16,7 @@ mkdir -p $O
 "$PYTHON" - $O <<'EOF'
 import json, pathlib, random, sys
 out, rng, windows = pathlib.Path(sys.argv[1]), random.Random(0), []
-for f in sorted(pathlib.Path(".").glob("*.py")) + sorted(pathlib.Path("benchmarks").glob("*.py")):
+for f in sorted(f for d in (".", "lib", "worlds", "benchmarks") for f in pathlib.Path(d).glob("*.py")):
     lines = f.read_text().splitlines()
     for i in range(0, len(lines) - 16, 16):  # 8 lines of prompt, the next 8 its continuation
         prompt, cont = "\n".join(lines[i:i + 8]) + "\n", lines[i + 8:i + 16]
