@@ -163,6 +163,18 @@ def test_two_steps_on_the_task_world(world, tmp_path, name):
     assert (tmp_path / "o" / "model.safetensors").exists() and (tmp_path / "o" / "results.json").exists()
 
 
+def test_a_run_that_ends_inside_a_batch_of_rollouts(world, tmp_path):
+    """--max_iters 3 with --mu 2: two batches of rollouts, the second cut after its first inner step; the last step
+    is saved."""
+    r = run_script("rl.py", "--init", world / "dlm", "--prompts", world / "prompts.jsonl", "--out_dir", tmp_path / "o",
+                   *SMALL, "--max_iters", 3, "--mu", 2, "--eval_interval", 2)
+    assert r.returncode == 0, r.stderr
+    log = [json.loads(line) for line in (tmp_path / "o" / "log.jsonl").read_text().splitlines()]
+    assert [rec["step"] for rec in log] == [0, 1, 2]
+    assert ["reward" in rec for rec in log] == [True, False, True]  # the rollouts' figures at the steps making them
+    assert (tmp_path / "o" / "results.json").exists()
+
+
 def test_resume_equals_uninterrupted(world, tmp_path):
     args = ["--init", world / "dlm", "--prompts", world / "prompts.jsonl", *SMALL, "--max_iters", 4, "--mu", 2,
             "--eval_interval", 2]
