@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from conftest import run_script, tiny_world, killed_after_checkpoint
 from model import Qwen3, preset
 from pretrain import ar_loss
+from lib import corpus
 from lib import data
 from lib.tokenizer import Tokenizer
 from worlds import tasks
@@ -25,7 +26,7 @@ def run(*args):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def code_data(tmp_path_factory):
     return tiny_world(tmp_path_factory.mktemp("world"), ar=False) / "data"
 
 
@@ -33,16 +34,16 @@ def losses(out):
     return [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()]
 
 
-def test_learns_and_writes_hf_checkpoint(corpus, tmp_path):
+def test_learns_and_writes_hf_checkpoint(code_data, tmp_path):
     out = tmp_path / "ar"
-    r = run("--data", str(corpus), "--out_dir", str(out), "--max_iters", "40", "--eval_interval", "20", "--lr", "3e-3",
-            *SMALL)
+    r = run("--data", str(code_data), "--out_dir", str(out), "--max_iters", "40", "--eval_interval", "20", "--lr",
+            "3e-3", *SMALL)
     assert r.returncode == 0, r.stderr[-2000:]
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert len(log) == 40 and all("tokens_per_s" in rec for rec in log)
     vals = [rec["val_loss"] for rec in log if "val_loss" in rec]
     assert vals[-1] < vals[0] - 0.5  # it learned
-    h = data.unigram_entropy(data.load_split(str(corpus), "val")) * math.log(2)  # nats, like the loss
+    h = data.unigram_entropy(data.load_split(str(code_data), "val")) * math.log(2)  # nats, like the loss
     assert vals[-1] < h  # below the frequency-only baseline
     assert "validation loss" in r.stdout and "unigram entropy" in r.stdout
     m = Qwen3.from_pretrained(out)
@@ -50,10 +51,10 @@ def test_learns_and_writes_hf_checkpoint(corpus, tmp_path):
     assert Tokenizer.from_pretrained(out).vocab_size == 259
 
 
-def test_resume_after_kill(corpus, tmp_path):
+def test_resume_after_kill(code_data, tmp_path):
     """Train 12 steps straight; separately train, keep only the step-5 checkpoint, resume: same losses."""
     full, cut = tmp_path / "full", tmp_path / "cut"
-    common = ["--data", str(corpus), "--max_iters", "12", "--eval_interval", "6", *SMALL]
+    common = ["--data", str(code_data), "--max_iters", "12", "--eval_interval", "6", *SMALL]
     assert run(*common, "--out_dir", str(full)).returncode == 0
     # simulate a kill right after the step-6 checkpoint
     with killed_after_checkpoint(6):
@@ -65,13 +66,13 @@ def test_resume_after_kill(corpus, tmp_path):
     assert len(got) == 11 and got[:6] == want[:6] and got[6:] == want[7:]  # step 6's own record was lost
 
 
-def test_nan_stops_cleanly_and_refusals(corpus, tmp_path):
+def test_nan_stops_cleanly_and_refusals(code_data, tmp_path):
     out = tmp_path / "nan"
-    r = run("--data", str(corpus), "--out_dir", str(out), "--max_iters", "30", "--eval_interval", "1",
+    r = run("--data", str(code_data), "--out_dir", str(out), "--max_iters", "30", "--eval_interval", "1",
             "--lr", "1e12", "--grad_clip", "1e30", *SMALL)
     assert r.returncode == 1 and "at step" in r.stderr and "last good checkpoint" in r.stderr
     assert Qwen3.from_pretrained(out)  # the last good checkpoint is loadable
-    r = run("--data", str(corpus), "--out_dir", str(out), "--max_iters", "2", *SMALL)
+    r = run("--data", str(code_data), "--out_dir", str(out), "--max_iters", "2", *SMALL)
     assert r.returncode == 1 and "--resume" in r.stderr
     r = run("--data", str(tmp_path / "nowhere"), "--out_dir", str(tmp_path / "z"), *SMALL)
     assert r.returncode == 1 and "python -m lib.corpus" in r.stderr
