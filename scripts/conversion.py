@@ -158,19 +158,25 @@ def conversion_verdicts(*args):
 
 
 def conversion_sweep(*args):
-    """scripts/sweep_conversion.sh: the arm's runs at each rate -> a table of their validation −ELBO (align.py's
-    val_nelbo after the last step) and training minutes, the chosen rate (the lowest −ELBO; a tie goes to the lower
-    rate) and whether it is an edge of the sweep. args: RATE=RUN... (each run with its results.json)."""
+    """scripts/sweep_conversion.sh: the arm's runs at each rate -> a table of their scores on the validation prompts
+    (eval/validation.json: −ELBO of the teacher's replies, accuracy on sums and capitals, F1 with the teacher, at
+    threshold 0.9), align.py's −ELBO of the corpus's validation conversations (val_nelbo) and training minutes; the
+    chosen rate (the rule: the lowest validation −ELBO of the teacher's replies; a tie goes to the lower rate) and
+    whether it is an edge of the sweep. args: RATE=RUN... (each run with results.json and eval/validation.json)."""
     rows = []
     for arg in args:
         rate, _, R = arg.partition("=")
         res = json.loads((Path(R) / "results.json").read_text())
-        rows.append((float(rate), res["val_nelbo"], res["steps"], res["train_seconds_this_run"] / 60, Path(R).name))
+        val = json.loads((Path(R) / "eval/validation.json").read_text())
+        run = val["runs"].get("0.9") or next(iter(val["runs"].values()))
+        rows.append((float(rate), val["nelbo_bits"], run["accuracy"], run["f1"], res["val_nelbo"], res["steps"],
+                     res["train_seconds_this_run"] / 60, Path(R).name))
     rows.sort()
     best = min(rows, key=lambda r: (r[1], r[0]))
-    print(cli.table(["rate", "steps", "minutes of training", "validation −ELBO", "run"],
-                    [[f"{lr:g}{' *' * (r is best)}", steps, f"{m:.1f}", f"{v:.4f}", name]
-                     for r in rows for lr, v, steps, m, name in [r]]))
+    print(cli.table(["rate", "steps", "minutes of training", "−ELBO (validation prompts)", "accuracy", "F1",
+                     "−ELBO (corpus validation)", "run"],
+                    [[f"{lr:g}{' *' * (r is best)}", steps, f"{m:.1f}", f"{nelbo:.3f}", f"{acc:.2f}", f"{f1:.2f}",
+                      f"{corpus:.3f}", name] for r in rows for lr, nelbo, acc, f1, corpus, steps, m, name in [r]]))
     edge = len(rows) > 1 and best in (rows[0], rows[-1])
     print(f"\nchosen: {best[0]:g}" + (" (an edge of the sweep: extend it past this rate)" if edge else
                                        " (inside the sweep)" if len(rows) > 2 else ""))

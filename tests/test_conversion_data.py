@@ -33,6 +33,24 @@ def test_split_holds_out_whole_countries_and_subjects():
         C.split(n_train=100, n_heldout=1000)
 
 
+def test_validation_is_held_out_by_subject_and_outside_the_test():
+    """validation(): n more prompts per family, each with a held-out subject (none in training), none a test prompt,
+    and no sum adding a pair the test adds; the same draw every time."""
+    train, held = C.split(n_train=3000, n_heldout=100)
+    val = C.validation(held, 50)
+    assert [it["family"] for it in val] == ["sum"] * 50 + ["capital"] * 50 + ["open"] * 50
+    prompts = {it["prompt"] for it in val}
+    assert len(prompts) == 150 and prompts.isdisjoint(it["prompt"] for it in held)
+    assert {it["subject"] for it in train}.isdisjoint(it["subject"] for it in val)
+    test_pairs = {it["subject"] for it in held if it["family"] == "sum"}
+    assert not any(it["subject"] in test_pairs for it in val if it["family"] == "sum")
+    countries = {c for it in train for c in C.countries_in(it["prompt"])}
+    assert not any(C.countries_in(it["prompt"]) & countries for it in val)
+    assert C.validation(held, 50) == val
+    with pytest.raises(ValueError, match="fewer held-out prompts outside the test"):
+        C.validation(held, 200)  # 32 held-out countries in 6 phrasings, 100 of them the test's
+
+
 def fake_teacher(calls, stop_after=None):
     def reply(batch):
         calls.append([it["prompt"] for it in batch])

@@ -287,13 +287,22 @@ def test_repro_conversion_names_every_stage(arm, init, tmp_path):
 
 
 def test_sweep_conversion_trains_each_rate_and_scores_it_on_validation(tmp_path):
-    """scripts/sweep_conversion.sh, dry (the stand-in Python): the arm trained once per rate at STEPS, without
-    snapshots or held-out scores, then conversion_sweep on the runs."""
+    """scripts/sweep_conversion.sh, dry (the stand-in Python): the teacher scored on the validation prompts once, the
+    arm trained once per rate at STEPS without snapshots, each run scored on the validation prompts against the
+    teacher's replies (never on the test's), then conversion_sweep on the runs."""
+    (tmp_path / "data/real").mkdir(parents=True)
+    (tmp_path / "data/real/validation.jsonl").write_text("")
     r, calls = dry_run(tmp_path, "sweep_conversion.sh", ARM="block0", RATES="3e-5 1e-4", STEPS="12")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     train = [c for c in calls if c.startswith("align.py")]
-    assert len(train) == 2 and not any(c.startswith("-m worlds.realworld") for c in calls)
-    assert all("--max_iters 12" in c and "--snapshots" not in c for c in train)
+    assert len(train) == 2 and all("--max_iters 12" in c and "--snapshots" not in c for c in train)
     assert "--lr 3e-5" in train[0] and "--lr 1e-4" in train[1]
     runs = [f"out/conversion/sweep/block0-{lr}-12-s1337" for lr in ("3e-5", "1e-4")]
+    evals = [c for c in calls if c.startswith("-m worlds.realworld")]
+    assert len(evals) == 3 and all("--prompts data/real/validation.jsonl" in e for e in evals)
+    assert evals[0].startswith("-m worlds.realworld --ckpt out/real/ar ")
+    assert calls.index(evals[0]) < calls.index(train[0])  # the teacher first
+    for R, e, t in zip(runs, evals[1:], train):
+        assert e.startswith(f"-m worlds.realworld --ckpt {R} ") and "--teacher out/real/eval/ar-validation.json" in e
+        assert calls.index(t) < calls.index(e)
     assert calls[-1] == f"-m scripts.report conversion_sweep 3e-5={runs[0]} 1e-4={runs[1]}"

@@ -674,19 +674,22 @@ def test_conversion_verdicts_take_the_training_run_as_the_unit(tmp_path, capsys)
 
 
 def test_conversion_sweep_names_the_chosen_rate_and_its_edge(tmp_path, capsys):
-    """scripts/conversion.py conversion_sweep: the lowest validation −ELBO chooses the rate, a tie the lower rate;
-    a choice at either end of the rates is called an edge."""
-    def runs(nelbos):
+    """scripts/conversion.py conversion_sweep: the lowest −ELBO on the validation prompts chooses the rate (not the
+    corpus's validation −ELBO beside it), a tie the lower rate; a choice at either end of the rates is an edge."""
+    def runs(nelbos, corpus=(3.0, 3.1, 3.2)):
         out = []
-        for rate, v in nelbos.items():
-            write(tmp_path / rate / "results.json", dict(val_nelbo=v, steps=125, train_seconds_this_run=600))
+        for (rate, v), c in zip(nelbos.items(), corpus):
+            write(tmp_path / rate / "results.json", dict(val_nelbo=c, steps=125, train_seconds_this_run=600))
+            write(tmp_path / rate / "eval/validation.json",
+                  dict(nelbo_bits=v, runs={"0.9": dict(accuracy=0.25, f1=0.5)}))
             out.append(f"{rate}={tmp_path / rate}")
         return out
     conversion.conversion_sweep(*runs({"3e-4": 3.9, "1e-4": 3.7, "3e-5": 3.8}))
     out = capsys.readouterr().out
-    assert "| 0.0001 * | 125 | 10.0 | 3.7000 |" in out and "chosen: 0.0001 (inside the sweep)" in out
+    assert "| 0.0001 * | 125 | 10.0 | 3.700 | 0.25 | 0.50 | 3.100 |" in out
+    assert "chosen: 0.0001 (inside the sweep)" in out
     assert out.index("| 3e-05 |") < out.index("| 0.0001 *") < out.index("| 0.0003 |")  # in rate order
-    conversion.conversion_sweep(*runs({"3e-4": 3.5, "1e-4": 3.7, "3e-5": 3.8}))
+    conversion.conversion_sweep(*runs({"3e-4": 3.5, "1e-4": 3.7, "3e-5": 3.8}, corpus=(3.9, 3.0, 3.0)))
     assert "chosen: 0.0003 (an edge of the sweep: extend it past this rate)" in capsys.readouterr().out
     conversion.conversion_sweep(*runs({"3e-4": 3.7, "1e-4": 3.7, "3e-5": 3.8}))
     assert "chosen: 0.0001 (inside" in capsys.readouterr().out  # a tie: the lower rate

@@ -8,8 +8,9 @@ memorised from the teacher's replies.
     python -m worlds.conversion --ckpt out/real/ar --out_dir data/real --chats 5000
         -> data/real/replies.jsonl (the cache: the teacher's reply to each training prompt, in order; its first line
            names the teacher), chats.jsonl (the replies that ended, as conversations: lib/corpus.py --source),
-           heldout.jsonl (sum, capital and open prompts; worlds/realworld.py --prompts), prompts.jsonl (the training
-           prompts as chat turns: distill.py --prompts)
+           heldout.jsonl (sum, capital and open prompts; worlds/realworld.py --prompts), validation.jsonl (more
+           of them, none a test prompt: the sweeps' split), prompts.jsonl (the training prompts as chat turns:
+           distill.py --prompts)
 
 Sums and capitals are judged by realworld.check; open prompts by the F1 of a reply's words with the teacher's reply
 and by the student's −ELBO of that reply (realworld.evaluate, realworld.nelbo_bits).
@@ -132,6 +133,30 @@ def split(*, n_train=5000, n_heldout=100, seed=1337, heldout_fraction=0.25, mix=
     return order, [it for f in held for it in held[f]]
 
 
+def validation(held, n, *, seed=1337, heldout_fraction=0.25):
+    """n more held-out prompts per family (sum, capital, open), none of them a test prompt (`held`): the split that
+    learning rates are chosen on. Their subjects are held out as the test's are, so a validation score measures what
+    a student kept from pretraining, as the test does. The sums are of pairs the test does not add; the held-out
+    countries (32) and open subjects (36) are too few to split again, so those ask about the test's subjects in
+    other words (another phrasing, another second entry). ValueError when the tables hold fewer such prompts."""
+    rng, seen = random.Random(f"validation-{seed}"), {it["prompt"] for it in held}  # the test's prompts, then ours
+    seen |= {it["subject"] for it in held if it["family"] == "sum"}  # a sum's subject: its pair of numbers
+    out = {f: [] for f in ("sum", "capital", "open")}
+    families = ("sum", "capital", *OPEN)
+    for _ in range(1000 * 3 * n):
+        if all(len(v) >= n for v in out.values()):
+            break
+        it = make(rng.choice(families), rng, heldout_fraction)
+        new = it["prompt"] not in seen and it["subject"] not in seen
+        if data.is_val(it["subject"], heldout_fraction) and new and len(out[it["family"]]) < n:
+            seen.add(it["prompt"])
+            out[it["family"]].append(it)
+    if any(len(v) < n for v in out.values()):
+        raise ValueError(f"the tables hold fewer held-out prompts outside the test than asked: "
+                         f"{ {f: len(v) for f, v in out.items()} }, asked {n} each")
+    return [it for f in out for it in out[f]]
+
+
 def countries_in(text):
     """The countries of CAPITALS named in a text (whole words: "Niger" is not in "Nigeria")."""
     return {c for c in CAPITALS if re.search(rf"(?<![\w-]){re.escape(c)}(?![\w-])", text)}
@@ -226,32 +251,36 @@ def main():
                    "go here")
     p.add_argument("--chats", type=int, default=5000, help="training prompts the teacher answers")
     p.add_argument("--per_family", type=int, default=100, help="held-out prompts per family (sum, capital, open)")
+    p.add_argument("--validation", type=int, default=50, help="validation prompts per family (held out by subject "
+                   "as the test is, none a test prompt: learning rates are chosen on them)")
     p.add_argument("--max_new_tokens", type=int, default=32, help="a reply's length at most; longer ones are cut "
                    "and left out of chats.jsonl")
     p.add_argument("--batch_size", type=int, default=32, help="replies generated per batch (and per cache write)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--seed", type=int, default=1337, help="draws the prompts (the split is by subject)")
     args = p.parse_args()
-    if args.chats <= 0 or args.per_family <= 0 or args.max_new_tokens <= 0 or args.batch_size <= 0:
-        p.error("--chats, --per_family, --max_new_tokens and --batch_size must be positive")
+    if min(args.chats, args.per_family, args.validation, args.max_new_tokens, args.batch_size) <= 0:
+        p.error("--chats, --per_family, --validation, --max_new_tokens and --batch_size must be positive")
     from lib import training
     device, _ = cli.setup(args.device, args.seed)
     model = training.load_model(args.ckpt, device, "conversion: --ckpt", attn="causal").eval()
     tok = training.load_tokenizer(args.ckpt, model.config)
     try:
         train, held = split(n_train=args.chats, n_heldout=args.per_family, seed=args.seed)
+        val = validation(held, args.validation, seed=args.seed)
     except ValueError as e:
         p.error(str(e))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "heldout.jsonl").write_text("".join(json.dumps(it) + "\n" for it in held))
+    for name, items in (("heldout", held), ("validation", val)):
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
     (out / "prompts.jsonl").write_text("".join(json.dumps(dict(it, chat=True)) + "\n" for it in train))
     teacher = fingerprint(args.ckpt, max_new_tokens=args.max_new_tokens, greedy=True)
     rows = teacher_replies(model, tok, train, out / "replies.jsonl", teacher, batch_size=args.batch_size,
                            max_new_tokens=args.max_new_tokens)
     n = write_chats(out / "chats.jsonl", train, rows)
     print(f"wrote {out}/chats.jsonl: {n} of {len(rows)} replies (the rest did not end within --max_new_tokens "
-          f"{args.max_new_tokens}), heldout.jsonl: {len(held)} prompts")
+          f"{args.max_new_tokens}), heldout.jsonl: {len(held)} prompts, validation.jsonl: {len(val)}")
 
 
 if __name__ == "__main__":
