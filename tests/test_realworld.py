@@ -232,6 +232,7 @@ def test_run_sh_real_converts_at_a_toy_size(chat_world, tmp_path):
     res = json.loads((tmp_path / "o" / "eval" / "student.json").read_text())
     assert set(res["runs"]) == {"0.9", "1"} and res["nelbo_bits"] > 0 and res["prompts"] == 6
     assert {r["family"] for r in res["runs"]["0.9"]["rows"]} == {"sum", "capital", "open"}
+    assert len((tmp_path / "d" / "validation.jsonl").read_text().splitlines()) == 150  # the sweeps' split
     log = [json.loads(line) for line in (tmp_path / "o" / "student" / "log.jsonl").read_text().splitlines()]
     assert len([x for x in log if "loss" in x]) == 2
     r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
