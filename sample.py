@@ -170,11 +170,15 @@ def close_answered(y, mask_id, eos):
     return torch.where(end.gather(1, first) & after, y.gather(1, first), y)
 
 
-def forward(model, x, q, pos, real, rule, cache=None, block_size=None):
+def forward(model, x, q, pos, real, rule, cache=None, block_size=None, last=False):
     """One model call: x (B, T) at slots q (T,), RoPE positions pos, attending under `rule` to key slots 0..S-1
-    (the cache's, written at q first; or x itself), pads (real (B, S) False) hidden -> logits (B, T, V)."""
+    (the cache's, written at q first; or x itself), pads (real (B, S) False) hidden -> logits (B, T, V); last: the
+    head on the last slot only -> (B, 1, V)."""
     mask = attend(rule, q, real, block_size)  # (B, 1, T, S)
-    return model(x, attn=mask, pos=pos, cache=cache, slots=None if cache is None else q)
+    B, T = x.shape
+    rows = (torch.arange(B, device=x.device), torch.full((B,), T - 1, device=x.device)) if last else None
+    logits = model(x, attn=mask, pos=pos, cache=cache, slots=None if cache is None else q, rows=rows)
+    return logits[:, None] if last else logits
 
 
 @torch.no_grad()
@@ -200,8 +204,8 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
     for t in range(P, L):  # t: the slot being generated
         if not use_cache:
             logits = step(model, x[:, :t], slots[:t], pos[:, :t], real[:, :t], "causal")  # (B, t, V)
-        elif t == P:  # the prompt enters the cache
-            logits = forward(model, x[:, :t], slots[:t], pos[:, :t], real, "causal", cache)  # (B, P, V)
+        elif t == P:  # the prompt enters the cache; the head reads its last slot only
+            logits = forward(model, x[:, :t], slots[:t], pos[:, :t], real, "causal", cache, last=True)  # (B, 1, V)
         else:  # the cache holds slots < t-1: feed the newest token alone, every step the same shapes
             logits = step(model, x[:, t - 1:t], slots[t - 1:t], pos[:, t - 1:t], real, "causal", cache)  # (B, 1, V)
         nfe += 1
@@ -213,8 +217,8 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
             seen.scatter_add_(1, tok[:, None], torch.ones_like(seen[:, :1]))
         if eos is not None:
             done |= torch.isin(tok, eos)
-            if (t - P) % STOP_EVERY == STOP_EVERY - 1 and done.all():  # a host sync, once per STOP_EVERY
-                break
+            if ((t - P) % STOP_EVERY == STOP_EVERY - 1 or x.device.type == "cpu") and done.all():  # a host sync
+                break  # once per STOP_EVERY on a GPU; on a CPU, where it costs nothing, every token
     return finish(x, lens, P, nfe, row_nfe, eos)
 
 

@@ -24,7 +24,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """The description as written (usage lines keep their layout), and each flag's default after its help text."""
 
 
-AUTOCASTS = ("auto", "bf16", "none")  # --autocast: bf16 autocast on CUDA only (auto), everywhere, nowhere
+AUTOCASTS = ("auto", "fast", "bf16", "none")  # --autocast: bf16 on CUDA only (auto), where the hardware computes
+# in bf16 (fast: CUDA, a CPU with AVX-512 BF16 or AMX), everywhere, nowhere
 
 def short(doc):
     """A module docstring's first paragraph and the indented (usage) paragraphs right after it."""
@@ -202,8 +203,9 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
         p.add_argument(f"--{name}", type=float, default=d[name], help=helps[name])
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--autocast", default="auto", choices=AUTOCASTS, help="bf16 autocast of the forward and backward "
-                   "(fp32 weights and optimizer); auto: on CUDA, not on a CPU (there bf16 pays only where the CPU has "
-                   "bf16 instructions: benchmarks/bench.py --what pack measures it)")
+                   "(fp32 weights and optimizer); auto: on CUDA, not on a CPU (reproducible there); fast: on CUDA "
+                   "and on a CPU with bf16 instructions (AVX-512 BF16, AMX), where it pays; on a CPU without them bf16 "
+                   "is several times slower (benchmarks/bench.py --what pack measures it)")
     p.add_argument("--grad_checkpoint", action="store_true", help="activation checkpointing (memory for compute)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu; under torchrun "
                    "cuda means cuda:LOCAL_RANK")
@@ -284,7 +286,7 @@ def atomic_write(path, write):
 
 def setup(device="auto", seed=1337, autocast="auto"):
     """-> (device, autocast context). bf16 autocast on CUDA; plain fp32 on CPU (reproducible there) unless autocast
-    is "bf16" ("none": fp32 everywhere); the RNGs seeded.
+    is "bf16", or "fast" on a CPU with bf16 instructions ("none": fp32 everywhere); the RNGs seeded.
     Ctrl-C prints one line instead of a traceback (a Run replaces it with its own, which names the checkpoint).
     Under torchrun (WORLD_SIZE > 1) it joins the job: nccl on CUDA (the device cuda:LOCAL_RANK), gloo on a CPU;
     every rank but 0 prints nothing; the process group is torn down at exit. One process: no process group."""
@@ -320,9 +322,18 @@ def setup(device="auto", seed=1337, autocast="auto"):
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    if autocast == "fast":
+        autocast = "bf16" if device.type == "cuda" or cpu_has_bf16() else "none"
+        print(f"--autocast fast: {'bf16' if autocast == 'bf16' else 'fp32 (this CPU has no bf16 instructions)'}")
     if autocast == "bf16" or (autocast == "auto" and device.type == "cuda"):
         return device, torch.autocast(device.type, dtype=torch.bfloat16)
     return device, contextlib.nullcontext()
+
+
+def cpu_has_bf16():
+    """Whether this CPU multiplies in bf16 natively (x86: AVX-512 BF16 or AMX tiles), where bf16 autocast pays."""
+    import torch
+    return any(getattr(torch.cpu, f"_is_{n}_supported", lambda: False)() for n in ("avx512_bf16", "amx_tile"))
 
 
 def interrupted(kind, value, tb, rest):

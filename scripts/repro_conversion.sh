@@ -47,7 +47,7 @@ else  # packed rows of whole conversations
   FLAGS+=(--assistant_only --batch_size 3 --compile --samples 0 --end_pad ${END_PAD:-0})
 fi
 stage "train $ARM" $R/results.json "$PYTHON" $SCRIPT --init $INIT --data $D/chat "${FLAGS[@]}" --seq_len 256 \
-  --max_iters $STEPS $(lr $LR) --warmup 20 --autocast bf16 --eval_interval $STEPS --eval_batches 2 --weights_only \
+  --max_iters $STEPS $(lr $LR) --warmup 20 --autocast fast --eval_interval $STEPS --eval_batches 2 --weights_only \
   --seed $SEED "${SNAPSHOTS[@]}" --out_dir $R
 [ "${TRAIN_ONLY:-0}" = 1 ] && { echo "scripts/repro_conversion.sh: trained $R"; exit 0; }
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens 32 --teacher $O/eval/ar.json)

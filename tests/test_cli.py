@@ -68,3 +68,17 @@ def test_help_is_a_short_description(script, monkeypatch):
         text = p.format_help()
         assert "What is notable" not in text, name
     assert cli.short(doc).split("\n")[0] in script_parser(script, monkeypatch).format_help()
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_autocast_fast_follows_the_cpu(has_bf16, monkeypatch, capsys):
+    """--autocast fast: bf16 on a CPU with bf16 instructions, fp32 (no autocast) on one without; auto: fp32 on a CPU."""
+    import torch
+
+    from lib import cli
+    monkeypatch.setattr(cli, "cpu_has_bf16", lambda: has_bf16)
+    _, ctx = cli.setup("cpu", 0, "fast")
+    assert isinstance(ctx, torch.autocast) == has_bf16
+    assert ("bf16" if has_bf16 else "fp32") in capsys.readouterr().out
+    assert not isinstance(cli.setup("cpu", 0, "auto")[1], torch.autocast)
+    assert isinstance(cli.cpu_has_bf16(), bool)

@@ -118,7 +118,7 @@ def stub(kind):
     m = make(kind, shift=False, block_size=4)
 
     def hook(mod, args, kwargs, out):
-        p = kwargs["pos"]
+        p = kwargs["pos"] if kwargs.get("rows") is None else kwargs["pos"][kwargs["rows"]]  # the head's rows
         tok = torch.where(p >= 13, EOS, token_at(p))
         h = torch.where(p >= 13, 12.0, height_at(p))
         return h[..., None] * torch.nn.functional.one_hot(tok, V).float()

@@ -303,7 +303,7 @@ def test_sweep_conversion_trains_each_rate_and_scores_it_on_validation(tmp_path)
     assert len(evals) == 3 and all("--prompts data/real/validation.jsonl" in e for e in evals)
     assert evals[0].startswith("-m worlds.realworld --ckpt out/real/ar ")
     assert calls.index(evals[0]) < calls.index(train[0])  # the teacher first
-    for R, e, t in zip(runs, evals[1:], train):
-        assert e.startswith(f"-m worlds.realworld --ckpt {R} ") and "--teacher out/real/eval/ar-validation.json" in e
+    for run, e, t in zip(runs, evals[1:], train):
+        assert e.startswith(f"-m worlds.realworld --ckpt {run} ") and "--teacher out/real/eval/ar-validation.json" in e
         assert calls.index(t) < calls.index(e)
     assert calls[-1] == f"-m scripts.report conversion_sweep 3e-5={runs[0]} 1e-4={runs[1]}"

@@ -35,6 +35,7 @@ def positional(m):
     """The model's logits at a fed position with RoPE position p: height_at(p) * one_hot(token_at(p))."""
     def hook(mod, args, kwargs, out):
         p = kwargs["pos"]  # (B, T): per row, so the rows of a ragged batch differ at the same slot
+        p = p if kwargs.get("rows") is None else p[kwargs["rows"]]  # the head on some rows only -> (n, V)
         return height_at(p)[..., None] * torch.nn.functional.one_hot(token_at(p), V).float()
     m.register_forward_hook(hook, with_kwargs=True)
     return m
