@@ -8,9 +8,11 @@ with the others' (median of --iters after one warmup, which also compiles):
 - λ = 0 (masked-diffusion SFT) and REPR-ALIGN (λ = 10, the causal teacher's forward too), cumulatively:
   before: windows of 8 x 96 tokens that begin at a conversation (the old --assistant_only), fp32, AdamW's per-tensor
   loop; packed: 3 x 256, or one row of 768, whole conversations each attending within itself (data.packed_batch);
-  then on 3 x 256: fused AdamW; bf16 autocast (--autocast bf16); torch.compile of the decoder (--compile);
+  then on 3 x 256: fused AdamW; torch.compile of the decoder (--compile) in fp32; fused AdamW with bf16 autocast
+  (--autocast bf16), then compiled too (bf16 pays only on a CPU with bf16 instructions: --autocast fast);
 - OPDLM (block 4, on-policy): 8 prompts of the chat data, a 16-token rollout at threshold 0.9 and the update; before
-  (fp32, per-tensor AdamW) and after (fused AdamW, bf16 autocast). Useful: the prompts' real tokens and the rollout.
+  (fp32, per-tensor AdamW), fused AdamW, and fused AdamW with bf16 autocast. Useful: the prompts' real tokens and the
+  rollout.
 
 Example: python -m benchmarks.bench --what pack --iters 3
 """
@@ -117,6 +119,7 @@ def bench_pack(args, device, dtype):
     variants = {"before": dict(shape=BEFORE, fused=False, bf16=False),
                 **{k: dict(shape=shape, fused=False, bf16=False) for k, shape in PACKED.items()},
                 "packed + fused AdamW": dict(shape=rows3, fused=True, bf16=False),
+                "+ compile, fp32": dict(shape=rows3, fused=True, bf16=False, compile=True),
                 "+ bf16 autocast": dict(shape=rows3, fused=True, bf16=True),
                 "+ compile": dict(shape=rows3, fused=True, bf16=True, compile=True)}
     batch = {k: "x".join(map(str, v["shape"])) for k, v in variants.items()}
@@ -136,8 +139,8 @@ def bench_pack(args, device, dtype):
         del runs
     pool = data.prompt_pool(tok, 16, data_dir=str(data_dir), seq_len=96, n=64)
     runs = {}
-    for k, v in (("before", dict(fused=False, bf16=False)), ("+ fused AdamW, bf16 autocast",
-                                                              dict(fused=True, bf16=True))):
+    for k, v in (("before", dict(fused=False, bf16=False)), ("+ fused AdamW", dict(fused=True, bf16=False)),
+                 ("+ fused AdamW, bf16 autocast", dict(fused=True, bf16=True))):
         student = training.load_model(tmp / "block", device, "bench").train()
         teacher = training.load_teacher(str(ckpt), student, device, "bench")
         runs[k] = distill_step(student, teacher, pool, gen=torch.Generator().manual_seed(0), ends=tok.end_ids(

@@ -77,8 +77,10 @@ def nbytes(model):
 
 
 def machine(device):
+    from lib.cli import cpu_has_bf16
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+        f"CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, " \
+        f"{torch.backends.cpu.get_cpu_capability()}, {'with' if cpu_has_bf16() else 'no'} bf16 instructions"
     return f"machine: {where}; torch {torch.__version__}"
 
 
