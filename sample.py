@@ -7,7 +7,6 @@ row); `generate` picks one by the checkpoint's config.attn. What each computes: 
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --show_rounds   # which round committed what
     python sample.py --ckpt DIR --chat          # a multi-turn session in the checkpoint's chat template (lib/chat.py)
 """
-import os
 import time
 from dataclasses import dataclass
 
@@ -182,26 +181,6 @@ def forward(model, x, q, pos, real, rule, cache=None, block_size=None, last=Fals
     return logits[:, None] if last else logits
 
 
-def prefill(model, x, P, lens, real, pos, cache):
-    """The prompts (slots 0..P-1 of a left-padded canvas x) into the cache -> the last prompt slot's logits
-    (B, 1, V). When the rows open with the same k tokens (a chat template's system prompt), those run once and their
-    keys and values are copied to each row's slots; the batch's forward then reads only the last P - k slots (a
-    shorter row's slots among them are recomputed: the same values)."""
-    B, slots = x.shape[0], torch.arange(P, device=x.device)
-    starts = (P - lens).tolist()  # a host sync, once per call
-    rows = [x[b, starts[b]:P].tolist() for b in range(B)]
-    k = min(len(os.path.commonprefix(rows)), P - 1) if B > 1 else 0
-    if k >= 2:
-        pre = model.new_cache(1, k)
-        forward(model, x[:1, starts[0]:starts[0] + k], slots[:k], slots[None, :k], real[:1, :0].new_ones(1, k),
-                "causal", pre)
-        at = (P - lens)[:, None] + slots[:k]  # (B, k): each row's prefix slots
-        for layer in range(len(pre.k)):
-            for dst, src in ((cache.k[layer], pre.k[layer]), (cache.v[layer], pre.v[layer])):
-                dst[torch.arange(B, device=x.device)[:, None], :, at] = src[0].transpose(0, 1)  # (k, nkv, hd)
-    return forward(model, x[:, k:P], slots[k:], pos[:, k:P], real, "causal", cache, last=True)  # (B, 1, V)
-
-
 @torch.no_grad()
 def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None, pad_id=None,
                 generator=None, mask_token_id=None, vocab_limit=None, use_cache=True, *, min_p=None,
@@ -225,8 +204,8 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
     for t in range(P, L):  # t: the slot being generated
         if not use_cache:
             logits = step(model, x[:, :t], slots[:t], pos[:, :t], real[:, :t], "causal")  # (B, t, V)
-        elif t == P:  # the prompts enter the cache (a shared opening once); the head reads the last slot only
-            logits = prefill(model, x, P, lens, real, pos, cache)  # (B, 1, V)
+        elif t == P:  # the prompt enters the cache; the head reads its last slot only
+            logits = forward(model, x[:, :t], slots[:t], pos[:, :t], real, "causal", cache, last=True)  # (B, 1, V)
         else:  # the cache holds slots < t-1: feed the newest token alone, every step the same shapes
             logits = step(model, x[:, t - 1:t], slots[t - 1:t], pos[:, t - 1:t], real, "causal", cache)  # (B, 1, V)
         nfe += 1

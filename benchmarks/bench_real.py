@@ -8,8 +8,6 @@ process, median of --iters after one warmup, and the last column is the ratio (a
 - AR greedy decoding of 32 new tokens from chat prompts in the model's template, batch 1 and 8 (ragged prompts,
   left-padded): our ar_generate, eager and compiled (--compile; its warmup call compiles), against transformers'
   generate(do_sample=False) (sdpa, not compiled), no stop at the end token, so both decode every token;
-- the teacher's replies as the conversion's data stage makes them (64 chat prompts, at most 32 tokens, stopping at
-  the end token): the chat template's shared opening run once, against the whole prompt of every row;
 - the converted model (the mask row appended as convert.py does; random as a DLM, so only speed means anything):
   masked diffusion, 32 tokens, one block, one token per step, with Fast-dLLM's prefix and dual caches against none;
   block diffusion (block 4) with its exact KV cache against recomputing everything, threshold 0.9.
@@ -86,26 +84,6 @@ def bench_real(args, device, dtype):
             return f"{int((r[k][1].generated == r['transformers'][1].generated).all(1).sum())}/{b} rows"
         for k in [k for k in runs if k != "transformers"]:
             row(f"AR greedy, batch {b}, {n} tokens (tokens/s)", b * n, k, "transformers", r, same(k))
-
-    # the teacher's replies as worlds/conversion.py makes them: 64 rows (the eight prompts eight times), stopping at
-    # the end token; the chat template's shared opening run once, against every row's whole prompt
-    import sample
-    ends, rows = tok.end_ids(ar.config, turn=True), prompts * 8
-
-    def whole_prompts(model, x, P, lens, real, pos, cache):  # the prompt forward before the shared opening
-        return sample.forward(model, x[:, :P], torch.arange(P, device=x.device), pos[:, :P], real, "causal", cache,
-                              last=True)
-
-    def replies(prefill):
-        shared, sample.prefill = sample.prefill, prefill or sample.prefill
-        try:
-            return ar_generate(ar, rows, n, eos_id=ends)
-        finally:
-            sample.prefill = shared
-    r = race({"shared opening": lambda: replies(None), "whole prompts": lambda: replies(whole_prompts)}, iters)
-    same = f"{int((r['shared opening'][1].generated == r['whole prompts'][1].generated).all(1).sum())}/64 rows"
-    row(f"AR greedy, batch 64, at most {n} tokens, stop at the end (replies/s)", 64, "shared opening",
-        "whole prompts", r, same)
 
     # the converted model: masked and block diffusion (speed only)
     dlm = ar.with_rows(rows_with_mask(tok.vocab_size)).eval()

@@ -243,7 +243,7 @@ class Oracle(torch.nn.Module):
     def new_cache(self, batch_size, max_len):
         return torch.full((batch_size, max_len), -1)
 
-    def forward(self, idx, attn=None, pos=None, cache=None, slots=None):
+    def forward(self, idx, attn=None, pos=None, cache=None, slots=None, rows=None):
         seq = idx
         if cache is not None:
             cache[:, slots] = idx
@@ -260,7 +260,7 @@ class Oracle(torch.nn.Module):
             for k in range(T):
                 j = int(pos[b, k]) + ahead
                 logits[b, k, target[min(j, len(target) - 1)]] = self.sharp(j)
-        return logits
+        return logits if rows is None else logits[rows]  # rows: the head on some slots only -> (n, V)
 
 
 @pytest.fixture(scope="module")
