@@ -229,14 +229,20 @@ def sequence_elbo(model, x0, masked, t, attn=None):
     return -torch.zeros(x0.shape[0], device=x0.device).index_add(0, rows, ce / tm)  # -Σ_{i∈M_b} CE_{b,i} / t_b
 
 
-def pair_elbo(model, ids, prompt_lens, resp, real, t, u):
-    """(2B,) one draw of the ELBO of log p(y|x) per row of data.pair_batch (B chosen rows, then B rejected), the
-    draw of pair j (t (B,), u (B, >=T) ~ U(0, 1); response slot i masked if u_i < t) shared by its two responses."""
+def answer_elbo(model, ids, prompt_lens, resp, real, t, u):
+    """(B,) one draw of the ELBO of log p(y|x) per row of data.response_batch: t (B,), u (B, >=T) ~ U(0, 1), answer
+    slot i masked if u_i < t."""
     c, (B, T), dev = model.config, ids.shape, ids.device
     attn = c.attn if real.all() else attend(c.attn, torch.arange(T, device=dev), real, c.block_size)  # pads hidden
-    ok = resp & maskable(B, T, c.shift, prompt_lens, dev)  # the response only; never position 0 under shift
-    t, u = t.repeat(2).to(dev), u[:, :T].repeat(2, 1).to(dev)  # y_w (rows :B) and y_l (rows B:) alike
+    ok = resp & maskable(B, T, c.shift, prompt_lens, dev)  # the answer only; never position 0 under shift
+    t, u = t.to(dev), u[:, :T].to(dev)
     return sequence_elbo(model, ids, (u < t[:, None]) & ok, t, attn)  # P(masked) = t; −Σ_{i∈M} CE_i / t
+
+
+def pair_elbo(model, ids, prompt_lens, resp, real, t, u):
+    """(2B,) answer_elbo of each row of data.pair_batch (B chosen rows, then B rejected), the draw of pair j (t (B,),
+    u (B, >=T)) shared by its two responses."""
+    return answer_elbo(model, ids, prompt_lens, resp, real, t.repeat(2), u[:, :ids.shape[1]].repeat(2, 1))
 
 
 @torch.no_grad()
@@ -279,16 +285,37 @@ def draw_masks(n_pairs, n_masks, T, seed, eps=1e-3):
     return t, torch.rand(n_masks, n_pairs, T, generator=g)
 
 
+def batch_logps(model, batch, draws, elbo):
+    """(rows,) log π(y|x) of a batch of data.response_batch's form: exact (AR: draws None) or the mean over the draws
+    (t (K, rows), u (K, rows, >=T)) of one elbo(model, *batch, t_k, u_k) each (answer_elbo, pair_elbo)."""
+    if draws is None:
+        return response_logps(model, batch[0], batch[2])
+    return sum(elbo(model, *batch, t, u) for t, u in zip(*draws)) / len(draws[0])  # E_{t,M}: the mean over draws
+
+
+@torch.no_grad()
+def answer_logps(model, items, draws=None, batch_size=16, ctx=contextlib.nullcontext()):
+    """(n,): log π(y|x) of every (x, y), exact (AR) or, given draws (t, u) of draw_masks, a DLM's ELBO estimate
+    (realworld.py's −ELBO of the teacher's replies)."""
+    dev, out = model.model.embed_tokens.weight.device, []
+    for s in range(0, len(items), batch_size):
+        n = len(items[s:s + batch_size])
+        with ctx:
+            lp = batch_logps(model, data.response_batch(items[s:s + n], dev),
+                             None if draws is None else (draws[0][:, s:s + n], draws[1][:, s:s + n]), answer_elbo)
+        out.append(lp.cpu())
+    return torch.cat(out)
+
+
 @torch.no_grad()
 def all_logps(model, items, draws=None, batch_size=16, ctx=contextlib.nullcontext()):
     """(n, 2): log π(y_w|x), log π(y_l|x) of every pair, exact (AR) or, given draws (t, u) of draw_masks, a DLM's ELBO
     estimate: the mean over the draws, each shared by a pair's y_w and y_l (merge.py's rewards, dpo.py --dlm's)."""
     dev, out = model.model.embed_tokens.weight.device, []
     for s in range(0, len(items), batch_size):
-        batch = data.pair_batch(items[s:s + batch_size], dev)
-        n = batch[0].shape[0] // 2  # pairs in this batch
+        n = len(items[s:s + batch_size])  # pairs in this batch
         with ctx:
-            lp = response_logps(model, batch[0], batch[2]) if draws is None else sum(  # E_{t,M}: the mean over draws
-                pair_elbo(model, *batch, t[s:s + n], u[s:s + n]) for t, u in zip(*draws)) / len(draws[0])
+            lp = batch_logps(model, data.pair_batch(items[s:s + n], dev),
+                             None if draws is None else (draws[0][:, s:s + n], draws[1][:, s:s + n]), pair_elbo)
         out.append(torch.stack(lp.cpu().chunk(2), 1))
     return torch.cat(out)

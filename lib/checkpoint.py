@@ -19,7 +19,7 @@ from lib.tokenizer import fingerprint_of
 # Settings a resumed run may change: how long, where and how fast it runs, what it prints; not what a step computes.
 RESUMABLE = {"max_iters", "resume", "allow_changed_settings", "device", "compile", "grad_checkpoint", "seed",
              "eval_interval", "eval_batches", "samples", "sample_len", "save_dtype", "out_dir", "init", "weights_only",
-             "frozen_dtype"}
+             "frozen_dtype", "time_budget"}
 
 
 def save_dtype(config, name="auto"):

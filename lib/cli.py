@@ -201,6 +201,10 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
         p.add_argument(f"--{name}", type=int, default=d[name], help=helps[name])
     for name in ("lr", "min_lr", "weight_decay", "grad_clip"):
         p.add_argument(f"--{name}", type=float, default=d[name], help=helps[name])
+    p.add_argument("--time_budget", type=float, default=None, metavar="MINUTES", help="train for this many minutes "
+                   "of wall time (the first step's compile and the evaluations count): the cosine runs over them, and "
+                   "the run ends at the last step that fits (--max_iters still caps it; the final evaluation and save "
+                   "come after). Default: --max_iters alone")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--autocast", default="auto", choices=AUTOCASTS, help="bf16 autocast of the forward and backward "
                    "(fp32 weights and optimizer); auto: on CUDA, not on a CPU (reproducible there); fast: on CUDA "
@@ -262,6 +266,11 @@ def parse_loop_args(p):
     if args.fsdp and args.resume:
         p.error("--resume continues from train_state.pt, which an --fsdp run does not write (its optimizer state is "
                 "sharded): start a new run, or train without --fsdp to be able to resume")
+    if args.time_budget is not None and args.time_budget <= 0:
+        p.error("--time_budget must be positive (minutes)")
+    if args.time_budget and args.resume:
+        p.error("--time_budget counts one process's minutes and cannot be continued: --resume with --max_iters (the "
+                "steps the budget allowed are in the checkpoint's log.jsonl)")
     if getattr(args, "tasks_n", 1) <= 0:
         p.error("--tasks_n must be > 0")
     if getattr(args, "tasks", None) and not Path(args.tasks).is_file():

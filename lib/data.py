@@ -280,18 +280,22 @@ def tokenized_pairs(path, tok, seq_len, who="dpo"):
     return out
 
 
-def pair_batch(items, device):
-    """Chosen rows then rejected rows, right-padded: -> ids (2B, T), prompt_lens (2B,), resp (2B, T) bool (the
-    response positions), real (2B, T) bool (not padding)."""
-    seqs = [(x, yw) for x, yw, _ in items] + [(x, yl) for x, _, yl in items]
-    lens = torch.tensor([len(x) + len(y) for x, y in seqs])
-    plen = torch.tensor([len(x) for x, _ in seqs])
-    ids = torch.zeros(len(seqs), int(lens.max()), dtype=torch.long)
-    for b, (x, y) in enumerate(seqs):
+def response_batch(items, device):
+    """(prompt ids, answer ids) pairs, right-padded: -> ids (B, T), prompt_lens (B,), resp (B, T) bool (the answer
+    positions), real (B, T) bool (not padding)."""
+    lens = torch.tensor([len(x) + len(y) for x, y in items])
+    plen = torch.tensor([len(x) for x, _ in items])
+    ids = torch.zeros(len(items), int(lens.max()), dtype=torch.long)
+    for b, (x, y) in enumerate(items):
         ids[b, :lens[b]] = torch.tensor(x + y)
     pos = torch.arange(ids.shape[1])
     real = pos < lens[:, None]
     return ids.to(device), plen.to(device), ((pos >= plen[:, None]) & real).to(device), real.to(device)
+
+
+def pair_batch(items, device):
+    """(prompt, chosen, rejected) triples as response_batch's rows: the B chosen rows, then the B rejected ones."""
+    return response_batch([(x, yw) for x, yw, _ in items] + [(x, yl) for x, _, yl in items], device)
 
 
 def prompt_pool(tok, span, *, prompts=None, data_dir=None, seq_len, n, like=None, who="prompts"):

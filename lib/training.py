@@ -108,13 +108,27 @@ class Run:
     # ---- the loop ----------------------------------------------------------------------------------
 
     def steps(self):
-        """The steps left to run, each with its scheduled learning rate set (lr_at) and a progress bar."""
+        """The steps left to run, each with its scheduled learning rate set (lr_at) and a progress bar. --time_budget:
+        the cosine runs over the budget's seconds (or the steps, whichever ends first), and the step after which the
+        next would end past the budget is the last (max_iters becomes its number: evaluated and saved as the last)."""
         self.bar = tqdm(range(self.first, self.args.max_iters), initial=self.first, total=self.args.max_iters,
                         desc=self.who, disable=not self.is_main)
         self.t_start, self.step_times = time.time(), []
+        budget, t_warm = 60 * (getattr(self.args, "time_budget", None) or 0), None  # seconds; 0: none
         for step in self.bar:
+            if step >= self.args.max_iters:  # the budget's last step is done
+                break
+            elapsed, frac = time.time() - self.t_start, None
+            if budget:
+                t_warm = elapsed if step == max(self.first, self.args.warmup) else t_warm
+                frac = None if t_warm is None else (elapsed - t_warm) / max(1e-9, budget - t_warm)
+                # the next step would end past the budget (judged from the second step on: the first one compiles)
+                late = len(self.step_times) > 1 and elapsed + 2 * self.step_times[-1] > budget
+                if runner.all_sum(float(late), self.device) > 0:  # every rank stops at the same step
+                    self.args.max_iters = step + 1
+                    self.bar.total = step + 1
             self.step, self.t0, self.sums = step, time.time(), dict(loss=0.0, tokens=0, flops=0)
-            self.lr = lr_at(step, self.args.lr, self.args.min_lr, self.args.warmup, self.args.max_iters)
+            self.lr = lr_at(step, self.args.lr, self.args.min_lr, self.args.warmup, self.args.max_iters, frac)
             for g in self.opt.param_groups:
                 g["lr"] = self.lr
             yield step
@@ -307,11 +321,12 @@ def configure_optimizer(model, lr, weight_decay, betas=(0.9, 0.95), fused=True):
     return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
 
 
-def lr_at(step, lr, min_lr, warmup, max_iters):
-    """Linear warmup, then cosine decay from lr to min_lr at max_iters."""
+def lr_at(step, lr, min_lr, warmup, max_iters, time_frac=None):
+    """Linear warmup, then cosine decay from lr to min_lr at max_iters, or sooner: at time_frac 1 (the share of a
+    time budget's seconds after the warmup spent so far)."""
     if step < warmup:
         return lr * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, max_iters - warmup))
+    progress = min(1.0, max((step - warmup) / max(1, max_iters - warmup), time_frac or 0.0))
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 

@@ -82,3 +82,50 @@ def test_autocast_fast_follows_the_cpu(has_bf16, monkeypatch, capsys):
     assert ("bf16" if has_bf16 else "fp32") in capsys.readouterr().out
     assert not isinstance(cli.setup("cpu", 0, "auto")[1], torch.autocast)
     assert isinstance(cli.cpu_has_bf16(), bool)
+
+
+def loop_args(argv, tmp_path):
+    from lib import cli
+    p = cli.parser("a training script")
+    cli.add_loop_args(p, max_iters=100, batch_size=1, seq_len=8, lr=1e-3, min_lr=1e-4, warmup=2, eval_interval=10,
+                      eval_batches=1)
+    p.add_argument("--out_dir", default=str(tmp_path))
+    monkeypatch_argv = [sys.argv[0], *argv]
+    old, sys.argv = sys.argv, monkeypatch_argv
+    try:
+        return p, cli.parse_loop_args(p)
+    finally:
+        sys.argv = old
+
+
+def test_time_budget_ends_at_the_last_step_that_fits_and_runs_the_cosine_over_it(tmp_path, monkeypatch):
+    """A fake clock, every step 10 s: a 1-minute budget runs steps 0-5 (step 5 ends at 60 s; a seventh would end at
+    70 s), the last one numbered max_iters - 1, and the cosine's progress is the share of the budget after warmup."""
+    import torch
+
+    from lib import training
+    _, args = loop_args(["--time_budget", "1"], tmp_path)
+    clock = [1000.0]
+    monkeypatch.setattr(training, "time", argparse.Namespace(time=lambda: clock[0]))
+    run = training.Run(args, "test")
+    run.opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    steps, lrs = [], []
+    for step in run.steps():
+        steps.append(step)
+        lrs.append(run.lr)
+        clock[0] += 10.0
+        run.step_times.append(10.0)
+    assert steps == list(range(6)) and args.max_iters == 6 and run.bar.total == 6
+    assert lrs[:3] == [5e-4, 1e-3, 1e-3]  # warmup over 2 steps; the cosine starts at step 2 (20 s)
+    assert all(a > b for a, b in zip(lrs[2:], lrs[3:]))
+    assert lrs[5] == pytest.approx(training.lr_at(5, 1e-3, 1e-4, 2, 100, time_frac=(50 - 20) / (60 - 20)))
+    assert training.lr_at(5, 1e-3, 1e-4, 2, 6) == training.lr_at(5, 1e-3, 1e-4, 2, 6, time_frac=None)
+
+
+@pytest.mark.parametrize("argv, says", [(["--time_budget", "0"], "positive"),
+                                        (["--time_budget", "5", "--resume"], "cannot be continued")])
+def test_time_budget_refuses_bad_input_in_one_line(argv, says, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        loop_args(argv, tmp_path)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert says in err and "--time_budget" in err

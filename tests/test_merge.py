@@ -147,6 +147,17 @@ def test_pair_elbos_share_masks_and_ignore_padding(shift):
     assert torch.allclose(e[1], alone[0], atol=1e-5)
 
 
+@pytest.mark.parametrize("attn", ["causal", "block", "bidirectional"])
+def test_answer_logps_are_the_pairs_without_the_second_answer(attn):
+    """realworld.py's −ELBO scores (x, y) once: equal to all_logps of (x, y, y), which computes y twice."""
+    model = micro(attn=attn, mask_token_id=MASK, shift=True, block_size=2).eval()
+    items = [([5, 6, 7], [8, 9, 10, 11]), ([1, 2], [3, 4]), ([9], [30, 31, 32])]
+    draws = None if attn == "causal" else diffusion.draw_masks(len(items), 3, 7, seed=1)
+    pairs = diffusion.all_logps(model, [(x, y, y) for x, y in items], draws, batch_size=2)
+    got = diffusion.answer_logps(model, items, draws, batch_size=2)
+    assert got.shape == (3,) and torch.allclose(got, pairs[:, 0], atol=1e-5) and (got < 0).all()
+
+
 def merged_world(shift=True, seed=0):
     """A micro DLM, its W0, a random Δ, and pairs of different lengths (padding inside every batch)."""
     model = micro(seed, attn="bidirectional", mask_token_id=MASK, shift=shift).requires_grad_(False).eval()

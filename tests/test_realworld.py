@@ -235,8 +235,13 @@ def test_run_sh_real_converts_at_a_toy_size(chat_world, tmp_path):
     assert len((tmp_path / "d" / "validation.jsonl").read_text().splitlines()) == 150  # the sweeps' split
     log = [json.loads(line) for line in (tmp_path / "o" / "student" / "log.jsonl").read_text().splitlines()]
     assert len([x for x in log if "loss" in x]) == 2
+    assert "--time_budget" in r.stdout  # the minutes the budget left, REAL_STEPS capping them
+    env["REAL_MINUTES"] = "1"  # gone already: a finished student is reused all the same
     r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.count("reusing") == 6 and (tmp_path / "o" / "results.md").read_text() == table
+    shutil.rmtree(tmp_path / "o" / "student")
+    r = subprocess.run(["bash", str(ROOT / "run.sh"), "real"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 1 and "no time left to train (raise REAL_MINUTES)" in r.stderr.strip().splitlines()[-1]
 
 
 def dry_run(tmp_path, script, **env):

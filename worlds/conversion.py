@@ -255,7 +255,7 @@ def main():
                    "as the test is, none a test prompt: learning rates are chosen on them)")
     p.add_argument("--max_new_tokens", type=int, default=32, help="a reply's length at most; longer ones are cut "
                    "and left out of chats.jsonl")
-    p.add_argument("--batch_size", type=int, default=64, help="replies generated per batch (and per cache write)")
+    p.add_argument("--batch_size", type=int, default=256, help="replies generated per batch (and per cache write)")
     p.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
     p.add_argument("--seed", type=int, default=1337, help="draws the prompts (the split is by subject)")
     args = p.parse_args()

@@ -200,11 +200,11 @@ def nelbo_bits(model, tok, items, answers, *, n_draws=4, seed=1337, batch_size=1
     import diffusion
     end = tok.special_tokens.get("<|im_end|>", tok.eos_id)
     ys = [tok.encode(a) + [end] for a in answers]
-    pairs = [(prompt_ids(tok, it), y, y) for it, y in zip(items, ys)]
-    longest = max(len(x) + len(y) for x, y, _ in pairs)
+    pairs = [(prompt_ids(tok, it), y) for it, y in zip(items, ys)]
+    longest = max(len(x) + len(y) for x, y in pairs)
     draws = None if model.config.attn == "causal" else diffusion.draw_masks(len(pairs), n_draws, longest, seed)
-    logp = diffusion.all_logps(model, pairs, draws, batch_size)[:, 0]  # a pair's two answers are the same one here
-    return -logp.sum().item() / sum(len(y) for _, y, _ in pairs) / math.log(2)
+    logp = diffusion.answer_logps(model, pairs, draws, batch_size)
+    return -logp.sum().item() / sum(len(y) for _, y in pairs) / math.log(2)
 
 
 def main():
