@@ -7,6 +7,7 @@ row); `generate` picks one by the checkpoint's config.attn. What each computes: 
     python sample.py --ckpt out/dlm-block --prompt "def fib(n):" --show_rounds   # which round committed what
     python sample.py --ckpt DIR --chat          # a multi-turn session in the checkpoint's chat template (lib/chat.py)
 """
+import os
 import time
 from dataclasses import dataclass
 
@@ -181,15 +182,37 @@ def forward(model, x, q, pos, real, rule, cache=None, block_size=None, last=Fals
     return logits[:, None] if last else logits
 
 
+def prefill(model, x, P, lens, real, pos, cache, share_opening=False):
+    """The prompts (slots 0..P-1 of a left-padded canvas x) into the cache -> the last prompt slot's logits
+    (B, 1, V). share_opening: when the rows open with the same k tokens (a chat template's system prompt), those run
+    once and their keys and values are copied to each row's slots; the batch's forward then reads only the last
+    P - k slots (a shorter row's slots among them are recomputed: the same values)."""
+    B, slots, k = x.shape[0], torch.arange(P, device=x.device), 0
+    if share_opening and B > 1:
+        starts = (P - lens).tolist()  # a host sync, once per call
+        k = min(len(os.path.commonprefix([x[b, starts[b]:P].tolist() for b in range(B)])), P - 1)
+    if k >= 2:
+        pre = model.new_cache(1, k)
+        forward(model, x[:1, starts[0]:starts[0] + k], slots[:k], slots[None, :k], real[:1, :0].new_ones(1, k),
+                "causal", pre)
+        at = (P - lens)[:, None] + slots[:k]  # (B, k): each row's opening slots
+        for layer in range(len(pre.k)):
+            for dst, src in ((cache.k[layer], pre.k[layer]), (cache.v[layer], pre.v[layer])):
+                dst[torch.arange(B, device=x.device)[:, None], :, at] = src[0].transpose(0, 1)  # (k, heads, head_dim)
+    else:
+        k = 0
+    return forward(model, x[:, k:P], slots[k:], pos[:, k:P], real, "causal", cache, last=True)  # (B, 1, V)
+
+
 @torch.no_grad()
 def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_p=None, eos_id=None, pad_id=None,
                 generator=None, mask_token_id=None, vocab_limit=None, use_cache=True, *, min_p=None,
-                repetition_penalty=1.0, compile=False):
+                repetition_penalty=1.0, compile=False, share_opening=False):
     """Causal decoding (greedy when temperature == 0) with a static KV cache; rows that produced an end token
     (eos_id: an id or several) emit pad_id (default the first end id) from then on. use_cache=False recomputes
     the whole sequence per token (reference). min_p, repetition_penalty: `sample` (the penalty over the prompt and
     the tokens so far). compile: the one-token steps through torch.compile (compiling.stepper); the prompt's forward
-    stays eager."""
+    stays eager. share_opening: the rows' common opening runs once (`prefill`; for models with a real KV cache)."""
     mask_id = model.config.mask_token_id if mask_token_id is None else mask_token_id
     ban, generator, pad_id, eos = sampling_args(model, mask_id, vocab_limit, generator, eos_id, pad_id)
     x, lens, P, real, pos = canvas(model, prompt, max_new_tokens, pad_id, pad_id)
@@ -204,8 +227,8 @@ def ar_generate(model, prompt, max_new_tokens, temperature=0.0, top_k=None, top_
     for t in range(P, L):  # t: the slot being generated
         if not use_cache:
             logits = step(model, x[:, :t], slots[:t], pos[:, :t], real[:, :t], "causal")  # (B, t, V)
-        elif t == P:  # the prompt enters the cache; the head reads its last slot only
-            logits = forward(model, x[:, :t], slots[:t], pos[:, :t], real, "causal", cache, last=True)  # (B, 1, V)
+        elif t == P:  # the prompts enter the cache; the head reads the last slot only
+            logits = prefill(model, x, P, lens, real, pos, cache, share_opening)  # (B, 1, V)
         else:  # the cache holds slots < t-1: feed the newest token alone, every step the same shapes
             logits = step(model, x[:, t - 1:t], slots[t - 1:t], pos[:, t - 1:t], real, "causal", cache)  # (B, 1, V)
         nfe += 1
@@ -365,7 +388,7 @@ SAMPLERS = {"causal": "AR", "bidirectional": "masked diffusion", "block": "block
 def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None, min_p=None,
              repetition_penalty=1.0, eos_id=None, generator=None, vocab_limit=None, shift=None, block_length=None,
              steps=None, remasking="low_confidence", threshold=None, block_size=None, use_cache=True, cache="none",
-             finish_block=False, eos_rule="free", eos_penalty=0.0, record=False, compile=False):
+             finish_block=False, eos_rule="free", eos_penalty=0.0, record=False, compile=False, share_opening=False):
     """The checkpoint's own sampler, picked by model.config.attn: "causal" -> ar_generate (max_new_tokens at most),
     "bidirectional" -> diffusion_generate (block_length default min(32, N), steps default N: a token a step),
     "block" -> block_generate (threshold default 0.9). ValueError for an argument the sampler would ignore (a
@@ -375,16 +398,16 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
     transformers' meanings); eos_id (an id, or several: a row
     stops at the first of any, its later slots repeating it); generator (on the model's device; default freshly
     seeded); mask_token_id and shift (default the config's); vocab_limit (ids >= it never emitted: the tokenizer's
-    size, so unused embedding rows never come out)."""
+    size, so unused embedding rows never come out); share_opening (AR: the rows' common opening run once, `prefill`)."""
     kind, N = model.config.attn, max_new_tokens
     if kind not in SAMPLERS:
         raise ValueError(f"config.attn {kind!r} has no sampler (one of {', '.join(SAMPLERS)})")
     given = dict(threshold=threshold is not None, block_length=block_length is not None, steps=steps is not None,
                  remasking=remasking != "low_confidence", block_size=block_size is not None, shift=shift is not None,
                  no_cache=not use_cache, cache=cache != "none", record=record, finish_block=finish_block,
-                 eos_rule=eos_rule != "free")
+                 eos_rule=eos_rule != "free", share_opening=share_opening)
     dlm = {"shift", "record", "finish_block", "eos_rule"}
-    uses = {"causal": {"no_cache"}, "block": {"threshold", "block_size", "no_cache", *dlm},
+    uses = {"causal": {"no_cache", "share_opening"}, "block": {"threshold", "block_size", "no_cache", *dlm},
             "bidirectional": {"threshold", "block_length", "steps", "remasking", "cache", *dlm}}[kind]
     if unused := [k for k, v in given.items() if v and k not in uses]:
         raise ValueError(f"{', '.join(unused)}: not used by the {SAMPLERS[kind]} sampler (config.attn {kind!r}); "
@@ -395,7 +418,7 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, top_
                   repetition_penalty=repetition_penalty, eos_id=eos_id, generator=generator, vocab_limit=vocab_limit,
                   compile=compile)
     if kind == "causal":
-        return ar_generate(model, prompt, N, use_cache=use_cache, **common)
+        return ar_generate(model, prompt, N, use_cache=use_cache, share_opening=share_opening, **common)
     common.update(shift=shift, record=record, finish_block=finish_block, eos_rule=eos_rule, eos_penalty=eos_penalty)
     if kind == "bidirectional":
         return diffusion_generate(model, prompt, N, block_length or min(32, N), steps or N, remasking=remasking,

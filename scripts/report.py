@@ -24,8 +24,8 @@ from pathlib import Path
 
 from lib import cli
 from scripts import claims, conversion, protocol, world_tables
-from scripts.protocol import stage_seconds
-from scripts.stats import chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead
+from scripts.protocol import pval, stage_seconds
+from scripts.stats import beyond_edge, chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead
 
 
 def repro_align(*args):
@@ -613,34 +613,57 @@ RL_STAGES = {"rl": ["rl {s} {r}"], "dlm-dpo": ["pairs dlm {s}", "dlm-dpo {s} {r}
              "ar-map": ["pairs ar {s}", "ar-dpo {s} {r}", "merge {s} {r}"]}  # an arm's wall time: its stages
 
 
+def rl_steps(out, arm, seed, rate):
+    """repro_rl.sh's early stopping: the validation exact match (threshold 0.9) of each kept weights of a run
+    (eval/ARM-SEED-RATE-STEPS.val.json: a DPO arm's quarters and its end; RL's end) -> (the steps chosen: the highest,
+    a tie going to fewer steps; {steps: accuracy})."""
+    pre = f"{arm}-{seed}-{rate}-"
+    acc = {int(p.name[len(pre):-len(".val.json")]): json.loads(p.read_text())["results"]["runs"][0]["accuracy"]
+           for p in (Path(out) / "eval").glob(pre + "*.val.json") if p.name[len(pre):-len(".val.json")].isdigit()}
+    if not acc:
+        raise SystemExit(f"report.py: no {Path(out) / 'eval' / pre}STEPS.val.json: the run's validation scores")
+    return max(acc, key=lambda k: (acc[k], -k)), acc
+
+
 def rl_choice(out, arm, rates):
-    """repro_rl.sh's rule, named before the sweep: the highest validation exact match at threshold 0.9, seed 1337
-    (a tie: the lower rate). -> (rate, {rate: accuracy})."""
-    acc = {r: json.loads((Path(out) / f"eval/{arm}-1337-{r}.val.json").read_text())["results"]["runs"][0]
-           ["accuracy"]
-           for r in rates}
+    """repro_rl.sh's rule, named before the sweep: the highest validation exact match at threshold 0.9 of a rate's
+    chosen steps (rl_steps), seed 1337 (a tie: the lower rate). -> (rate, {rate: accuracy})."""
+    acc = {}
+    for r in rates:
+        k, by_steps = rl_steps(out, arm, 1337, r)
+        acc[r] = by_steps[k]
     return chosen_rate(acc), acc
 
 
 def rl_sweep(*args):
-    """repro_rl.sh: the rate an arm's sweep chooses, printed. args: OUT, ARM, RATES..."""
-    print(rl_choice(args[0], args[1], args[2:])[0])
+    """repro_rl.sh: the rate an arm's sweep chooses, printed; with --extend first, the rate past it when it is the
+    sweep's edge (stats.beyond_edge), or nothing. args: [--extend] OUT ARM RATES..."""
+    extend = args[0] == "--extend"
+    out, arm, rates = args[extend], args[extend + 1], args[extend + 2:]
+    rate = rl_choice(out, arm, rates)[0]
+    print((beyond_edge(rates, rate) or "") if extend else rate)
+
+
+def rl_pick(*args):
+    """repro_rl.sh: the steps early stopping chooses for a run, printed. args: OUT ARM SEED RATE."""
+    print(rl_steps(*args)[0])
 
 
 def repro_rl(*args):
-    """repro_rl.sh's tables: the sweep, the arms on the held-out prompts, the paired tests, RL's reward curve.
-    args: OUT, SEEDS... (the sweep's rates from each arm's val files)."""
+    """repro_rl.sh's tables: the sweep, the arms on the held-out prompts, the paired tests (per seed first, the pooled
+    per-prompt test beside it), RL's reward curve. args: OUT, SEEDS... (the sweep's rates from each arm's val files)."""
     out, seeds = Path(args[0]), args[1:]
     read = functools.cache(lambda name: json.loads((out / f"eval/{name}.json").read_text()))
     secs = {}
     with contextlib.suppress(FileNotFoundError):
         secs = stage_seconds(out)
-    rates = {arm: sorted((p.name[len(f"{arm}-1337-"):-len(".val.json")] for p in (out / "eval").glob(
-        f"{arm}-1337-*.val.json")), key=float, reverse=True) for arm in RL_ARMS}
+    rates = {arm: sorted({p.name[len(f"{arm}-1337-"):-len(".val.json")].rsplit("-", 1)[0] for p in (out / "eval").glob(
+        f"{arm}-1337-*-*.val.json")}, key=float, reverse=True) for arm in RL_ARMS}
     chosen = {arm: rl_choice(out, arm, rates[arm]) for arm in RL_ARMS}
     val = read('start.val')['results']['runs'][0]
-    print(f"Validation exact match (validation.jsonl's {len(val['correct'])} prompts, none trained on, none a test "
-          f"prompt; threshold 0.9; seed 1337); start {val['accuracy']:.3f}; * the chosen rate\n")
+    print(f"Validation exact match (validation.jsonl's {len(val['correct'])} prompts: the test's mix of lengths, "
+          f"none a prompt an arm trains on, none a test prompt; threshold 0.9; seed 1337; a DPO arm's at the steps "
+          f"early stopping chose); start {val['accuracy']:.3f}; * the chosen rate\n")
     print(cli.table(["arm", *[f"rate {i + 1}" for i in range(max(map(len, rates.values())))]],
                     [[arm] + [f"{r}: {acc[r]:.3f}{' *' * (r == rate)}" for r in rates[arm]]
                      for arm, (rate, acc) in chosen.items()]))
@@ -650,24 +673,29 @@ def repro_rl(*args):
 
     start = {t: run("start.test", t) for t in (0.9, 1.0)}
     families = list(start[0.9]["families"])
-    rows = [["start (REPR-ALIGN DLM)", "-", "-", "-", f"{start[0.9]['accuracy']:.3f}",
+    rows = [["start (REPR-ALIGN DLM)", "-", "-", "-", "-", f"{start[0.9]['accuracy']:.3f}",
              *[f"{start[0.9]['families'][f]['accuracy']:.3f}" for f in families], f"{start[1.0]['accuracy']:.3f}",
              f"{start[0.9]['tokens_per_forward']:.2f}", f"{start[1.0]['tokens_per_forward']:.2f}"]]
     for arm, (rate, _) in chosen.items():
         r9 = [run(f"{arm}-{s}.test", 0.9) for s in seeds]
         r1 = [run(f"{arm}-{s}.test", 1.0) for s in seeds]
+        steps = [f"{rl_steps(out, arm, s, rate)[0]}" for s in seeds]
         wall = [sum(secs.get(st.format(s=s, r=rate), 0) for st in RL_STAGES[arm]) for s in seeds]
         mean = lambda rs, k: statistics.mean(x[k] for x in rs)  # noqa: E731
-        rows.append([RL_ARMS[arm], rate, f"{statistics.mean(wall):.0f}",
+        rows.append([RL_ARMS[arm], rate, f"{statistics.mean(wall):.0f}", " / ".join(steps),
                      " / ".join(f"{x['accuracy']:.3f}" for x in r9), f"{mean(r9, 'accuracy'):.3f}",
                      *[f"{statistics.mean(x['families'][f]['accuracy'] for x in r9):.3f}" for f in families],
                      f"{mean(r1, 'accuracy'):.3f}", f"{mean(r9, 'tokens_per_forward'):.2f}",
                      f"{mean(r1, 'tokens_per_forward'):.2f}"])
     N = start[0.9].get("canvas")
     print(f"\nHeld-out exact match ({len(start[0.9]['correct'])} prompts; seeds {', '.join(seeds)}; canvas N = {N}); "
-          f"wall: each arm's seconds on this machine, pairs and merge included (mean over seeds)\n")
-    print(cli.table(["arm", "rate", "wall s", "EM 0.9 per seed", "EM 0.9", *[f"{f} 0.9" for f in families],
-                     "EM 1.0", "tok/fwd 0.9", "tok/fwd 1.0"], rows))
+          f"wall: each arm's seconds on this machine, pairs and merge included (mean over seeds); steps: the ones "
+          f"early stopping chose per seed (RL: all of them)\n")
+    print(cli.table(["arm", "rate", "wall s", "steps per seed", "EM 0.9 per seed", "EM 0.9",
+                     *[f"{f} 0.9" for f in families], "EM 1.0", "tok/fwd 0.9", "tok/fwd 1.0"], rows))
+
+    def per_seed(name):  # each seed's exact match at 0.9; the start's the same in every seed
+        return [statistics.mean(run(name.format(s=s), 0.9)["correct"]) for s in seeds]
 
     def pooled(name):  # the correct flags at 0.9 over (seed, prompt); the start's repeated for each seed
         return [c for s in seeds for c in run(name.format(s=s), 0.9)["correct"]]
@@ -675,15 +703,15 @@ def repro_rl(*args):
         [(f"rl against {arm}", f"{arm}-{{s}}.test", "rl-{s}.test") for arm in ("dlm-dpo", "ar-map")]
     res = []
     for what, a, b in tests:
-        xa, xb = pooled(a), pooled(b)
-        ahead = [statistics.mean(run(b.format(s=s), 0.9)["correct"]) - statistics.mean(run(a.format(s=s), 0.9)
-                 ["correct"]) for s in seeds]
-        res.append([what, f"{statistics.mean(xa):.3f}", f"{statistics.mean(xb):.3f}", seeds_ahead(ahead),
-                    mcnemar(xa, xb)])
-    print("\nPaired tests, named before the runs: exact match at threshold 0.9, McNemar's exact test over (seed, "
-          "prompt) pairs, p adjusted by Holm across the five\n")
-    print(cli.table(["comparison", "baseline", "arm", "seeds", "p", "p (Holm)"],
-                    [[*row[:-1], f"{row[-1]:.3f}", f"{q:.3f}"] for row, q in zip(res, holm([x[-1] for x in res]))]))
+        ma, mb = per_seed(a), per_seed(b)
+        res.append([what, f"{statistics.mean(ma):.3f}", f"{statistics.mean(mb):.3f}",
+                    seeds_ahead([y - x for x, y in zip(ma, mb)]), paired_t(ma, mb), mcnemar(pooled(a), pooled(b))])
+    print(f"\nPaired tests, named before the runs: exact match at threshold 0.9; the primary test a paired t over the "
+          f"{len(seeds)} seeds' means (the training run as the unit), p adjusted by Holm across the five; beside it "
+          f"McNemar's exact test over (seed, prompt) pairs\n")
+    print(cli.table(["comparison", "baseline", "arm", "seeds", "p (per seed)", "p (Holm)", "p (McNemar, pooled)"],
+                    [[*row[:4], pval(row[4]), pval(q), pval(row[5])]
+                     for row, q in zip(res, holm([x[4] for x in res]))]))
 
     curve = {}  # RL's rollouts: mean reward per step (each batch's first step logs it), over the seeds
     for s in seeds:
@@ -703,8 +731,8 @@ def repro_rl(*args):
 
 TABLES = {f.__name__: f for f in (*world_tables.COMMANDS, repro_align, distill_untrained, eval_jobs, repro_distill,
                                   repro_merge, repro_tasks, repro_align_tasks, repro_dlm_dpo, repro_mark, real_world,
-                                  real_sweep, real_sweep_table, real_verdicts, rl_sweep, repro_rl, *protocol.COMMANDS,
-                                  *conversion.COMMANDS, *claims.COMMANDS)}
+                                  real_sweep, real_sweep_table, real_verdicts, rl_sweep, rl_pick, repro_rl,
+                                  *protocol.COMMANDS, *conversion.COMMANDS, *claims.COMMANDS)}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TABLES:

@@ -110,6 +110,27 @@ def chosen_rate(acc):
     return max(acc, key=lambda k: (acc[k], *(-float(x) for x in (k if isinstance(k, tuple) else (k,)))))
 
 
+def next_rate(rate, up):
+    """The neighbour of a rate on the sweeps' half-decade grid (..., 1e-4, 3e-4, 1e-3, ...), as text: 1e-4 -> 3e-5
+    down, 3e-4 up; 3e-5 -> 1e-5 down, 1e-4 up."""
+    m, e = (int(x) for x in f"{float(rate):.0e}".split("e"))
+    if m not in (1, 3):
+        raise ValueError(f"{rate}: not on the half-decade grid (1 or 3 times a power of ten)")
+    m, e = ((3, e) if m == 1 else (1, e + 1)) if up else ((1, e) if m == 3 else (3, e - 1))
+    return f"{m}e{e}"
+
+
+def beyond_edge(rates, chosen):
+    """A sweep that chose its edge goes on: the rate past the chosen one (the lowest: one step down the grid; the
+    highest: one step up), or None when the choice is inside the sweep."""
+    xs = sorted(rates, key=float)
+    if len(xs) > 1 and chosen == xs[0]:
+        return next_rate(chosen, up=False)
+    if len(xs) > 1 and chosen == xs[-1]:
+        return next_rate(chosen, up=True)
+    return None
+
+
 def equal_time_steps(steps, costly, cheap):
     """The protocol's equal-time arm: the cheaper arm's steps in the time the costlier one takes for `steps`
     (costly, cheap: seconds per step, or per run), or `steps` when it is not more than 5% slower (no time arm)."""

@@ -313,8 +313,10 @@ def test_real_sweep_rules_choose_as_named(tmp_path, capsys):
 
 
 def test_repro_rl(tmp_path, capsys):
-    """repro_rl.sh's tables: the sweep's rule (the highest validation exact match, a tie the lower rate), each arm's
-    held-out means, wall seconds summed over its stages, McNemar over (seed, prompt) with Holm, the reward curve."""
+    """repro_rl.sh's tables: early stopping (a run's kept weights, the highest validation exact match, a tie the fewer
+    steps), the sweep's rule on it (the highest, a tie the lower rate) and its edge (the rate past it), each arm's
+    held-out means, wall seconds summed over its stages, the per-seed paired t (primary, Holm) and McNemar over
+    (seed, prompt) pairs beside it, the reward curve."""
     def ev(name, runs):
         write(tmp_path / f"eval/{name}.json", dict(results=dict(runs=runs)))
 
@@ -326,27 +328,47 @@ def test_repro_rl(tmp_path, capsys):
     ev("start.val", [run(0.9, [True, False])])
     for arm, accs in {"rl": (0.5, 0.7, 0.7), "dlm-dpo": (0.9, 0.1, 0.2), "ar-map": (0.1, 0.2, 0.3)}.items():
         for rate, a in zip(("3e-4", "1e-4", "3e-5"), accs):
-            ev(f"{arm}-1337-{rate}.val", [dict(threshold=0.9, accuracy=a)])
+            ev(f"{arm}-1337-{rate}-40.val", [dict(threshold=0.9, accuracy=a)])
+    for k, a in ((10, 0.1), (20, 0.95), (30, 0.95)):  # dlm-dpo at 1e-4: its quarters; 20 steps beat the end's 0.1
+        ev(f"dlm-dpo-1337-1e-4-{k}.val", [dict(threshold=0.9, accuracy=a)])
+    assert report.rl_steps(tmp_path, "dlm-dpo", 1337, "1e-4") == (20, {10: 0.1, 20: 0.95, 30: 0.95, 40: 0.1})
     assert report.rl_choice(tmp_path, "rl", ["3e-4", "1e-4", "3e-5"])[0] == "3e-5"  # a tie: the lower rate
     report.rl_sweep(str(tmp_path), "dlm-dpo", "3e-4", "1e-4", "3e-5")
-    assert capsys.readouterr().out.strip() == "3e-4"
+    assert capsys.readouterr().out.strip() == "1e-4"  # at its early-stopped 20 steps
+    report.rl_sweep("--extend", str(tmp_path), "dlm-dpo", "3e-4", "1e-4", "3e-5")
+    assert capsys.readouterr().out.strip() == ""  # inside the sweep
+    report.rl_sweep("--extend", str(tmp_path), "ar-map", "3e-4", "1e-4", "3e-5")
+    assert capsys.readouterr().out.strip() == "1e-5"  # its lowest rate: the sweep goes on below it
+    report.rl_pick(str(tmp_path), "dlm-dpo", "1337", "1e-4")
+    assert capsys.readouterr().out.strip() == "20"
     start = [False] * 10
     ev("start.test", [run(0.9, start), run(1.0, start)])
-    for s in ("1", "2"):
-        ev(f"rl-{s}.test", [run(0.9, [True] * 5 + [False] * 5, 1.5), run(1.0, [True] * 4 + [False] * 6, 1.0)])
+    for s, right in (("1", 5), ("2", 6)):
+        ev(f"rl-{s}.test", [run(0.9, [True] * right + [False] * (10 - right), 1.5),
+                            run(1.0, [True] * 4 + [False] * 6, 1.0)])
         ev(f"dlm-dpo-{s}.test", [run(0.9, start), run(1.0, start)])
         ev(f"ar-map-{s}.test", [run(0.9, [True] + [False] * 9), run(1.0, start)])
+        for arm, rate in (("rl", "3e-5"), ("dlm-dpo", "1e-4"), ("ar-map", "3e-5")):
+            ev(f"{arm}-{s}-{rate}-40.val", [dict(threshold=0.9, accuracy=0.5)])
+        ev(f"dlm-dpo-{s}-1e-4-{10 * int(s)}.val", [dict(threshold=0.9, accuracy=0.6)])
         write(tmp_path / s / "rl-3e-5/log.jsonl",
               "".join(json.dumps(dict(step=i, reward=0.1 * i, tokens_per_forward=1.0)) + "\n" for i in range(0, 40, 4)))
     write(tmp_path / "seconds.tsv", "rl 1 3e-5\t100\nrl 2 3e-5\t120\npairs ar 1\t10\nar-dpo 1 ar-map-x\t1\n")
     report.repro_rl(str(tmp_path), "1", "2")
     out = capsys.readouterr().out
     assert "| rl | 3e-4: 0.500 | 1e-4: 0.700 | 3e-5: 0.700 * |" in out
-    assert "| diffu-GRPO (rl.py) | 3e-5 | 110 | 0.500 / 0.500 | 0.500 | 0.500 | 0.400 | 1.50 | 1.00 |" in out
-    # rl against the start: 10 discordant pairs all one way, p = 2 / 2^10; Holm's rank 1 of 5 multiplies it by 5
-    p = 2 / 2 ** 10
-    assert f"| rl against the start | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3f} | {5 * p:.3f} |" in out
-    assert "| dlm-dpo against the start | 0.000 | 0.000 | 0 ahead, 2 tied of 2 | 1.000 | 1.000 |" in out
+    assert "| dlm-dpo | 3e-4: 0.900 | 1e-4: 0.950 * | 3e-5: 0.200 |" in out
+    assert "| diffu-GRPO (rl.py) | 3e-5 | 110 | 40 / 40 | 0.500 / 0.600 | 0.550 | 0.550 | 0.400 | 1.50 | 1.00 |" in out
+    assert "| DPO on the DLM (judged pairs) | 1e-4 | 0 | 10 / 20 |" in out  # each seed stopped early
+    # rl against the start, per seed: differences 0.5 and 0.6, t = 0.55 / (0.0707 / √2) = 11 on 1 df, where Student's
+    # t is Cauchy: p = 1 − (2/π) atan(11); Holm's rank 1 of 5 multiplies it by 5. McNemar: 11 discordant pairs one way
+    p = 1 - 2 / math.pi * math.atan(11)
+    row = next(line for line in out.splitlines() if line.startswith("| rl against the start |"))
+    cells = row.strip("|").split("|")
+    assert [c.strip() for c in cells[:4]] == ["rl against the start", "0.000", "0.550", "2 ahead, 0 tied of 2"]
+    assert float(cells[4]) == pytest.approx(p, rel=1e-2) and float(cells[5]) == pytest.approx(4 * p, rel=1e-2)
+    assert float(cells[6]) == pytest.approx(2 / 2 ** 11, rel=1e-2)
+    assert "| dlm-dpo against the start | 0.000 | 0.000 | 0 ahead, 2 tied of 2 | 1 | 1 | 1 |" in out
     assert "| 0-0 | 0.000 | 1.00 |" in out and "| 32-36 | 3.400 | 1.00 |" in out  # 10 steps: 8 bins of 1 or 2
     assert "| 36-36 |" not in out
 
@@ -807,3 +829,13 @@ def test_claims_numbers_are_the_ones_results_md_prints():
     t["per_seed"]["strings"][0] = "0.527 / 0.505 / 0.502 / 0.427 / 0.466"
     with pytest.raises(SystemExit, match="is not in results.md's section 'REPR-ALIGN under the protocol"):
         claims.verify(rows, results)
+
+
+def test_a_sweep_that_chose_its_edge_goes_on_past_it():
+    assert [stats.next_rate(r, up=False) for r in ("1e-4", "3e-5", "3e-4", "1e-3")] == ["3e-5", "1e-5", "1e-4", "3e-4"]
+    assert [stats.next_rate(r, up=True) for r in ("1e-4", "3e-5", "3e-4")] == ["3e-4", "1e-4", "1e-3"]
+    assert stats.beyond_edge(["3e-4", "1e-4", "3e-5"], "3e-5") == "1e-5"
+    assert stats.beyond_edge(["3e-4", "1e-4", "3e-5"], "3e-4") == "1e-3"
+    assert stats.beyond_edge(["3e-4", "1e-4", "3e-5"], "1e-4") is None
+    with pytest.raises(ValueError, match="half-decade"):
+        stats.next_rate("2e-4", up=False)

@@ -234,6 +234,35 @@ def test_ar_cache_equals_full_recomputation_ragged():
     assert torch.equal(ar_generate(m, x, 12).generated[1], slow_ar(m, PROMPTS[1][::-1], 12)[7:])
 
 
+def test_ar_shared_opening_runs_once():
+    """share_opening: rows that open with the same tokens (a chat template's system prompt) run the opening once, its
+    keys and values copied to each row's slots; every row still equals that prompt generated alone, and the cache
+    holds what the plain prompt forward writes. Off (the default), the prompt forward reads every slot."""
+    from model import canvas
+    m = make()
+    head = [20, 21, 22, 23, 24]
+    prompts = [head + [3, 4], head + [6, 7, 8, 9, 10, 11], head, head + [13]]  # the third is the opening alone
+    calls = []
+    hook = m.register_forward_pre_hook(lambda mod, args: calls.append(tuple(args[0].shape)))
+    gen = ar_generate(m, prompts, 10, share_opening=True)
+    assert calls[:2] == [(1, 5), (4, 6)]  # the opening once, then the last 11 - 5 slots of every row
+    for b, ids in enumerate(prompts):
+        assert torch.equal(gen.sequence(b), slow_ar(m, ids, 10)), b
+    calls.clear()
+    assert torch.equal(ar_generate(m, prompts, 10).tokens, gen.tokens) and calls[0] == (4, 11)
+    hook.remove()
+    x, lens, P, real, pos = canvas(m, prompts, 1, 0, 0)
+    shared, plain = m.new_cache(4, P + 1), m.new_cache(4, P + 1)
+    with torch.no_grad():
+        S.prefill(m, x, P, lens, real, pos, shared, share_opening=True)
+        S.forward(m, x[:, :P], torch.arange(P), pos[:, :P], real, "causal", plain)
+    for a, b in zip(shared.k + shared.v, plain.k + plain.v):
+        for r in range(4):  # the real slots of each row (pad slots are never read)
+            assert torch.allclose(a[r, :, P - lens[r]:P], b[r, :, P - lens[r]:P], atol=1e-5)
+    with pytest.raises(ValueError, match="share_opening"):  # an AR setting: refused for a DLM
+        S.generate(make(attn="block", block_size=2), prompts, 4, share_opening=True)
+
+
 def test_ar_eos_rows_stop():
     def f(p):
         return torch.where(p == 6, EOS, (3 * p + 2) % 40 + 2)

@@ -4,6 +4,7 @@ tokenizes the same with and without its answer; exact_match scores an oracle sta
 the right next token first) at 1.0 and a wrong one at 0 under all three samplers, summarises each family over its
 own rows, counts each row's forwards as the sampler spends them on that row decoded alone, and stops and cuts each
 row at either of two declared end ids (eval.py tasks, its command line, is tested in test_eval.py)."""
+import collections
 import json
 import random
 
@@ -144,12 +145,20 @@ def test_split_is_disjoint_and_deterministic():
     # a prompt space smaller than asked for gives what it has: 100 two-digit lists, about a tenth held out
     _, few = tasks.build(seed=3, n_train=0, n_heldout=50, families=("sort",), min_len=2, max_len=2)
     assert 0 < len(few) < 25 and all(data.is_val(it["prompt"], 0.05) for it in few)
-    # the validation split: more held-out prompts, none a test prompt; the test prompts are unchanged by it
-    val = tasks.validation_items(items, 30, seed=3, heldout_fraction=0.1, **SIZES)
+    # the validation split: the test's mix of lengths, from the training side less the excluded prompts
+    exclude = sorted(train_prompts)[::3]
+    val = tasks.validation_items(items, 30, train, exclude, seed=3)
     vp = [it["prompt"] for it in val]
-    assert len(vp) == len(set(vp)) == 3 * 30 and not set(vp) & set(held) and not set(vp) & train_prompts
-    assert all(data.is_val(p, 0.1) and it["answer"] == tasks.solve(it["family"], p) for p, it in zip(vp, val))
+    assert len(vp) == len(set(vp)) == 3 * 30 and not set(vp) & set(held) and not set(vp) & set(exclude)
+    assert set(vp) <= train_prompts and all(it["answer"] == tasks.solve(it["family"], p) for p, it in zip(vp, val))
     assert [it["family"] for it in val] == [f for f in tasks.FAMILIES for _ in range(30)]
+    for f in tasks.FAMILIES:  # each length's share within one prompt of the test's
+        test_n = collections.Counter(len(it["prompt"].split()) for it in items if it["family"] == f)
+        val_n = collections.Counter(len(it["prompt"].split()) for it in val if it["family"] == f)
+        assert set(val_n) <= set(test_n) and all(abs(val_n[n] - 30 * c / 40) < 1 for n, c in test_n.items())
+    assert tasks.largest_remainder({2: 1, 3: 1, 4: 1}, 10) == {2: 4, 3: 3, 4: 3}  # 3.33 each: one more to the first
+    with pytest.raises(ValueError, match="training side has"):
+        tasks.validation_items(items, 30, train, sorted(train_prompts), seed=3)
 
 
 def test_tokenization_splits_at_the_answer():
@@ -180,7 +189,7 @@ def test_separator_marks_exactly_the_answers():
 
 
 def test_cli_writes_files_data_py_reads(tmp_path):
-    small = ("--n_train", 400, "--n_heldout", 7, "--max_len", 5)
+    small = ("--n_train", 400, "--n_heldout", 7, "--max_len", 5, "--n_prompts", 100, "--n_validation", 10)
     r = run_script("worlds/tasks.py", "--out_dir", tmp_path, *small)
     assert r.returncode == 0, r.stderr
     docs = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
@@ -188,12 +197,13 @@ def test_cli_writes_files_data_py_reads(tmp_path):
     items = data.read_prompts(tmp_path / "heldout.jsonl")
     assert len(items) == 21 and all(set(it) == {"prompt", "answer", "family"} for it in items)
     val = data.read_prompts(tmp_path / "validation.jsonl")
-    assert len(val) == 3 * 100 and not {it["prompt"] for it in val} & {it["prompt"] for it in items}
+    assert len(val) == 3 * 10 and not {it["prompt"] for it in val} & {it["prompt"] for it in items}
     meta = corpus.prepare(str(tmp_path), source=str(tmp_path / "train.jsonl"), tokenizer="byte")
     assert sum(s["documents"] for s in meta["splits"].values()) == 400
     pool = data.read_prompts(tmp_path / "prompts.jsonl")  # distill.py's --prompts: whole training prompts
     texts = {d["text"] for d in docs}
     assert pool and all(any(t.startswith(r["prompt"]) for t in texts) and r["prompt"].endswith(" =") for r in pool)
+    assert not {it["prompt"] for it in val} & {r["prompt"] for r in pool}  # no arm trains on a validation prompt
     tok = Tokenizer.byte_level()
     for name, split in (("pairs_train.jsonl", texts), ("pairs_heldout.jsonl", None)):
         pairs = data.read_pairs(tmp_path / name)

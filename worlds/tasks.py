@@ -11,6 +11,7 @@ as documents for lib/corpus.py: one {"text": prompt + answer} per line of train.
 
 Notes on the design: docs/methods.md, "worlds/tasks.py" under §8.
 """
+import collections
 import json
 import random
 import time
@@ -105,19 +106,35 @@ def build(*, seed=1337, n_train=100_000, n_heldout=200, families=FAMILIES, heldo
     return train, items
 
 
-def validation_items(items, per_family, *, seed=1337, families=FAMILIES, heldout_fraction=0.05, **sizes):
-    """per_family more held-out prompts of each family, none of them in items (the test): the split that learning
-    rates and other choices are judged on, so that the test prompts are read only at the end."""
-    rng, test, out = random.Random(f"validation-{seed}"), {it["prompt"] for it in items}, []
+def validation_items(items, per_family, train, exclude=(), *, seed=1337, families=FAMILIES):
+    """per_family prompts of each family with the test's (items') mix of lengths in words, drawn from the training
+    side of the split (the prompts of the documents `train`) less `exclude` (prompts.jsonl: what the RL, DPO and OPDLM
+    arms train on): the split that learning rates and steps are judged on, the test read only at the end. The held-out
+    side cannot give it: its short prompts are few and the test holds most of them, so a second hash-held-out split is
+    nearly all the longest prompts (96-100%, against 58-72% in the test). The cost: the teacher's corpus holds these
+    prompts (as it holds nearly every training-side prompt). ValueError when a length has too few prompts."""
+    rng, out = random.Random(f"validation-{seed}"), []
+    pool = sorted(set(t[:t.index(" =") + 2] for t in train) - set(exclude))
     for family in families:
-        seen = set()
-        for _ in range(1000 * per_family):
-            if len(seen) == per_family:
-                break
-            prompt = make_prompt(family, rng, **sizes)
-            if held_out(prompt, heldout_fraction) and prompt not in test | seen:
-                seen.add(prompt)
-                out.append(dict(prompt=prompt, answer=solve(family, prompt), family=family))
+        test = collections.Counter(len(it["prompt"].split()) for it in items if it["family"] == family)
+        quota = largest_remainder(test, per_family)
+        for n, k in sorted(quota.items()):
+            have = [q for q in pool if q.split(" ")[0] == family and len(q.split()) == n]
+            if len(have) < k:
+                raise ValueError(f"validation: {k} {family} prompts of {n} words asked, the training side has "
+                                 f"{len(have)} outside the excluded prompts")
+            out += [dict(prompt=q, answer=solve(family, q), family=family) for q in rng.sample(have, k)]
+    return out
+
+
+def largest_remainder(counts, total):
+    """{key: count} -> {key: share of total} in whole numbers that sum to total, each within one of its exact share
+    (Hamilton's method: the floors, then one more to the largest remainders)."""
+    n = sum(counts.values())
+    exact = {k: total * c / n for k, c in counts.items()}
+    out = {k: int(v) for k, v in exact.items()}
+    for k in sorted(exact, key=lambda k: (out[k] - exact[k], k))[:total - sum(out.values())]:
+        out[k] += 1
     return out
 
 
@@ -298,8 +315,9 @@ def main():
     p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, from " + ", ".join(FAMILIES))
     p.add_argument("--n_train", type=int, default=100_000, help="training documents")
     p.add_argument("--n_heldout", type=int, default=200, help="held-out prompts per family")
-    p.add_argument("--n_validation", type=int, default=100, help="validation prompts per family (held out by hash, "
-                   "none of them a test prompt)")
+    p.add_argument("--n_validation", type=int, default=100, help="validation prompts per family, with the test's "
+                   "mix of lengths (training-side prompts outside prompts.jsonl: none a test prompt, none an arm "
+                   "trains on)")
     p.add_argument("--n_prompts", type=int, default=2000, help="distinct training prompts in prompts.jsonl")
     p.add_argument("--heldout_fraction", type=float, default=0.05, help="share of the prompt space held out")
     p.add_argument("--min_len", type=int, default=2, help="sort, rev: the shortest list")
@@ -317,9 +335,11 @@ def main():
                          heldout_fraction=args.heldout_fraction, min_len=args.min_len, max_len=args.max_len,
                          max_digits=args.max_digits, mark_share=args.mark_share)
     pool, train_pairs, heldout_pairs = prompts_and_pairs(train, items, n_prompts=args.n_prompts, seed=args.seed)
-    val = validation_items(items, args.n_validation, seed=args.seed, families=families,
-                           heldout_fraction=args.heldout_fraction, min_len=args.min_len, max_len=args.max_len,
-                           max_digits=args.max_digits)
+    try:
+        val = validation_items(items, args.n_validation, train, [r["prompt"] for r in pool], seed=args.seed,
+                               families=families)
+    except ValueError as e:
+        p.error(str(e))
     write(args.out_dir, train, items, pool, train_pairs, heldout_pairs, val)
     print(f"wrote {args.out_dir}/: train.jsonl ({len(train):,} documents), heldout.jsonl ({len(items)} prompts), "
           f"validation.jsonl ({len(val)} prompts), "
