@@ -139,13 +139,13 @@ stage convert   $O/block/config.json    "$PYTHON" convert.py --ar $AR --out_dir 
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens $N)
 stage "eval ar" $O/eval/ar.json         "$PYTHON" -m worlds.realworld --ckpt $AR "${EVAL[@]}" --out $O/eval/ar.json
 # the minutes left for training: the budget less the time so far ($SECONDS: since run.sh began, install included)
-# and the student's evaluation to come, reserved as 5 times the teacher's replies (the student's replies, its −ELBO,
+# and the student's evaluation to come, reserved as 6 times the teacher's replies (the student's replies, its −ELBO,
 # the training's final evaluation) and a minute; REAL_STEPS caps the steps
 TEACHER_S=$("$PYTHON" -c "import json, sys; print(round(json.load(open(sys.argv[1]))['seconds']))" $O/eval/ar.json)
-LEFT=$((MINUTES * 60 - SECONDS - 5 * TEACHER_S - 60))
+LEFT=$((MINUTES * 60 - SECONDS - 6 * TEACHER_S - 60))
 if [ ! -e $O/student/results.json ] && [ $LEFT -lt 60 ]; then
   echo "run.sh real: $((SECONDS / 60)) of REAL_MINUTES=$MINUTES minutes are gone and the evaluation needs about" \
-       "$(((5 * TEACHER_S + 60) / 60)) more: no time left to train (raise REAL_MINUTES)" >&2; exit 1
+       "$(((6 * TEACHER_S + 60) / 60)) more: no time left to train (raise REAL_MINUTES)" >&2; exit 1
 fi
 LOOP=(--max_iters $STEPS --eval_interval $STEPS --time_budget $("$PYTHON" -c "print(round($LEFT / 60, 2))"))
 stage train     $O/student/results.json "$PYTHON" align.py --init $O/block --data $D/chat --assistant_only \
