@@ -16,7 +16,7 @@
 #   3. every model on the 600 held-out prompts at thresholds 0.9 and 1.0; scripts/report.py repro_rl: a paired t over
 #      the seeds' means (primary), McNemar over (seed, prompt) pairs beside it, Holm across the row's five tests, and
 #      RL's reward curve. $OUT/table.md.
-# About 75 minutes on 2 cores at BUDGET=120; finished stages are reused.
+# About 80 minutes on 2 cores at BUDGET=120 (the sweep alone 34 on an AVX2 VM); finished stages are reused.
 #   bash run.sh && bash scripts/repro_rl.sh        # OUT=out/repro_rl BUDGET=120 SEEDS="1337 1338 1339 1340 1341"
 #   SMOKE=1 bash scripts/repro_rl.sh                # the chain at a toy size (out/repro_rl_smoke)
 set -euo pipefail
