@@ -285,37 +285,31 @@ def draw_masks(n_pairs, n_masks, T, seed, eps=1e-3):
     return t, torch.rand(n_masks, n_pairs, T, generator=g)
 
 
-def batch_logps(model, batch, draws, elbo):
-    """(rows,) log π(y|x) of a batch of data.response_batch's form: exact (AR: draws None) or the mean over the draws
-    (t (K, rows), u (K, rows, >=T)) of one elbo(model, *batch, t_k, u_k) each (answer_elbo, pair_elbo)."""
-    if draws is None:
-        return response_logps(model, batch[0], batch[2])
-    return sum(elbo(model, *batch, t, u) for t, u in zip(*draws)) / len(draws[0])  # E_{t,M}: the mean over draws
+def batched_logps(model, items, draws, batch_size, ctx, make_batch, elbo):
+    """log π(y|x) of items, batch by batch (make_batch: data.response_batch or data.pair_batch), each batch's rows
+    (on the CPU) exact (AR: draws None) or the mean over the draws (t (K, n), u (K, n, >=T) of draw_masks, sliced
+    to the batch's items) of one elbo(model, *batch, t_k, u_k) each (answer_elbo, pair_elbo)."""
+    dev = model.model.embed_tokens.weight.device
+    for s in range(0, len(items), batch_size):
+        n = len(items[s:s + batch_size])
+        batch = make_batch(items[s:s + n], dev)
+        with ctx:
+            if draws is None:
+                yield response_logps(model, batch[0], batch[2]).cpu()
+            else:  # E_{t,M}: the mean over draws
+                yield (sum(elbo(model, *batch, t[s:s + n], u[s:s + n]) for t, u in zip(*draws)) / len(draws[0])).cpu()
 
 
 @torch.no_grad()
 def answer_logps(model, items, draws=None, batch_size=16, ctx=contextlib.nullcontext()):
     """(n,): log π(y|x) of every (x, y), exact (AR) or, given draws (t, u) of draw_masks, a DLM's ELBO estimate
     (realworld.py's −ELBO of the teacher's replies)."""
-    dev, out = model.model.embed_tokens.weight.device, []
-    for s in range(0, len(items), batch_size):
-        n = len(items[s:s + batch_size])
-        with ctx:
-            lp = batch_logps(model, data.response_batch(items[s:s + n], dev),
-                             None if draws is None else (draws[0][:, s:s + n], draws[1][:, s:s + n]), answer_elbo)
-        out.append(lp.cpu())
-    return torch.cat(out)
+    return torch.cat(list(batched_logps(model, items, draws, batch_size, ctx, data.response_batch, answer_elbo)))
 
 
 @torch.no_grad()
 def all_logps(model, items, draws=None, batch_size=16, ctx=contextlib.nullcontext()):
     """(n, 2): log π(y_w|x), log π(y_l|x) of every pair, exact (AR) or, given draws (t, u) of draw_masks, a DLM's ELBO
     estimate: the mean over the draws, each shared by a pair's y_w and y_l (merge.py's rewards, dpo.py --dlm's)."""
-    dev, out = model.model.embed_tokens.weight.device, []
-    for s in range(0, len(items), batch_size):
-        n = len(items[s:s + batch_size])  # pairs in this batch
-        with ctx:
-            lp = batch_logps(model, data.pair_batch(items[s:s + n], dev),
-                             None if draws is None else (draws[0][:, s:s + n], draws[1][:, s:s + n]), pair_elbo)
-        out.append(torch.stack(lp.cpu().chunk(2), 1))
-    return torch.cat(out)
+    return torch.cat([torch.stack(lp.chunk(2), 1)  # a batch's chosen rows, then its rejected ones
+                      for lp in batched_logps(model, items, draws, batch_size, ctx, data.pair_batch, pair_elbo)])

@@ -118,9 +118,9 @@ def replies(model, tok, items, *, batch_size=16, max_new_tokens=32, counts=None,
     from worlds import tasks
     ends, dlm = tok.end_ids(model.config, turn=True), model.config.attn != "causal"
     g, out = torch.Generator(model.lm_head.weight.device).manual_seed(seed), []
+    ar = {} if dlm else dict(share_opening=True)  # the chat template's system prompt once a batch
     for s in range(0, len(items), batch_size):
         prompts = [prompt_ids(tok, it) for it in items[s:s + batch_size]]
-        ar = {} if dlm else dict(share_opening=True)  # the chat template's system prompt once a batch
         gen = sample.generate(model, prompts, max_new_tokens, eos_id=ends, generator=g, vocab_limit=tok.vocab_size,
                               record=dlm, **ar, **sampler)
         out += [tok.decode(sample.until_end(gen.generated[b].tolist(), ends)) for b in range(len(prompts))]

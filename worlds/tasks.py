@@ -106,6 +106,11 @@ def build(*, seed=1337, n_train=100_000, n_heldout=200, families=FAMILIES, heldo
     return train, items
 
 
+def prompt_of(document):
+    """A training document's prompt: its text up to and including " =" ("sort 3 1 2 =")."""
+    return document[:document.index(" =") + 2]
+
+
 def validation_items(items, per_family, train, exclude=(), *, seed=1337, families=FAMILIES):
     """per_family prompts of each family with the test's (items') mix of lengths in words, drawn from the training
     side of the split (the prompts of the documents `train`) less `exclude` (prompts.jsonl: what the RL, DPO and OPDLM
@@ -114,7 +119,7 @@ def validation_items(items, per_family, train, exclude=(), *, seed=1337, familie
     nearly all the longest prompts (96-100%, against 58-72% in the test). The cost: the teacher's corpus holds these
     prompts (as it holds nearly every training-side prompt). ValueError when a length has too few prompts."""
     rng, out = random.Random(f"validation-{seed}"), []
-    pool = sorted(set(t[:t.index(" =") + 2] for t in train) - set(exclude))
+    pool = sorted(set(map(prompt_of, train)) - set(exclude))
     for family in families:
         test = collections.Counter(len(it["prompt"].split()) for it in items if it["family"] == family)
         quota = largest_remainder(test, per_family)
@@ -142,7 +147,7 @@ def prompts_and_pairs(train, items, *, n_prompts=2000, seed=1337):
     """From build()'s output -> (training prompts: up to n_prompts distinct prompts of the training documents, the
     prompt pool of distill.py; preference pairs for train and held-out: chosen = the answer with a full stop, then
     the end, rejected = the taught answer, then the end (the eos text, which merge.py reads as the eos id))."""
-    prompts = list(dict.fromkeys(t[:t.index(" =") + 2] for t in train))  # distinct, in order of appearance
+    prompts = list(dict.fromkeys(map(prompt_of, train)))  # distinct, in order of appearance
     prompts = random.Random(f"prompts-{seed}").sample(prompts, min(n_prompts, len(prompts)))
     pool = [dict(prompt=q, family=q.split(" ")[0]) for q in prompts]
 
