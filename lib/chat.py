@@ -5,6 +5,9 @@ redrawn before every forward (`live_view`), the round of its block that committe
 (`show_rounds`), and sample.py's samples and speed (`print_samples`). Nothing here samples: sample.py passes its
 sampler, or its Generation, in.
 """
+import os
+import select
+import signal
 import sys
 
 from lib import cli
@@ -266,11 +269,42 @@ def session(model, tok, max_new_tokens, answer, settings, block_size=None):
 
 
 def prompts():
-    """The terminal's lines, through input() (its line editing), until Ctrl-D."""
+    """The terminal's lines until Ctrl-D; Ctrl-C at the prompt gives a fresh one."""
+    pending = b""
     while True:
+        print("you> ", end="", flush=True)
         try:
-            yield input("you> ")
-        except EOFError:
-            return
-        except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh one
+            line, pending = terminal_line(pending)
+        except KeyboardInterrupt:  # Ctrl-C at the prompt
             print()
+            continue
+        if line is None:
+            return
+        yield line
+
+
+def terminal_line(pending):
+    """One line from the terminal (fd 0) and the bytes read past it, or None at Ctrl-D on an empty line. Not input():
+    the SIGINT of Ctrl-C may be taken by one of torch's worker threads, and then a read blocked in the main thread is
+    never interrupted. The signal's wakeup byte, written by whichever thread took it, is awaited beside the terminal."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    outer_fd = signal.set_wakeup_fd(wake_w)
+    outer = signal.signal(signal.SIGINT, lambda *_: None)  # the wakeup byte says it; acted on below
+    try:
+        while b"\n" not in pending:
+            ready = select.select([0, wake_r], [], [])[0]
+            if wake_r in ready and signal.SIGINT in os.read(wake_r, 64):
+                raise KeyboardInterrupt
+            if 0 in ready:
+                got = os.read(0, 65536)
+                if not got and not pending:
+                    return None, b""
+                pending += got or b"\n"  # Ctrl-D after some text ends that line
+    finally:
+        signal.signal(signal.SIGINT, outer)
+        signal.set_wakeup_fd(outer_fd)
+        os.close(wake_r)
+        os.close(wake_w)
+    line, _, rest = pending.partition(b"\n")
+    return line.decode(errors="replace"), rest

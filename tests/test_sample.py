@@ -786,3 +786,43 @@ def test_chat_through_a_pseudo_terminal(ckpts, tmp_path):
     text = out.decode(errors="replace")
     assert "▒" in text and "\x1b[K" in text  # the live status line, redrawn
     assert "\x1b[3" in text.split("you> ")[1]  # the round view, coloured on a terminal
+
+
+def test_ctrl_c_at_the_prompt_taken_by_another_thread():
+    """The terminal's line reader: a SIGINT taken by a worker thread (as one of torch's may take it) still ends the
+    wait at the prompt, where a read blocked in the main thread would wait for the next line; lines come one at a
+    time with what was read past them kept; Ctrl-D after some text ends that line, on an empty line, input."""
+    import os
+    import signal
+    import threading
+    import time
+    from lib import chat
+    r, w = os.pipe()
+    saved, outer = os.dup(0), signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.dup2(r, 0)
+
+    def interrupt_from_this_thread():
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        time.sleep(3)
+        os.write(w, b"\n")  # a reader the signal did not reach wakes here, late: the test fails, not hangs
+    try:
+        worker = threading.Thread(target=interrupt_from_this_thread, daemon=True)
+        worker.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            chat.terminal_line(b"")
+        assert time.monotonic() - start < 2  # at the signal, not at the worker's line after it
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the outer handler is back
+        worker.join()
+        assert chat.terminal_line(b"") == ("", b"")  # the worker's late line, not lost either
+        os.write(w, "héllo\nwor".encode())
+        assert chat.terminal_line(b"") == ("héllo", b"wor")
+        os.close(w)
+        assert chat.terminal_line(b"wor") == ("wor", b"")
+        assert chat.terminal_line(b"") == (None, b"")
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(r)
+        signal.signal(signal.SIGINT, outer)
