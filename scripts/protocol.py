@@ -15,7 +15,10 @@ import statistics
 from pathlib import Path
 
 from lib import cli
-from scripts.stats import chosen_rate, equal_time_steps, holm, mcnemar, paired_t, seeds_ahead
+from scripts.stats import beyond_edge, chosen_rate, equal_time_steps, holm, mcnemar, paired_t, seeds_ahead
+
+
+PRIMARY = "the primary test the paired t over the seeds' means (the training run as the unit)"
 
 
 def pval(p):
@@ -24,19 +27,23 @@ def pval(p):
     return f"{p:.3g}" if p > 0 else "< 1e-300"
 
 
-def holm_table(header, tests):
-    """A markdown table of tests (rows ending in their p) with Holm's adjusted p across them appended."""
-    return cli.table([*header, "p", "p (Holm)"], [[*row[:-1], pval(row[-1]), pval(q)]
-                                                  for row, q in zip(tests, holm([x[-1] for x in tests]))])
+def holm_table(header, tests, pooled):
+    """A markdown table of tests named in advance, rows ending in paired_row's two p-values: the per-seed p (the
+    primary test), Holm's adjustment of it across the rows, and the pooled test's p beside them."""
+    return cli.table([*header, "p (per seed)", "p (Holm)", f"p ({pooled}, pooled)"],
+                     [[*row[:-2], pval(row[-2]), pval(q), pval(row[-1])]
+                      for row, q in zip(tests, holm([x[-2] for x in tests]))])
 
 
-def paired_row(a, b, n_seeds, test, lower=False):
-    """b (the arm) against a (the baseline), each pooled over (seed, item) in seed order -> [mean a, mean b, the seeds
-    in which the arm is ahead (higher; lower with `lower`, as for a -ELBO), test(a, b)]: one row of a tests table."""
+def paired_row(a, b, n_seeds, pooled_test, lower=False):
+    """b (the arm) against a (the baseline), each over (seed, item) in seed order -> [mean a, mean b, the seeds in
+    which the arm is ahead (higher; lower with `lower`, as for a -ELBO), the paired t over the seeds' means (the
+    training run as the unit: the primary test), pooled_test over the (seed, item) pairs (beside it)]."""
     n = len(a) // n_seeds
-    d = [statistics.mean(b[j:j + n]) - statistics.mean(a[j:j + n]) for j in range(0, len(a), n)]  # per seed
+    ma, mb = ([statistics.mean(x[j:j + n]) for j in range(0, len(x), n)] for x in (a, b))  # per seed
+    d = [y - x for x, y in zip(ma, mb)]
     return [f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}", seeds_ahead([-x for x in d] if lower else d),
-            test(a, b)]
+            paired_t(ma, mb), pooled_test(a, b)]
 
 
 def time_steps(*args):
@@ -48,30 +55,38 @@ def time_steps(*args):
 
 
 def val_sweep(*args):
-    """The protocol's sweep (repro_align_tasks.sh, repro_tasks.sh): the rate it chooses, printed. args: R, PREFIX,
-    RATES...: the highest final validation exact match at threshold 0.9 (task_acc of R/PREFIX-RATE-s1; a tie: the
-    lower rate)."""
-    R, prefix, rates = Path(args[0]), args[1], args[2:]
-    acc = {r: json.loads((R / f"{prefix}-{r}-s1/results.json").read_text())["task_acc"] for r in rates}
-    print(chosen_rate(acc))
+    """The protocol's sweep (repro_align_tasks.sh, repro_tasks.sh): the rate it chooses, printed. args: [--extend] R,
+    PREFIX, RATES...: the highest final validation exact match at threshold 0.9 (task_acc of R/PREFIX-RATE-s1; a tie:
+    the lower rate). With --extend: the rate past the choice when it is the sweep's edge (stats.beyond_edge), or
+    nothing."""
+    extend = args[0] == "--extend"
+    R, prefix, rates = Path(args[extend]), args[extend + 1], args[extend + 2:]
+    rate = chosen_rate({r: json.loads((R / f"{prefix}-{r}-s1/results.json").read_text())["task_acc"] for r in rates})
+    print((beyond_edge(rates, rate) or "") if extend else rate)
 
 
 def sweep_table(R, arms, rates, steps):
     """The sweep at seed 1: each arm's final validation exact match at 0.9 (at 1.0 where the run logged it), median
-    seconds per step; * the chosen rate. arms: [(label, run prefix, chosen rate)]."""
-    def cell(r, chosen, x):
+    seconds per step; * the chosen rate; — a rate the arm's sweep did not run. arms: [(label, run prefix, chosen
+    rate)]; rates: every rate any arm ran."""
+    def cell(r, chosen, run):
+        if not run.exists():
+            return "—"
+        x = json.loads(run.read_text())
         also = f" ({x['task_acc@1']:.3f})" if "task_acc@1" in x else ""
         return f"{x['task_acc']:.3f}{also}, {x['step_seconds_median']:.3f} s{' *' * (r == chosen)}"
+    rates = sorted(set(rates), key=float, reverse=True)
     print(f"The sweep, seed 1, {steps} steps: final exact match on the validation split (100 prompts per family) at "
           "threshold 0.9 (1.0 in brackets, where logged), median seconds per step; * the chosen rate\n")
     print(cli.table(["arm", *[f"lr {r}" for r in rates]], [
-        [label] + [cell(r, chosen, json.loads((R / f"{prefix}-{r}-s1/results.json").read_text())) for r in rates]
+        [label] + [cell(r, chosen, R / f"{prefix}-{r}-s1/results.json") for r in rates]
         for label, prefix, chosen in arms]))
 
 
 def test_tables(R, arms, comparisons, thresholds, seeds):
     """The test prompts: each arm's exact match and tokens per forward (R/eval/RUN-sSEED.json, eval.py tasks), then
-    each comparison at each threshold: McNemar's exact test over (seed, prompt) pairs, Holm across all of them.
+    each comparison at each threshold: the paired t over the seeds' means, Holm across all of them, McNemar's exact
+    test over (seed, prompt) pairs beside it.
     arms: [(run, label)]; comparisons: [(label, baseline run, arm run)]."""
     ev = functools.cache(lambda m, s, t: next(x for x in json.loads((R / f"eval/{m}-s{s}.json").read_text())
                                               ["results"]["runs"] if x["threshold"] == t))
@@ -89,9 +104,9 @@ def test_tables(R, arms, comparisons, thresholds, seeds):
         for t in thresholds:
             a, b = ([c for s in seeds for c in ev(m, s, t)["correct"]] for m in (base, arm))
             tests.append([label, f"{t:g}", *paired_row(a, b, len(seeds), mcnemar)])
-    print(f"\nThe tests named in advance: McNemar's exact test over (seed, prompt) pairs, Holm across the "
-          f"{len(tests)}\n")
-    print(holm_table(["comparison", "threshold", "baseline", "arm", "seeds"], tests))
+    print(f"\nThe tests named in advance: exact match; {PRIMARY}, p adjusted by Holm across the "
+          f"{len(tests)}; McNemar's exact test over (seed, prompt) pairs beside it\n")
+    print(holm_table(["comparison", "threshold", "baseline", "arm", "seeds"], tests, "McNemar"))
 
 
 def align_protocol(*args):
@@ -106,19 +121,28 @@ def align_protocol(*args):
 
 
 def l2_sweep(*args):
-    """repro_align_tasks.sh PART=protocol: L2's λ and rate, printed "λ rate". args: R, "LAMBDAS", "RATES": the highest
-    final validation exact match at 0.9 of R/p-l2-λ-RATE-s1 (a tie: the lower λ, then the lower rate)."""
-    R, lambdas, rates = Path(args[0]), args[1].split(), args[2].split()
-    acc = {(lam, r): json.loads((R / f"p-l2-{lam}-{r}-s1/results.json").read_text())["task_acc"]
-           for lam in lambdas for r in rates}
-    print(*chosen_rate(acc))
+    """repro_align_tasks.sh PART=protocol: L2's λ and rate, printed "λ rate". args: [--extend] R, "LAMBDAS", "RATES":
+    the highest final validation exact match at 0.9 of R/p-l2-λ-RATE-s1 (a tie: the lower λ, then the lower rate).
+    With --extend: where the choice is an edge of the grid, the axis and the value past it ("lambda 0.1", "rate
+    3e-4"; λ first), or nothing."""
+    extend = args[0] == "--extend"
+    R, lambdas, rates = Path(args[extend]), args[extend + 1].split(), args[extend + 2].split()
+    lam, rate = chosen_rate({(lam, r): json.loads((R / f"p-l2-{lam}-{r}-s1/results.json").read_text())["task_acc"]
+                             for lam in lambdas for r in rates})
+    if not extend:
+        print(lam, rate)
+    elif beyond_edge(lambdas, lam):
+        print("lambda", f"{float(beyond_edge(lambdas, lam)):g}")
+    elif beyond_edge(rates, rate):
+        print("rate", beyond_edge(rates, rate))
 
 
 def l2_protocol(*args):
     """repro_align_tasks.sh PART=protocol: cosine (λ = 10) against L2, each at its chosen setting. args: R, cosine's
     rate, L2's λ, L2's rate, "L2 LAMBDAS", "SWEEP RATES", SEEDS..."""
     R, r10, l2, rl2, lambdas, rates, seeds = Path(args[0]), *args[1:4], args[4].split(), args[5].split(), args[6:]
-    sweep_table(R, [(f"L2, λ = {lam}", f"p-l2-{lam}", rl2 if lam == l2 else None) for lam in lambdas], rates, 80)
+    sweep_table(R, [(f"L2, λ = {lam}", f"p-l2-{lam}", rl2 if lam == l2 else None)
+                    for lam in sorted(lambdas, key=float)], rates, 80)
     arms = [(f"p-l2-{l2}-{rl2}", f"L2, λ = {l2}, lr {rl2}, 80 steps"),
             (f"p-lam10-{r10}", f"cosine, λ = 10, lr {r10}, 80 steps")]
     test_tables(R, arms, [("cosine against L2", arms[0][0], arms[1][0])], (0.9, 1.0), seeds)
@@ -203,15 +227,14 @@ def mark_protocol(*args):
     def test(label, base, arm, key):
         return [label, key, *paired_row(flags(base, key), flags(arm, key), len(seeds), mcnemar)]
     transfer = test("the transfer: AR-MAP against the start", "align", arms[1][0], "preferred")
-    print("\nThe transfer, one test: McNemar's exact test over (seed, prompt) pairs\n")
-    print(cli.table(["comparison", "outcome", "baseline", "arm", "seeds", "p"],
-                    [[*transfer[:-1], pval(transfer[-1])]]))
+    print(f"\nThe transfer, one test: {PRIMARY}; McNemar's exact test over (seed, prompt) pairs beside it\n")
+    print(holm_table(["comparison", "outcome", "baseline", "arm", "seeds"], [transfer], "McNemar"))
     bases = [("equal steps", arms[2][0])] + ([("equal time", arms[3][0])] if k != 100 else [])
     tests = [test(f"AR-MAP against DPO on the DLM, {label}", base, arms[1][0], key) for label, base in bases
              for key in ("preferred", "right")]
-    print(f"\nAR-MAP against DPO on the DLM: McNemar's exact test over (seed, prompt) pairs, Holm across the "
-          f"{len(tests)}\n")
-    print(holm_table(["comparison", "outcome", "baseline", "arm", "seeds"], tests))
+    print(f"\nAR-MAP against DPO on the DLM: {PRIMARY}, p adjusted by Holm across the {len(tests)}; McNemar's exact "
+          "test over (seed, prompt) pairs beside it\n")
+    print(holm_table(["comparison", "outcome", "baseline", "arm", "seeds"], tests, "McNemar"))
 
 
 def nelbo_sweep(*args):
@@ -225,7 +248,8 @@ def nelbo_sweep(*args):
 def nelbo_tables(P, sweep, rates, steps, arms, comparisons, seeds):
     """The standard library's protocol tables. sweep: [(label, prefix, chosen)]: P/eval/val-PREFIX-RATE.json's -ELBO
     and P/PREFIX-RATE-sSEED0's median step time; arms: [(run, label)], P/eval/RUN-sSEED.json on the other half;
-    comparisons: [(label, baseline run, arm run)]: the paired t-test over (seed, sequence), Holm across them."""
+    comparisons: [(label, baseline run, arm run)]: the paired t over the seeds' means, Holm across them, the paired
+    t-test over (seed, sequence) beside it."""
     lik = functools.cache(lambda name: json.loads((P / f"eval/{name}.json").read_text())["results"])
     step = functools.cache(lambda run: json.loads((P / f"{run}/results.json").read_text())["step_seconds_median"])
     print(f"The sweep, seed {seeds[0]}, {steps} steps: -ELBO (bits/token) on the validation split's first half, "
@@ -242,11 +266,11 @@ def nelbo_tables(P, sweep, rates, steps, arms, comparisons, seeds):
     tests = []
     for label, base, arm in comparisons:
         a, b = ([x for s in seeds for x in lik(f"{m}-s{s}")["per_sequence"]] for m in (base, arm))
-        mean_a, mean_b, ahead, p = paired_row(a, b, len(seeds), paired_t, lower=True)
-        tests.append([label, mean_a, mean_b, f"{statistics.mean(y - x for x, y in zip(a, b)):+.3f}", ahead, p])
-    print(f"\nThe tests named in advance: the paired t-test on each sequence's -ELBO over (seed, sequence) pairs "
-          f"(ahead: a lower -ELBO), Holm across the {len(tests)}\n")
-    print(holm_table(["comparison", "baseline", "arm", "arm - baseline", "seeds"], tests))
+        mean_a, mean_b, ahead, p, pooled = paired_row(a, b, len(seeds), paired_t, lower=True)
+        tests.append([label, mean_a, mean_b, f"{statistics.mean(y - x for x, y in zip(a, b)):+.3f}", ahead, p, pooled])
+    print(f"\nThe tests named in advance: -ELBO (ahead: lower); {PRIMARY}, p adjusted by Holm across the {len(tests)}; "
+          "the paired t-test over (seed, sequence) pairs beside it\n")
+    print(holm_table(["comparison", "baseline", "arm", "arm - baseline", "seeds"], tests, "paired t"))
 
 
 def stdlib_align_protocol(*args):
@@ -340,16 +364,17 @@ def stdlib_armap_protocol(*args):
     def test(label, a, b, lower=False):  # b (the arm) against a over (seed, item); ahead: higher, or lower -ELBO
         return [label, *paired_row(a, b, len(seeds), paired_t, lower)]
     transfer = test("the transfer: AR-MAP against the start, rule score", scores(-1), scores(0))
-    print("\nThe transfer, one test: the paired t-test over (seed, prompt) pairs\n")
-    print(cli.table(["comparison", "baseline", "arm", "seeds", "p"], [[*transfer[:-1], pval(transfer[-1])]]))
+    print(f"\nThe transfer, one test: {PRIMARY}; the paired t-test over (seed, prompt) pairs beside it\n")
+    print(holm_table(["comparison", "baseline", "arm", "seeds"], [transfer], "paired t"))
     tests = []
     for j, label in [(1, "equal steps")] + ([(2, "equal time")] if k != 30 else []):
         tests.append(test(f"AR-MAP against DPO on the DLM, {label}: rule score", scores(j), scores(0)))
         tests.append(test(f"AR-MAP against DPO on the DLM, {label}: -ELBO", nelbo(arms[j][0]), nelbo(arms[0][0]),
                           lower=True))
-    print(f"\nAR-MAP against DPO on the DLM: the paired t-test over (seed, prompt) pairs for the rule score and "
-          f"(seed, sequence) pairs for the -ELBO (ahead: lower), Holm across the {len(tests)}\n")
-    print(holm_table(["comparison", "baseline", "arm", "seeds"], tests))
+    print(f"\nAR-MAP against DPO on the DLM (-ELBO: ahead is lower): the primary test the paired t over the seeds' "
+          f"means (the training run as the unit), p adjusted by Holm across the {len(tests)}; beside it the paired "
+          "t-test over (seed, prompt) pairs for the rule score and (seed, sequence) pairs for the -ELBO\n")
+    print(holm_table(["comparison", "baseline", "arm", "seeds"], tests, "paired t"))
 
 
 COMMANDS = (time_steps, val_sweep, align_protocol, l2_sweep, l2_protocol, opdlm_protocol, mark_sweep, dlm_dpo_steps,

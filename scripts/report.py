@@ -24,7 +24,7 @@ from pathlib import Path
 
 from lib import cli
 from scripts import claims, conversion, protocol, world_tables
-from scripts.protocol import pval, stage_seconds
+from scripts.protocol import stage_seconds
 from scripts.stats import beyond_edge, chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead
 
 
@@ -694,24 +694,14 @@ def repro_rl(*args):
     print(cli.table(["arm", "rate", "wall s", "steps per seed", "EM 0.9 per seed", "EM 0.9",
                      *[f"{f} 0.9" for f in families], "EM 1.0", "tok/fwd 0.9", "tok/fwd 1.0"], rows))
 
-    def per_seed(name):  # each seed's exact match at 0.9; the start's the same in every seed
-        return [statistics.mean(run(name.format(s=s), 0.9)["correct"]) for s in seeds]
-
     def pooled(name):  # the correct flags at 0.9 over (seed, prompt); the start's repeated for each seed
         return [c for s in seeds for c in run(name.format(s=s), 0.9)["correct"]]
     tests = [(f"{arm} against the start", "start.test", f"{arm}-{{s}}.test") for arm in RL_ARMS] + \
         [(f"rl against {arm}", f"{arm}-{{s}}.test", "rl-{s}.test") for arm in ("dlm-dpo", "ar-map")]
-    res = []
-    for what, a, b in tests:
-        ma, mb = per_seed(a), per_seed(b)
-        res.append([what, f"{statistics.mean(ma):.3f}", f"{statistics.mean(mb):.3f}",
-                    seeds_ahead([y - x for x, y in zip(ma, mb)]), paired_t(ma, mb), mcnemar(pooled(a), pooled(b))])
-    print(f"\nPaired tests, named before the runs: exact match at threshold 0.9; the primary test a paired t over the "
-          f"{len(seeds)} seeds' means (the training run as the unit), p adjusted by Holm across the five; beside it "
-          f"McNemar's exact test over (seed, prompt) pairs\n")
-    print(cli.table(["comparison", "baseline", "arm", "seeds", "p (per seed)", "p (Holm)", "p (McNemar, pooled)"],
-                    [[*row[:4], pval(row[4]), pval(q), pval(row[5])]
-                     for row, q in zip(res, holm([x[4] for x in res]))]))
+    res = [[what, *protocol.paired_row(pooled(a), pooled(b), len(seeds), mcnemar)] for what, a, b in tests]
+    print(f"\nPaired tests, named before the runs: exact match at threshold 0.9; {protocol.PRIMARY}, p adjusted by "
+          f"Holm across the five; beside it McNemar's exact test over (seed, prompt) pairs\n")
+    print(protocol.holm_table(["comparison", "baseline", "arm", "seeds"], res, "McNemar"))
 
     curve = {}  # RL's rollouts: mean reward per step (each batch's first step logs it), over the seeds
     for s in seeds:

@@ -6,7 +6,8 @@
 #     0 .. n-2); λ = 10 on the final norm's output alone; λ = 0 and λ = 10 at lr 3e-4 (run.sh: 1e-3)
 #   metric, seeds L2_SEEDS: L2 at λ in {0.3, 1, 3, 10} against cosine at λ in {1, 10} (and λ = 0)
 #   protocol (docs/results.md, "The verdict protocol"): each arm's rate from SWEEP_LRS at seed 1, judged by exact
-#     match on worlds/tasks.py's validation.jsonl at threshold 0.9 (the highest; a tie: the lower rate); then seeds SEEDS at
+#     match on worlds/tasks.py's validation.jsonl at threshold 0.9 (the highest; a tie: the lower rate; a choice at the
+#     sweep's edge goes on past it, three rates at most); then seeds SEEDS at
 #     the chosen rates: λ = 0 and λ = 10 for 80 steps, and λ = 0 for as many steps as λ = 10's 80 take (their
 #     median step times in the sweep); each final checkpoint on the 600 test prompts (eval.py tasks, 0.9 and 1.0);
 #     and cosine against L2: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule, seeds SEEDS, against the
@@ -15,7 +16,7 @@
 # PART=parts: the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
-source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE; sweep GRID_VAR TRAIN CHOOSE
 source scripts/python_env.sh
 python_env requirements.txt scripts/repro_align_tasks.sh
 PART=${PART:-all}
@@ -56,12 +57,12 @@ fi
 [ "$PART" = parts ] && exit 0
 VAL=(--tasks $D/validation.jsonl --tasks_n 100)  # every evaluation during training on the validation split
 [ -e $D/validation.jsonl ] || { echo "scripts/repro_align_tasks.sh: no $D/validation.jsonl: run 'bash run.sh'" >&2; exit 1; }
-for r in $SWEEP_LRS; do
-  run p-lam0-$r 1 --lambda_align 0 $(lr $r) "${VAL[@]}"
-  run p-lam10-$r 1 --lambda_align 10 $(lr $r) "${VAL[@]}"
-done
-r0=$("$PYTHON" -m scripts.report val_sweep $R p-lam0 $SWEEP_LRS)
-r10=$("$PYTHON" -m scripts.report val_sweep $R p-lam10 $SWEEP_LRS)
+sweep_run() { run p-lam$1-$2 1 --lambda_align $1 $(lr $2) "${VAL[@]}"; }
+rates0=$SWEEP_LRS rates10=$SWEEP_LRS  # each goes on past a chosen edge
+sweep rates0 "sweep_run 0" "$PYTHON -m scripts.report val_sweep --extend $R p-lam0"
+sweep rates10 "sweep_run 10" "$PYTHON -m scripts.report val_sweep --extend $R p-lam10"
+r0=$("$PYTHON" -m scripts.report val_sweep $R p-lam0 $rates0)
+r10=$("$PYTHON" -m scripts.report val_sweep $R p-lam10 $rates10)
 k=$("$PYTHON" -m scripts.report time_steps $R/p-lam10-$r10-s1 $R/p-lam0-$r0-s1 80)  # λ = 0's steps in λ = 10's time
 mkdir -p $R/eval
 for s in $SEEDS; do
@@ -73,15 +74,24 @@ for s in $SEEDS; do
       --out $R/eval/$m-s$s.json > /dev/null
   done
 done
-"$PYTHON" -m scripts.report align_protocol $R $r0 $r10 $k "$SWEEP_LRS" $SEEDS | tee $R/protocol.md
-# cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS (the same rule), then its seeds
-for l in $L2_LAMBDAS; do
-  for r in $SWEEP_LRS; do run p-l2-$l-$r 1 --lambda_align $l --align_metric l2 $(lr $r) "${VAL[@]}"; done
+"$PYTHON" -m scripts.report align_protocol $R $r0 $r10 $k "$rates0 $rates10" $SEEDS | tee $R/protocol.md
+# cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS (the same rule; a choice at an
+# edge of either goes on past it, λ first, three steps at most), then its seeds
+lams=$L2_LAMBDAS l2_rates=$SWEEP_LRS
+for more in 0 1 2 3; do
+  for l in $lams; do
+    for r in $l2_rates; do run p-l2-$l-$r 1 --lambda_align $l --align_metric l2 $(lr $r) "${VAL[@]}"; done
+  done
+  read -r axis next < <("$PYTHON" -m scripts.report l2_sweep --extend $R "$lams" "$l2_rates") || true
+  [ -n "${next:-}" ] && [ $more -lt 3 ] || break
+  echo "== L2: the sweep chose its edge; it goes on at $axis $next"
+  if [ $axis = lambda ]; then lams="$lams $next"; else l2_rates="$l2_rates $next"; fi
+  next=
 done
-read -r l2 rl2 < <("$PYTHON" -m scripts.report l2_sweep $R "$L2_LAMBDAS" "$SWEEP_LRS")
+read -r l2 rl2 < <("$PYTHON" -m scripts.report l2_sweep $R "$lams" "$l2_rates")
 for s in $SEEDS; do
   run p-l2-$l2-$rl2 $s --lambda_align $l2 --align_metric l2 $(lr $rl2) "${VAL[@]}"
   [ -e $R/eval/p-l2-$l2-$rl2-s$s.json ] || "$PYTHON" eval.py tasks --ckpt $R/p-l2-$l2-$rl2-s$s --data $D \
     --thresholds 0.9,1 --out $R/eval/p-l2-$l2-$rl2-s$s.json > /dev/null
 done
-"$PYTHON" -m scripts.report l2_protocol $R $r10 $l2 $rl2 "$L2_LAMBDAS" "$SWEEP_LRS" $SEEDS | tee $R/protocol-l2.md
+"$PYTHON" -m scripts.report l2_protocol $R $r10 $l2 $rl2 "$lams" "$l2_rates" $SEEDS | tee $R/protocol-l2.md

@@ -111,13 +111,7 @@ evaluate start $START val 0.9
 declare -A SWEPT
 for arm in rl dlm-dpo ar-map; do
   grid=$(rates $arm)
-  for more in 0 1 2 3; do
-    for r in $grid; do train $arm 1337 $r; done
-    next=$("$PYTHON" -m scripts.report rl_sweep --extend $OUT $arm $grid)
-    [ -n "$next" ] && [ $more -lt 3 ] || break
-    echo "== $arm: the sweep chose its edge; it goes on at $next"
-    grid="$grid $next"
-  done
+  sweep grid "train $arm 1337" "$PYTHON -m scripts.report rl_sweep --extend $OUT $arm"
   SWEPT[$arm]=$grid
 done
 # 2. the other seeds at the chosen rates; 3. every model on the held-out prompts

@@ -7,12 +7,12 @@
 # Writes out/tasks/repro/results.md and curves.png (with matplotlib). About 40 minutes on 2 cores with N = 5.
 #   PART=protocol: only OPDLM on against off under the protocol (docs/results.md, "The verdict protocol"): each
 #   policy's rate from SWEEP_LRS at seed 1, judged by exact match on worlds/tasks.py's validation.jsonl at threshold 0.9 (the
-#   highest; a tie: the lower rate); then seeds SEEDS at the chosen rates, each final checkpoint on the 600 test
+#   highest; a tie: the lower rate; a choice at the sweep's edge goes on past it, three rates at most); then seeds SEEDS at the chosen rates, each final checkpoint on the 600 test
 #   prompts at five thresholds; off-policy also for on-policy's time when its step is more than 5% cheaper. Writes
 #   out/tasks/repro/protocol/protocol.md; about 10 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
-source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE; sweep GRID_VAR TRAIN CHOOSE
 PYTHON=${PYTHON:-python3}
 PART=${PART:-all}
 SWEEP_LRS=${SWEEP_LRS:-"1e-2 3e-3 1e-3 3e-4"}
@@ -37,13 +37,12 @@ mkdir -p $R
 if [ "$PART" = protocol ]; then
   P=$R/protocol VAL=(--tasks $D/validation.jsonl --tasks_n 100 --eval_interval 100)  # evaluations: validation only
   mkdir -p $P/eval
-  for r in $SWEEP_LRS; do
-    for pol in on off; do
-      run $P/$pol-$r-s1 "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" --policy $pol $(lr $r) --seed 1
-    done
-  done
-  ron=$("$PYTHON" -m scripts.report val_sweep $P on $SWEEP_LRS)
-  roff=$("$PYTHON" -m scripts.report val_sweep $P off $SWEEP_LRS)
+  sweep_run() { run $P/$1-$2-s1 "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" --policy $1 $(lr $2) --seed 1; }
+  on_rates=$SWEEP_LRS off_rates=$SWEEP_LRS  # each goes on past a chosen edge
+  sweep on_rates "sweep_run on" "$PYTHON -m scripts.report val_sweep --extend $P on"
+  sweep off_rates "sweep_run off" "$PYTHON -m scripts.report val_sweep --extend $P off"
+  ron=$("$PYTHON" -m scripts.report val_sweep $P on $on_rates)
+  roff=$("$PYTHON" -m scripts.report val_sweep $P off $off_rates)
   k=$("$PYTHON" -m scripts.report time_steps $P/on-$ron-s1 $P/off-$roff-s1 200)  # off's steps in on's time
   for s in $SEEDS; do
     run $P/on-$ron-s$s "$PYTHON" distill.py "${DISTILL[@]}" "${VAL[@]}" $(lr $ron) --seed $s
@@ -59,7 +58,7 @@ if [ "$PART" = protocol ]; then
         --out $P/eval/$m-s$s.json > /dev/null
     done
   done
-  "$PYTHON" -m scripts.report opdlm_protocol $P $ron $roff $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  "$PYTHON" -m scripts.report opdlm_protocol $P $ron $roff $k "$on_rates $off_rates" $SEEDS | tee $P/protocol.md
   exit 0
 fi
 for s in $SEEDS; do

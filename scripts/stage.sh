@@ -10,3 +10,16 @@ stage() {
   echo "== $name: done in $((SECONDS - t)) s (total $((SECONDS - T0)) s)"
 }
 lr() { echo --lr "$1" --min_lr "$(awk "BEGIN { print $1 / 10 }")"; }  # lr RATE: a peak rate, its floor a tenth of it
+# sweep GRID_VAR TRAIN CHOOSE: TRAIN RATE for each rate in $GRID_VAR, then CHOOSE RATES... prints the rate past the
+# sweep's choice when that is its edge (or nothing): the sweep goes on there, three rates more at most. GRID_VAR ends
+# holding every rate run. TRAIN and CHOOSE are commands, split into words.
+sweep() {
+  local -n sweep_grid=$1; local train=$2 choose=$3 more r next
+  for more in 0 1 2 3; do
+    for r in $sweep_grid; do $train $r; done
+    next=$($choose $sweep_grid)
+    [ -n "$next" ] && [ $more -lt 3 ] || break
+    echo "== the sweep chose its edge; it goes on at $next"
+    sweep_grid="$sweep_grid $next"
+  done
+}

@@ -17,6 +17,12 @@ def write(path, obj):
     path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
 
 
+def p_two_seeds(d1, d2):
+    """The paired t's two-sided p over two seeds' differences, by hand: df = 1 (Student's t is then Cauchy), t = |d1 +
+    d2| / |d1 - d2|, p = 1 - 2 atan(t) / π."""
+    return 1 - 2 * math.atan(abs(d1 + d2) / abs(d1 - d2)) / math.pi
+
+
 def task_run(threshold, right, tpf):
     fam = {f: dict(right=right + k / 100, accuracy=right, preferred=0.0) for k, f in enumerate(("sort", "rev", "add"))}
     lengths = {"add/2": dict(n=3, accuracy=right, tokens_per_forward=tpf), "sort/4": dict(n=5, accuracy=right,
@@ -375,7 +381,8 @@ def test_repro_rl(tmp_path, capsys):
 
 def test_align_protocol(tmp_path, capsys):
     """repro_align_tasks.sh's protocol tables: the sweep's rule (the highest validation exact match, a tie the lower
-    rate), the test means, and McNemar over (seed, prompt) pairs with Holm across the four tests."""
+    rate), the test means, the paired t over the seeds' means with Holm across the four tests, McNemar over (seed,
+    prompt) pairs beside it."""
     for arm, accs in (("p-lam0", (0.2, 0.5, 0.5)), ("p-lam10", (0.6, 0.4, 0.1))):
         for r, a in zip(("3e-3", "1e-3", "3e-4"), accs):
             write(tmp_path / f"{arm}-{r}-s1/results.json", {"task_acc": a, "task_acc@1": a / 2,
@@ -389,17 +396,18 @@ def test_align_protocol(tmp_path, capsys):
         runs = [dict(threshold=t, accuracy=sum(correct) / len(correct), correct=correct, tokens_per_forward=1.0,
                      canvas=6) for t in (0.9, 1.0)]
         write(tmp_path / f"eval/{name}.json", dict(results=dict(runs=runs)))
-    for s in ("1", "2"):
+    for s, k in (("1", 4), ("2", 6)):
         ev(f"p-lam0-3e-4-s{s}", [False] * 8)
-        ev(f"p-lam10-3e-3-s{s}", [True] * 4 + [False] * 4)
+        ev(f"p-lam10-3e-3-s{s}", [True] * k + [False] * (8 - k))
         ev(f"p-lam0time-3e-4-s{s}", [True] * 4 + [False] * 4)
     protocol.align_protocol(str(tmp_path), "3e-4", "3e-3", "118", "3e-3 1e-3 3e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| λ = 0 | 0.200 (0.100), 0.100 s | 0.500 (0.250), 0.100 s | 0.500 (0.250), 0.100 s * |" in out
-    p = 2 / 2 ** 8  # 8 discordant (seed, prompt) pairs, all one way; Holm: the two at this p take 4× and 3×
-    assert (f"| λ = 10 against λ = 0, equal steps | 0.9 | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3g} | "
-            f"{4 * p:.3g} |") in out
-    assert "| λ = 10 against λ = 0, equal time | 1 | 0.500 | 0.500 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
+    p, q = p_two_seeds(0.5, 0.75), 2 / 2 ** 10  # per seed; McNemar: 10 discordant (seed, prompt) pairs, one way
+    assert (f"| λ = 10 against λ = 0, equal steps | 0.9 | 0.000 | 0.625 | 2 ahead, 0 tied of 2 | {p:.3g} | "
+            f"{4 * p:.3g} | {q:.3g} |") in out  # Holm: the two at p take 4× and 3× (kept monotone: 4×)
+    p = p_two_seeds(0, 0.25)
+    assert f"| λ = 10 against λ = 0, equal time | 1 | 0.500 | 0.625 | 1 ahead, 1 tied of 2 | {p:.3g} | 1 | 0.5 |" in out
     assert ("| λ = 0, lr 3e-4, 118 steps (λ = 10's 80 steps of time) | 0.500 | 0.500 | 0.500 / 0.500 | 1.00 | 1.00 |"
             in out)
 
@@ -419,13 +427,14 @@ def test_l2_protocol(tmp_path, capsys):
         write(tmp_path / f"eval/{name}.json", dict(results=dict(runs=runs)))
     for s in ("1", "2", "3"):
         ev(f"p-l2-0.3-1e-3-s{s}", [False] * 4)
-        ev(f"p-lam10-3e-3-s{s}", [True] * 4)
+        ev(f"p-lam10-3e-3-s{s}", [True] * 4 if s != "3" else [True, True, False, False])
     protocol.l2_protocol(str(tmp_path), "3e-3", "0.3", "1e-3", "0.3 1 3", "1e-2 1e-3", "1", "2", "3")
     out = capsys.readouterr().out
     assert "| L2, λ = 0.3 | 0.100, 0.200 s | 0.400, 0.200 s * |" in out
     assert "| L2, λ = 1 | 0.400, 0.200 s | 0.200, 0.200 s |" in out
-    p = 2 / 2 ** 12  # Holm: two tests at the same p, each × 2
-    assert f"| cosine against L2 | 1 | 0.000 | 1.000 | 3 ahead, 0 tied of 3 | {p:.3g} | {2 * p:.3g} |" in out
+    # per seed: differences 1, 1, 0.5: t = 5 with df = 2, whose two-sided p is 1 - t / sqrt(t² + 2)
+    p, q = 1 - 5 / math.sqrt(27), 2 / 2 ** 10  # McNemar: 10 discordant pairs, one way
+    assert f"| cosine against L2 | 1 | 0.000 | 0.833 | 3 ahead, 0 tied of 3 | {p:.3g} | {2 * p:.3g} | {q:.3g} |" in out
 
 
 def test_opdlm_protocol(tmp_path, capsys):
@@ -441,19 +450,19 @@ def test_opdlm_protocol(tmp_path, capsys):
                      canvas=8) for t in thresholds]
         write(tmp_path / f"eval/{name}.json", dict(results=dict(runs=runs)))
     for s in ("1", "2"):
-        ev(f"on-1e-3-s{s}", [True] * 5 + [False] * 5)
+        ev(f"on-1e-3-s{s}", [True] * (5 if s == "1" else 7) + [False] * (5 if s == "1" else 3))
         ev(f"off-1e-2-s{s}", [False] * 10)
         ev(f"offtime-1e-2-s{s}", [True] * 5 + [False] * 5)
     protocol.opdlm_protocol(str(tmp_path), "1e-3", "1e-2", "200", "1e-2 1e-3", "1", "2")
     out = capsys.readouterr().out
-    p = 2 / 2 ** 10  # 10 discordant pairs, all one way; Holm over five equal p: each × 5
-    assert f"| on against off, equal steps | 0.95 | 0.000 | 0.500 | 2 ahead, 0 tied of 2 | {p:.3g} | {5 * p:.3g} |" \
-        in out
+    p, q = p_two_seeds(0.5, 0.7), 2 / 2 ** 12  # McNemar: 12 discordant pairs, one way; Holm over five equal p: × 5
+    assert (f"| on against off, equal steps | 0.95 | 0.000 | 0.600 | 2 ahead, 0 tied of 2 | {p:.3g} | {5 * p:.3g} | "
+            f"{q:.3g} |") in out
     assert "equal time" not in out and "Holm across the 5" in out
     assert "| on-policy | 0.500, 0.100 s | 0.500, 0.100 s * |" in out  # a tie goes to the lower rate, 1e-3
     protocol.opdlm_protocol(str(tmp_path), "1e-3", "1e-2", "230", "1e-2 1e-3", "1", "2")
     out = capsys.readouterr().out
-    assert "| on against off, equal time | 1 | 0.500 | 0.500 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
+    assert "| on against off, equal time | 1 | 0.500 | 0.600 | 1 ahead, 1 tied of 2 | 0.5 | 1 | 0.5 |" in out
     assert "off-policy, lr 1e-2, 230 steps (on-policy's 200 steps of time)" in out and "Holm across the 10" in out
 
 
@@ -484,23 +493,25 @@ def test_mark_protocol(tmp_path, capsys):
     ev("align-s0", [True] * 6 + [False] * 4, [False] * 10)
     for s in ("1", "2"):
         write(tmp_path / f"ar-map-3e-4-s{s}/merge.json", dict(best_gamma=0.25 * int(s)))
-        ev(f"ar-map-3e-4-s{s}", [True] * 2 + [False] * 8, [False] * 2 + [True] * 6 + [False] * 2)  # right 8, pref 6
+        k = 6 if s == "1" else 7  # preferred; right: k + 2
+        ev(f"ar-map-3e-4-s{s}", [True] * 2 + [False] * 8, [False] * 2 + [True] * k + [False] * (8 - k))
         ev(f"dlm-dpo-3e-3-s{s}", [False] * 10, [True] * 6 + [False] * 4)  # right 6, preferred 6
         ev(f"dlm-dpo-time-3e-3-s{s}", [False] * 10, [True] * 6 + [False] * 4)
     protocol.mark_protocol(str(tmp_path), "3e-4", "3e-3", "150", "3e-3 1e-3 3e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| ar-map | 0.200 (0.200), γ 0.25 | 0.400 (0.400), γ 0.25 | 0.400 (0.400), γ 0.25 * |" in out
-    assert "| AR-MAP, DPO lr 3e-4 | 0.800 | 0.600 | 0.600 / 0.600 | 1.20 | 0.25, 0.5 | 17 |" in out  # (15 + 19) / 2
+    assert "| AR-MAP, DPO lr 3e-4 | 0.850 | 0.650 | 0.600 / 0.700 | 1.20 | 0.25, 0.5 | 17 |" in out  # (15 + 19) / 2
     assert "| DPO on the DLM, lr 3e-3, 150 steps (AR-MAP's seconds) |" in out
-    p = 2 / 2 ** 12  # the transfer: 12 discordant pairs (6 a seed), all one way
-    assert f"| the transfer: AR-MAP against the start | preferred | 0.000 | 0.600 | 2 ahead, 0 tied of 2 | {p:.3g} |" \
-        in out
-    # right: 0.8 against 0.6, discordant: prompts 7-8 of each seed (AR-MAP right, DLM-only not) -> 4 pairs one way
-    p = 2 / 2 ** 4
-    assert f"| AR-MAP against DPO on the DLM, equal steps | right | 0.600 | 0.800 | 2 ahead, 0 tied of 2 | {p:.3g} |" \
-        in out
-    assert "| AR-MAP against DPO on the DLM, equal time | preferred | 0.600 | 0.600 | 0 ahead, 2 tied of 2 | 1 | 1 |" \
-        in out
+    p, q = p_two_seeds(0.6, 0.7), 2 / 2 ** 13  # the transfer; McNemar: 13 discordant pairs (6 and 7), one way
+    assert (f"| the transfer: AR-MAP against the start | preferred | 0.000 | 0.650 | 2 ahead, 0 tied of 2 | {p:.3g} | "
+            f"{p:.3g} | {q:.3g} |") in out
+    # right: 0.8 and 0.9 against 0.6; discordant: prompts 7-8 of seed 1, 7-9 of seed 2 -> 5 pairs one way
+    p, q = p_two_seeds(0.2, 0.3), 2 / 2 ** 5
+    assert (f"| AR-MAP against DPO on the DLM, equal steps | right | 0.600 | 0.850 | 2 ahead, 0 tied of 2 | {p:.3g} | "
+            f"{4 * p:.3g} | {q:.3g} |") in out  # Holm: p × 4 (then × 3, kept monotone), the 0.5s × 2 -> 1
+    # preferred: seed 1 tied, seed 2 ahead by 0.1; discordant 4 (DLM-only) against 5 (AR-MAP): McNemar p = 1
+    assert ("| AR-MAP against DPO on the DLM, equal time | preferred | 0.600 | 0.650 | 1 ahead, 1 tied of 2 | 0.5 | "
+            "1 | 1 |") in out
     protocol.mark_protocol(str(tmp_path), "3e-4", "3e-3", "100", "3e-3 1e-3 3e-4", "1", "2")  # no time arm
     out = capsys.readouterr().out
     assert "equal time" not in out and "AR-MAP's seconds" not in out and "Holm across the 2" in out
@@ -518,7 +529,7 @@ def test_stdlib_align_protocol(tmp_path, capsys):
             write(tmp_path / f"{arm}-{r}-s1/results.json", dict(step_seconds_median=0.5))
     protocol.nelbo_sweep(str(tmp_path), "val-lam0", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-4"  # 6.5 twice: the lower rate
-    base, arm = {"1": [7.0, 7.2, 6.9], "2": [7.1, 7.0, 7.3]}, {"1": [6.8, 7.0, 6.9], "2": [7.0, 6.7, 7.3]}
+    base, arm = {"1": [7.0, 7.2, 6.9], "2": [7.1, 7.0, 7.3]}, {"1": [6.8, 7.0, 6.9], "2": [7.0, 6.8, 7.3]}
     for s in ("1", "2"):
         lik(f"lam0-3e-4-s{s}", base[s])
         lik(f"lam10-3e-3-s{s}", arm[s])
@@ -527,12 +538,12 @@ def test_stdlib_align_protocol(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| λ = 10 | 6.000, 0.500 s * | 6.800, 0.500 s | 7.200, 0.500 s |" in out
     a, b = base["1"] + base["2"], arm["1"] + arm["2"]
-    p = stats.paired_t(a, b)
+    p, pooled = p_two_seeds(-0.4 / 3, -0.1), stats.paired_t(a, b)  # the seeds' mean differences; (seed, sequence)
     d = sum(y - x for x, y in zip(a, b)) / 6
     assert (f"| λ = 10 against λ = 0, equal steps | {sum(a) / 6:.3f} | {sum(b) / 6:.3f} | {d:+.3f} | "
-            f"2 ahead, 0 tied of 2 | {p:.3g} | {2 * p:.3g} |") in out  # Holm: the smaller of two p's × 2
-    assert "| λ = 10 against λ = 0, equal time | 6.950 | 6.950 | +0.000 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
-    assert "| λ = 0, lr 3e-4, 130 steps (λ = 10's 100 steps of time) | 6.950 |" in out
+            f"2 ahead, 0 tied of 2 | {p:.3g} | {2 * p:.3g} | {pooled:.3g} |") in out  # Holm: the smaller p × 2
+    assert "| λ = 10 against λ = 0, equal time | 6.967 | 6.967 | +0.000 | 0 ahead, 2 tied of 2 | 1 | 1 | 1 |" in out
+    assert "| λ = 0, lr 3e-4, 130 steps (λ = 10's 100 steps of time) | 6.967 |" in out
 
 
 def test_stdlib_opdlm_protocol(tmp_path, capsys):
@@ -545,18 +556,19 @@ def test_stdlib_opdlm_protocol(tmp_path, capsys):
         lik(f"val-{pol}-1e-3", [6.0])
         write(tmp_path / f"{pol}-1e-3-s1/results.json", dict(step_seconds_median=0.7))
     for s in ("1", "2"):
-        lik(f"on-1e-3-s{s}", [6.0, 6.2])
+        lik(f"on-1e-3-s{s}", [6.0, 6.2] if s == "1" else [6.2, 6.2])
         lik(f"off-1e-3-s{s}", [6.1, 6.5])
-        lik(f"offtime-1e-3-s{s}", [6.0, 6.2])
+        lik(f"offtime-1e-3-s{s}", [6.0, 6.2] if s == "1" else [6.2, 6.2])
     protocol.stdlib_opdlm_protocol(str(tmp_path), "1e-3", "1e-3", "60", "60", "1e-3", "1", "2")
     out = capsys.readouterr().out
-    p = stats.paired_t([6.1, 6.5] * 2, [6.0, 6.2] * 2)
-    assert f"| on against off, equal steps | 6.300 | 6.100 | -0.200 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} |" in out
+    p, pooled = p_two_seeds(-0.2, -0.1), stats.paired_t([6.1, 6.5] * 2, [6.0, 6.2, 6.2, 6.2])
+    assert (f"| on against off, equal steps | 6.300 | 6.150 | -0.150 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} | "
+            f"{pooled:.3g} |") in out
     assert "equal time" not in out and "Holm across the 1" in out
     protocol.stdlib_opdlm_protocol(str(tmp_path), "1e-3", "1e-3", "75", "60", "1e-3", "1", "2")
     out = capsys.readouterr().out
-    assert "| off-policy, lr 1e-3, 75 steps (on-policy's 60 steps of time) | 6.100 |" in out and "across the 2" in out
-    assert "| on against off, equal time | 6.100 | 6.100 | +0.000 | 0 ahead, 2 tied of 2 | 1 | 1 |" in out
+    assert "| off-policy, lr 1e-3, 75 steps (on-policy's 60 steps of time) | 6.150 |" in out and "across the 2" in out
+    assert "| on against off, equal time | 6.150 | 6.150 | +0.000 | 0 ahead, 2 tied of 2 | 1 | 1 | 1 |" in out
 
 
 def test_stdlib_armap_protocol(tmp_path, capsys):
@@ -577,23 +589,28 @@ def test_stdlib_armap_protocol(tmp_path, capsys):
     ev("lik-align", dict(nelbo_bits_per_token=7.0, per_sequence=[7.0, 7.0]))
     for s in ("1", "2"):
         write(tmp_path / f"ar-map-2e-4-s{s}/merge.json", dict(best_gamma=float(s)))
+        armap = [1.0, 1.0, 0.5] if s == "1" else [1.0, 0.5, 0.5]  # rule scores; -ELBO 8.1, then 8.2
         ev(f"test-s{s}", dict(win_rates=[0.9, 0.7, 0.7], scores_ref=[-1.0, 0.0, -0.5],
-                              scores=[[1.0, 1.0, 0.5], [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]))
-        ev(f"lik-ar-map-2e-4-s{s}", dict(nelbo_bits_per_token=8.1, per_sequence=[7.9, 8.3]))
+                              scores=[armap, [0.0, 1.0, 0.0], [0.0, 1.0, 0.0]]))
+        ev(f"lik-ar-map-2e-4-s{s}", dict(nelbo_bits_per_token=8.1, per_sequence=[7.9, 8.3] if s == "1" else [8.1, 8.3]))
         ev(f"lik-dlm-dpo-2e-4-s{s}", dict(nelbo_bits_per_token=7.1, per_sequence=[7.0, 7.2]))
         ev(f"lik-dlm-dpo-time-2e-4-s{s}", dict(nelbo_bits_per_token=7.1, per_sequence=[7.0, 7.2]))
     protocol.stdlib_armap_protocol(str(tmp_path), "2e-4", "2e-4", "60", "6e-4 2e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| AR-MAP | 0.700, γ 2 | 0.800, γ 1 * |" in out and "| DPO on the DLM | 0.600 | 0.600 * |" in out
-    assert "| AR-MAP, DPO lr 2e-4 | 0.900 / 0.900 | 0.833 | 8.100 | 1, 2 | 30 |" in out
+    assert "| AR-MAP, DPO lr 2e-4 | 0.900 / 0.900 | 0.750 | 8.150 | 1, 2 | 30 |" in out
     assert "| DPO on the DLM, lr 2e-4, 60 steps (AR-MAP's seconds) | 0.700 / 0.700 | 0.333 | 7.100 | — | 30 |" in out
-    a, b = [-1.0, 0.0, -0.5] * 2, [1.0, 1.0, 0.5] * 2
-    assert f"| the transfer: AR-MAP against the start, rule score | -0.500 | 0.833 | 2 ahead, 0 tied of 2 | " \
-           f"{stats.paired_t(a, b):.3g} |" in out
-    p = stats.paired_t([7.0, 7.2] * 2, [7.9, 8.3] * 2)
-    assert "| AR-MAP against DPO on the DLM, equal time: -ELBO | 7.100 | 8.100 | 0 ahead, 0 tied of 2 |" in out
-    assert f"| AR-MAP against DPO on the DLM, equal steps: -ELBO | 7.100 | 8.100 | 0 ahead, 0 tied of 2 | {p:.3g} |" \
-        in out and "Holm across the 4" in out
+    a, b = [-1.0, 0.0, -0.5] * 2, [1.0, 1.0, 0.5, 1.0, 0.5, 0.5]
+    p = p_two_seeds(4 / 3, 7 / 6)  # the seeds' differences: 0.833 and 0.667 against -0.5
+    assert (f"| the transfer: AR-MAP against the start, rule score | -0.500 | 0.750 | 2 ahead, 0 tied of 2 | {p:.3g} | "
+            f"{p:.3g} | {stats.paired_t(a, b):.3g} |") in out
+    p, pooled = p_two_seeds(1.0, 1.1), stats.paired_t([7.0, 7.2] * 2, [7.9, 8.3, 8.1, 8.3])
+    assert "| AR-MAP against DPO on the DLM, equal time: -ELBO | 7.100 | 8.150 | 0 ahead, 0 tied of 2 |" in out
+    assert (f"| AR-MAP against DPO on the DLM, equal steps: -ELBO | 7.100 | 8.150 | 0 ahead, 0 tied of 2 | {p:.3g} |"
+            in out and "Holm across the 4" in out and f"| {pooled:.3g} |" in out)
+    p = p_two_seeds(0.5, 1 / 3)
+    assert (f"| AR-MAP against DPO on the DLM, equal steps: rule score | 0.333 | 0.750 | 2 ahead, 0 tied of 2 | "
+            f"{p:.3g} |") in out
 
 
 def test_stdlib_l2_protocol(tmp_path, capsys):
@@ -610,12 +627,13 @@ def test_stdlib_l2_protocol(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "0.3 1e-3"  # 7.0 twice: the lower λ
     for s in ("1", "2"):
         lik(f"l2-0.3-1e-3-s{s}", [7.0, 7.4])
-        lik(f"lam10-3e-3-s{s}", [6.9, 7.0])
+        lik(f"lam10-3e-3-s{s}", [6.9, 7.0] if s == "1" else [7.0, 7.0])
     protocol.stdlib_l2_protocol(str(tmp_path), "3e-3", "0.3", "1e-3", "0.3 1", "3e-3 1e-3", "1", "2")
     out = capsys.readouterr().out
     assert "| L2, λ = 0.3 | 7.500, 0.600 s | 7.000, 0.600 s * |" in out and "| L2, λ = 1 | 7.000, 0.600 s |" in out
-    p = stats.paired_t([7.0, 7.4] * 2, [6.9, 7.0] * 2)
-    assert f"| cosine against L2 | 7.200 | 6.950 | -0.250 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} |" in out
+    p, pooled = p_two_seeds(-0.25, -0.2), stats.paired_t([7.0, 7.4] * 2, [6.9, 7.0, 7.0, 7.0])
+    assert (f"| cosine against L2 | 7.200 | 6.975 | -0.225 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} | {pooled:.3g} |"
+            in out)
 
 
 def test_time_steps(tmp_path, capsys):
@@ -839,3 +857,44 @@ def test_a_sweep_that_chose_its_edge_goes_on_past_it():
     assert stats.beyond_edge(["3e-4", "1e-4", "3e-5"], "1e-4") is None
     with pytest.raises(ValueError, match="half-decade"):
         stats.next_rate("2e-4", up=False)
+
+
+def test_extend_forms_of_the_task_world_sweeps(tmp_path, capsys):
+    """val_sweep --extend: the rate past a chosen edge, nothing inside; l2_sweep --extend: λ first, then the rate."""
+    for r, a in zip(("1e-3", "3e-4", "1e-4"), (0.2, 0.3, 0.4)):
+        write(tmp_path / f"p-lam0-{r}-s1/results.json", {"task_acc": a})
+    protocol.val_sweep("--extend", str(tmp_path), "p-lam0", "1e-3", "3e-4", "1e-4")
+    assert capsys.readouterr().out.strip() == "3e-5"
+    protocol.val_sweep("--extend", str(tmp_path), "p-lam0", "1e-3", "3e-4")
+    assert capsys.readouterr().out.strip() == "1e-4"  # 3e-4 chosen: the lower edge of ("1e-3", "3e-4")
+    for lam, accs in (("0.3", (0.1, 0.4, 0.2)), ("1", (0.4, 0.3, 0.1))):
+        for r, a in zip(("1e-2", "1e-3", "1e-4"), accs):
+            write(tmp_path / f"p-l2-{lam}-{r}-s1/results.json", {"task_acc": a})
+    protocol.l2_sweep("--extend", str(tmp_path), "0.3 1", "1e-2 1e-3 1e-4")
+    assert capsys.readouterr().out.split() == ["lambda", "0.1"]  # (0.3, 1e-3): λ at its edge, the rate inside
+    protocol.l2_sweep("--extend", str(tmp_path), "0.3 1", "1e-3 1e-4")
+    assert capsys.readouterr().out.split() == ["lambda", "0.1"]
+    write(tmp_path / "p-l2-0.3-1e-3-s1/results.json", {"task_acc": 0.0})
+    protocol.l2_sweep("--extend", str(tmp_path), "0.3 1", "1e-2 1e-3 1e-4")  # (1, 1e-2): λ's upper edge first
+    assert capsys.readouterr().out.split() == ["lambda", "3"]
+    protocol.l2_sweep(str(tmp_path), "0.3 1", "1e-2 1e-3 1e-4")
+    assert capsys.readouterr().out.split() == ["1", "1e-2"]
+
+
+def test_sweep_helper_goes_on_past_a_chosen_edge_three_rates_at_most(tmp_path):
+    """scripts/stage.sh's sweep: every rate trained, then the chooser asked; a rate it names is added and trained;
+    at most three more; the grid variable ends holding every rate run."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    script = f"""source {root}/scripts/stage.sh
+train() {{ echo "train $1"; }}
+edge_once() {{ [ $# = 2 ] && echo 1e-5 || true; }}   # the first grid (two rates) chose its edge; then inside
+always() {{ echo "x$#"; }}                          # always at the edge
+g="1e-3 1e-4"; sweep g train edge_once; echo "grid: $g"
+h="1e-3"; sweep h train always; echo "grid: $h"
+"""
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+    first = out[:out.index("grid: 1e-3 1e-4 1e-5") + 1]
+    assert [x for x in first if x.startswith("train")] == ["train 1e-3", "train 1e-4", "train 1e-3", "train 1e-4",
+                                                           "train 1e-5"]
+    assert out[-1] == "grid: 1e-3 x1 x2 x3"  # three more, then it stops
