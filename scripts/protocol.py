@@ -92,13 +92,15 @@ def test_tables(R, arms, comparisons, thresholds, seeds):
                                               ["results"]["runs"] if x["threshold"] == t))
     first = ev(arms[0][0], seeds[0], thresholds[0])
     print(f"\nThe test: {len(first['correct'])} held-out prompts, seeds {', '.join(seeds)}, canvas N = "
-          f"{first['canvas']}: exact match (mean over seeds; per seed at {thresholds[0]:g}) and tokens per forward\n")
+          f"{first['canvas']}: exact match and tokens per forward, mean over seeds\n")
     mean = lambda m, t, k: statistics.mean(ev(m, s, t)[k] for s in seeds)  # noqa: E731
-    print(cli.table(["run", *[f"EM {t:g}" for t in thresholds], f"per seed {thresholds[0]:g}",
-                     *[f"tok/fwd {t:g}" for t in thresholds]], [
+    print(cli.table(["run", *[f"EM {t:g}" for t in thresholds], *[f"tok/fwd {t:g}" for t in thresholds]], [
         [what, *[f"{mean(m, t, 'accuracy'):.3f}" for t in thresholds],
-         " / ".join(f"{ev(m, s, thresholds[0])['accuracy']:.3f}" for s in seeds),
          *[f"{mean(m, t, 'tokens_per_forward'):.2f}" for t in thresholds]] for m, what in arms]))
+    print(f"\nEach seed's exact match (seeds {', '.join(seeds)}): the numbers the per-seed tests pair\n")
+    print(cli.table(["run", "threshold", "per seed"], [
+        [what, f"{t:g}", " / ".join(f"{ev(m, s, t)['accuracy']:.3f}" for s in seeds)]
+        for m, what in arms for t in thresholds]))
     tests = []
     for label, base, arm in comparisons:
         for t in thresholds:

@@ -33,9 +33,9 @@ DPO=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --seq_len 96 
      --eval_interval 20 --weights_only --seed 1337)
 peak() { "$PYTHON" -c 'import json, sys; print(max(json.loads(l).get("lr", 0) for l in open(sys.argv[1])))' "$1/log.jsonl"; }
 same() { awk "BEGIN { exit !($1 > 0.999 * $2 && $1 < 1.001 * $2) }"; }
-sweep() {  # sweep ARM START "RATES" SCRIPT FLAGS...: a run per rate, each scored on the validation prompts (real_arms.sh's
-  local arm=$1 start=$2 rates=$3; shift 3  # own, $O/ARM, stands for the rate it ran at unless REUSE=no); a best at the
-  for r in $rates; do                      # lowest rate gets one more below it, as the protocol asks
+real_sweep() {  # real_sweep ARM START "RATES" SCRIPT FLAGS...: a run per rate, each scored on the validation prompts
+  local arm=$1 start=$2 rates=$3; shift 3  # (real_arms.sh's own, $O/ARM, stands for the rate it ran at unless
+  for r in $rates; do                      # REUSE=no); a best at the lowest rate gets one more below it
     train_rate "$arm" "$r" "$@"
   done
   local best low=${rates##* } prev
@@ -65,16 +65,16 @@ stage "validate ar" $S/eval/ar.json "$PYTHON" -m worlds.realworld --ckpt $O/ar "
   --out $S/eval/ar.json
 # the teacher's own replies under itself: the start for DPO's −ELBO rule
 stage "validate ar (nelbo)" $S/eval/ar-self.json "$PYTHON" -m worlds.realworld --ckpt $O/ar "${VAL[@]}" --out $S/eval/ar-self.json
-sweep align0 - "$LRS" align.py "${ALIGN[@]}" --lambda_align 0
-sweep align - "$LRS" align.py "${ALIGN[@]}"
-sweep distill - "$LRS" distill.py "${DISTILL[@]}"
-sweep distill-off - "$LRS" distill.py "${DISTILL[@]}" --policy off
-sweep ar-dpo ar-self "$DPO_LRS" dpo.py --ar $O/ar "${DPO[@]}"
+real_sweep align0 - "$LRS" align.py "${ALIGN[@]}" --lambda_align 0
+real_sweep align - "$LRS" align.py "${ALIGN[@]}"
+real_sweep distill - "$LRS" distill.py "${DISTILL[@]}"
+real_sweep distill-off - "$LRS" distill.py "${DISTILL[@]}" --policy off
+real_sweep ar-dpo ar-self "$DPO_LRS" dpo.py --ar $O/ar "${DPO[@]}"
 LR_ALIGN=$(chosen align - "$(rates align)")
 stage "validate align $LR_ALIGN (as DPO's start)" $S/eval/dlm-dpo-start.json cp $S/eval/align-$LR_ALIGN.json \
   $S/eval/dlm-dpo-start.json
 same "$(peak $O/align)" "$LR_ALIGN" || REUSE=no  # real_arms.sh's dlm-dpo started from its own λ = 10 run
-sweep dlm-dpo dlm-dpo-start "$DPO_LRS" dpo.py --dlm --ar $S/align-$LR_ALIGN "${DPO[@]}"
+real_sweep dlm-dpo dlm-dpo-start "$DPO_LRS" dpo.py --dlm --ar $S/align-$LR_ALIGN "${DPO[@]}"
 "$PYTHON" -m scripts.report real_sweep_table $S | tee $S/results.md
 [ "$ONLY" = sweep ] && exit 0
 
