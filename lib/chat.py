@@ -272,8 +272,8 @@ def prompts():
     """The terminal's lines until Ctrl-D; Ctrl-C at the prompt gives a fresh one."""
     pending = b""
     while True:
-        print("you> ", end="", flush=True)
-        try:
+        try:  # the prompt inside: a Ctrl-C just after it is drawn is this one's too
+            print("you> ", end="", flush=True)
             line, pending = terminal_line(pending)
         except KeyboardInterrupt:  # Ctrl-C at the prompt
             print()
