@@ -29,10 +29,11 @@ def pval(p):
 
 def holm_table(header, tests, pooled):
     """A markdown table of tests named in advance, rows ending in paired_row's two p-values: the per-seed p (the
-    primary test), Holm's adjustment of it across the rows, and the pooled test's p beside them."""
-    return cli.table([*header, "p (per seed)", "p (Holm)", f"p ({pooled}, pooled)"],
-                     [[*row[:-2], pval(row[-2]), pval(q), pval(row[-1])]
-                      for row, q in zip(tests, holm([x[-2] for x in tests]))])
+    primary test), Holm's adjustment of it across the rows, and beside them the pooled test's p, Holm-adjusted the
+    same way."""
+    return cli.table([*header, "p (per seed)", "p (Holm)", f"p ({pooled}, pooled, Holm)"],
+                     [[*row[:-2], pval(row[-2]), pval(q), pval(r)] for row, q, r in
+                      zip(tests, holm([x[-2] for x in tests]), holm([x[-1] for x in tests]))])
 
 
 def paired_row(a, b, n_seeds, pooled_test, lower=False):

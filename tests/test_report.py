@@ -367,13 +367,14 @@ def test_repro_rl(tmp_path, capsys):
     assert "| diffu-GRPO (rl.py) | 3e-5 | 110 | 40 / 40 | 0.500 / 0.600 | 0.550 | 0.550 | 0.400 | 1.50 | 1.00 |" in out
     assert "| DPO on the DLM (judged pairs) | 1e-4 | 0 | 10 / 20 |" in out  # each seed stopped early
     # rl against the start, per seed: differences 0.5 and 0.6, t = 0.55 / (0.0707 / √2) = 11 on 1 df, where Student's
-    # t is Cauchy: p = 1 − (2/π) atan(11); Holm's rank 1 of 5 multiplies it by 5. McNemar: 11 discordant pairs one way
+    # t is Cauchy: p = 1 − (2/π) atan(11); Holm's rank 1 of 5 multiplies it by 5 (by 4 here: the one at rank 2 ties
+    # it and the larger is kept). McNemar: 11 discordant pairs one way, rank 1 of 5 by Holm
     p = 1 - 2 / math.pi * math.atan(11)
     row = next(line for line in out.splitlines() if line.startswith("| rl against the start |"))
     cells = row.strip("|").split("|")
     assert [c.strip() for c in cells[:4]] == ["rl against the start", "0.000", "0.550", "2 ahead, 0 tied of 2"]
     assert float(cells[4]) == pytest.approx(p, rel=1e-2) and float(cells[5]) == pytest.approx(4 * p, rel=1e-2)
-    assert float(cells[6]) == pytest.approx(2 / 2 ** 11, rel=1e-2)
+    assert float(cells[6]) == pytest.approx(5 * 2 / 2 ** 11, rel=1e-2)
     assert "| dlm-dpo against the start | 0.000 | 0.000 | 0 ahead, 2 tied of 2 | 1 | 1 | 1 |" in out
     assert "| 0-0 | 0.000 | 1.00 |" in out and "| 32-36 | 3.400 | 1.00 |" in out  # 10 steps: 8 bins of 1 or 2
     assert "| 36-36 |" not in out
@@ -405,9 +406,9 @@ def test_align_protocol(tmp_path, capsys):
     assert "| λ = 0 | 0.200 (0.100), 0.100 s | 0.500 (0.250), 0.100 s | 0.500 (0.250), 0.100 s * |" in out
     p, q = p_two_seeds(0.5, 0.75), 2 / 2 ** 10  # per seed; McNemar: 10 discordant (seed, prompt) pairs, one way
     assert (f"| λ = 10 against λ = 0, equal steps | 0.9 | 0.000 | 0.625 | 2 ahead, 0 tied of 2 | {p:.3g} | "
-            f"{4 * p:.3g} | {q:.3g} |") in out  # Holm: the two at p take 4× and 3× (kept monotone: 4×)
+            f"{4 * p:.3g} | {4 * q:.3g} |") in out  # Holm: the two at p take 4× and 3× (kept monotone: 4×)
     p = p_two_seeds(0, 0.25)
-    assert f"| λ = 10 against λ = 0, equal time | 1 | 0.500 | 0.625 | 1 ahead, 1 tied of 2 | {p:.3g} | 1 | 0.5 |" in out
+    assert f"| λ = 10 against λ = 0, equal time | 1 | 0.500 | 0.625 | 1 ahead, 1 tied of 2 | {p:.3g} | 1 | 1 |" in out
     assert "| λ = 0, lr 3e-4, 118 steps (λ = 10's 80 steps of time) | 0.500 | 0.500 | 1.00 | 1.00 |" in out
     assert "| λ = 10, lr 3e-3, 80 steps | 1 | 0.500 / 0.750 |" in out  # each seed's, at each threshold
 
@@ -434,7 +435,8 @@ def test_l2_protocol(tmp_path, capsys):
     assert "| L2, λ = 1 | 0.400, 0.200 s | 0.200, 0.200 s |" in out
     # per seed: differences 1, 1, 0.5: t = 5 with df = 2, whose two-sided p is 1 - t / sqrt(t² + 2)
     p, q = 1 - 5 / math.sqrt(27), 2 / 2 ** 10  # McNemar: 10 discordant pairs, one way
-    assert f"| cosine against L2 | 1 | 0.000 | 0.833 | 3 ahead, 0 tied of 3 | {p:.3g} | {2 * p:.3g} | {q:.3g} |" in out
+    assert (f"| cosine against L2 | 1 | 0.000 | 0.833 | 3 ahead, 0 tied of 3 | {p:.3g} | {2 * p:.3g} | {2 * q:.3g} |"
+            in out)
 
 
 def test_opdlm_protocol(tmp_path, capsys):
@@ -457,12 +459,12 @@ def test_opdlm_protocol(tmp_path, capsys):
     out = capsys.readouterr().out
     p, q = p_two_seeds(0.5, 0.7), 2 / 2 ** 12  # McNemar: 12 discordant pairs, one way; Holm over five equal p: × 5
     assert (f"| on against off, equal steps | 0.95 | 0.000 | 0.600 | 2 ahead, 0 tied of 2 | {p:.3g} | {5 * p:.3g} | "
-            f"{q:.3g} |") in out
+            f"{5 * q:.3g} |") in out
     assert "equal time" not in out and "Holm across the 5" in out
     assert "| on-policy | 0.500, 0.100 s | 0.500, 0.100 s * |" in out  # a tie goes to the lower rate, 1e-3
     protocol.opdlm_protocol(str(tmp_path), "1e-3", "1e-2", "230", "1e-2 1e-3", "1", "2")
     out = capsys.readouterr().out
-    assert "| on against off, equal time | 1 | 0.500 | 0.600 | 1 ahead, 1 tied of 2 | 0.5 | 1 | 0.5 |" in out
+    assert "| on against off, equal time | 1 | 0.500 | 0.600 | 1 ahead, 1 tied of 2 | 0.5 | 1 | 1 |" in out
     assert "off-policy, lr 1e-2, 230 steps (on-policy's 200 steps of time)" in out and "Holm across the 10" in out
 
 
@@ -508,7 +510,7 @@ def test_mark_protocol(tmp_path, capsys):
     # right: 0.8 and 0.9 against 0.6; discordant: prompts 7-8 of seed 1, 7-9 of seed 2 -> 5 pairs one way
     p, q = p_two_seeds(0.2, 0.3), 2 / 2 ** 5
     assert (f"| AR-MAP against DPO on the DLM, equal steps | right | 0.600 | 0.850 | 2 ahead, 0 tied of 2 | {p:.3g} | "
-            f"{4 * p:.3g} | {q:.3g} |") in out  # Holm: p × 4 (then × 3, kept monotone), the 0.5s × 2 -> 1
+            f"{4 * p:.3g} | {4 * q:.3g} |") in out  # Holm: p × 4 (then × 3, kept monotone), the 0.5s × 2 -> 1
     # preferred: seed 1 tied, seed 2 ahead by 0.1; discordant 4 (DLM-only) against 5 (AR-MAP): McNemar p = 1
     assert ("| AR-MAP against DPO on the DLM, equal time | preferred | 0.600 | 0.650 | 1 ahead, 1 tied of 2 | 0.5 | "
             "1 | 1 |") in out
@@ -541,7 +543,7 @@ def test_stdlib_align_protocol(tmp_path, capsys):
     p, pooled = p_two_seeds(-0.4 / 3, -0.1), stats.paired_t(a, b)  # the seeds' mean differences; (seed, sequence)
     d = sum(y - x for x, y in zip(a, b)) / 6
     assert (f"| λ = 10 against λ = 0, equal steps | {sum(a) / 6:.3f} | {sum(b) / 6:.3f} | {d:+.3f} | "
-            f"2 ahead, 0 tied of 2 | {p:.3g} | {2 * p:.3g} | {pooled:.3g} |") in out  # Holm: the smaller p × 2
+            f"2 ahead, 0 tied of 2 | {p:.3g} | {2 * p:.3g} | {2 * pooled:.3g} |") in out  # Holm: the smaller × 2
     assert "| λ = 10 against λ = 0, equal time | 6.967 | 6.967 | +0.000 | 0 ahead, 2 tied of 2 | 1 | 1 | 1 |" in out
     assert "| λ = 0, lr 3e-4, 130 steps (λ = 10's 100 steps of time) | 6.967 |" in out
 
@@ -561,7 +563,7 @@ def test_stdlib_opdlm_protocol(tmp_path, capsys):
         lik(f"offtime-1e-3-s{s}", [6.0, 6.2] if s == "1" else [6.2, 6.2])
     protocol.stdlib_opdlm_protocol(str(tmp_path), "1e-3", "1e-3", "60", "60", "1e-3", "1", "2")
     out = capsys.readouterr().out
-    p, pooled = p_two_seeds(-0.2, -0.1), stats.paired_t([6.1, 6.5] * 2, [6.0, 6.2, 6.2, 6.2])
+    p, pooled = p_two_seeds(-0.2, -0.1), stats.paired_t([6.1, 6.5] * 2, [6.0, 6.2, 6.2, 6.2])  # one test: no Holm
     assert (f"| on against off, equal steps | 6.300 | 6.150 | -0.150 | 2 ahead, 0 tied of 2 | {p:.3g} | {p:.3g} | "
             f"{pooled:.3g} |") in out
     assert "equal time" not in out and "Holm across the 1" in out
@@ -604,7 +606,9 @@ def test_stdlib_armap_protocol(tmp_path, capsys):
     p = p_two_seeds(4 / 3, 7 / 6)  # the seeds' differences: 0.833 and 0.667 against -0.5
     assert (f"| the transfer: AR-MAP against the start, rule score | -0.500 | 0.750 | 2 ahead, 0 tied of 2 | {p:.3g} | "
             f"{p:.3g} | {stats.paired_t(a, b):.3g} |") in out
-    p, pooled = p_two_seeds(1.0, 1.1), stats.paired_t([7.0, 7.2] * 2, [7.9, 8.3, 8.1, 8.3])
+    rule, nelbo = (stats.paired_t([0.0, 1.0, 0.0] * 2, [1.0, 1.0, 0.5, 1.0, 0.5, 0.5]),
+                   stats.paired_t([7.0, 7.2] * 2, [7.9, 8.3, 8.1, 8.3]))  # pooled, (seed, item) pairs
+    p, pooled = p_two_seeds(1.0, 1.1), stats.holm([rule, nelbo, rule, nelbo])[1]
     assert "| AR-MAP against DPO on the DLM, equal time: -ELBO | 7.100 | 8.150 | 0 ahead, 0 tied of 2 |" in out
     assert (f"| AR-MAP against DPO on the DLM, equal steps: -ELBO | 7.100 | 8.150 | 0 ahead, 0 tied of 2 | {p:.3g} |"
             in out and "Holm across the 4" in out and f"| {pooled:.3g} |" in out)
