@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORLDS = {"tasks": "exact-answer world", "stdlib": "standard library", "real": "SmolLM2-135M (2 seeds)"}
 SECTION = "## The papers' claims, measured here"
 ALPHA = 0.05
+MIN_SEEDS = 5  # the protocol's: fewer seeds give a word, marked tentative
 CELL_KEYS = {"arms", "metric", "better", "seeds_run", "source", "not_per_seed", "pooled_over", "aside", "note", "tests"}
 TEST_KEYS = {"setting", "metric", "better", "source", "not_per_seed", "per_seed", "pooled"}
 
@@ -215,7 +216,8 @@ def _sign(t, a, b):
 
 
 def cell_text(c):
-    """A computed cell: the per-seed verdict and its figures, then the pooled test's verdict by the same rule."""
+    """A computed cell: the per-seed verdict (tentative on fewer than MIN_SEEDS seeds) and its figures, then the
+    pooled test's verdict by the same rule."""
     tests = c["tests"]
     label = {id(t): t["setting"] + (f" ({t['metric']})" if len({x["metric"] for x in tests}) > 1 else "")
              for t in tests}
@@ -223,6 +225,8 @@ def cell_text(c):
     ps = dict(zip(map(id, tested), holm([paired_t(t["per_seed"]["a"], t["per_seed"]["b"]) for t in tested])))
     word = verdict([(t["setting"], _sign(t, sum(t["per_seed"]["a"]), sum(t["per_seed"]["b"])) if id(t) in ps else 0,
                      ps.get(id(t))) for t in tests], c["seeds_run"])
+    if word.startswith(("reproduced", "contradicted")) and c["seeds_run"] < MIN_SEEDS:
+        word += f", tentatively ({c['seeds_run']} seeds; a verdict needs {MIN_SEEDS})"
     figures = []
     for k, t in enumerate(tested):
         signs = [_sign(t, a, b) for a, b in zip(t["per_seed"]["a"], t["per_seed"]["b"])]
