@@ -130,8 +130,15 @@ def l2_sweep(*args):
     3e-4"; λ first), or nothing."""
     extend = args[0] == "--extend"
     R, lambdas, rates = Path(args[extend]), args[extend + 1].split(), args[extend + 2].split()
-    lam, rate = chosen_rate({(lam, r): json.loads((R / f"p-l2-{lam}-{r}-s1/results.json").read_text())["task_acc"]
-                             for lam in lambdas for r in rates})
+    print_l2_choice(extend, lambdas, rates, chosen_rate({
+        (lam, r): json.loads((R / f"p-l2-{lam}-{r}-s1/results.json").read_text())["task_acc"]
+        for lam in lambdas for r in rates}))
+
+
+def print_l2_choice(extend, lambdas, rates, chosen):
+    """An L2 sweep's choice (λ, rate), printed "λ rate"; with extend, where it is an edge of the grid, the axis and
+    the value past it instead ("lambda 0.1", "rate 3e-4"; λ first), or nothing (stage.sh's sweep2 reads it)."""
+    lam, rate = chosen
     if not extend:
         print(lam, rate)
     elif beyond_edge(lambdas, lam):
@@ -241,11 +248,14 @@ def mark_protocol(*args):
 
 
 def nelbo_sweep(*args):
-    """The standard library's protocol sweeps: the rate chosen, printed. args: P, PREFIX, RATES...: the lowest -ELBO
-    of P/eval/PREFIX-RATE.json (eval.py likelihood on the validation split's first half; a tie: the lower rate)."""
-    P, prefix, rates = Path(args[0]), args[1], args[2:]
-    print(chosen_rate({r: -json.loads((P / f"eval/{prefix}-{r}.json").read_text())["results"]["nelbo_bits_per_token"]
-                       for r in rates}))
+    """The standard library's protocol sweeps: the rate chosen, printed. args: [--extend] P, PREFIX, RATES...: the
+    lowest -ELBO of P/eval/PREFIX-RATE.json (eval.py likelihood on the validation split's first half; a tie: the
+    lower rate). With --extend: the rate past the choice when it is the sweep's edge, or nothing."""
+    extend = args[0] == "--extend"
+    P, prefix, rates = Path(args[extend]), args[extend + 1], args[extend + 2:]
+    rate = chosen_rate({r: -json.loads((P / f"eval/{prefix}-{r}.json").read_text())["results"]["nelbo_bits_per_token"]
+                        for r in rates})
+    print((beyond_edge(rates, rate) or "") if extend else rate)
 
 
 def nelbo_tables(P, sweep, rates, steps, arms, comparisons, seeds):
@@ -257,9 +267,14 @@ def nelbo_tables(P, sweep, rates, steps, arms, comparisons, seeds):
     step = functools.cache(lambda run: json.loads((P / f"{run}/results.json").read_text())["step_seconds_median"])
     print(f"The sweep, seed {seeds[0]}, {steps} steps: -ELBO (bits/token) on the validation split's first half, "
           "median seconds per step; * the chosen rate\n")
-    print(cli.table(["arm", *[f"lr {r}" for r in rates]], [
-        [label] + [f"{lik(f'val-{prefix}-{r}')['nelbo_bits_per_token']:.3f}, {step(f'{prefix}-{r}-s{seeds[0]}'):.3f} s"
-                   + " *" * (r == chosen) for r in rates] for label, prefix, chosen in sweep]))
+    def cell(prefix, r, chosen):  # — : a rate this arm's sweep did not run
+        if not (P / f"eval/val-{prefix}-{r}.json").exists():
+            return "—"
+        return (f"{lik(f'val-{prefix}-{r}')['nelbo_bits_per_token']:.3f}, {step(f'{prefix}-{r}-s{seeds[0]}'):.3f} s"
+                + " *" * (r == chosen))
+    rates = sorted(set(rates), key=float, reverse=True)
+    print(cli.table(["arm", *[f"lr {r}" for r in rates]],
+                    [[label] + [cell(prefix, r, chosen) for r in rates] for label, prefix, chosen in sweep]))
     first = lik(f"{arms[0][0]}-s{seeds[0]}")
     print(f"\nThe test: -ELBO (bits/token) of {len(first['per_sequence'])} sequences of the validation split's other "
           f"half, {first['n_draws']} draws each; seeds {', '.join(seeds)} (mean; per seed)\n")
@@ -288,11 +303,13 @@ def stdlib_align_protocol(*args):
 
 
 def nelbo_l2_sweep(*args):
-    """repro_align.sh ONLY=protocol: L2's λ and rate, printed "λ rate". args: P, "LAMBDAS", "RATES": the lowest
-    -ELBO of P/eval/val-l2-λ-RATE.json (a tie: the lower λ, then the lower rate)."""
-    P, lambdas, rates = Path(args[0]), args[1].split(), args[2].split()
-    print(*chosen_rate({(lam, r): -json.loads((P / f"eval/val-l2-{lam}-{r}.json").read_text())["results"]
-                        ["nelbo_bits_per_token"] for lam in lambdas for r in rates}))
+    """repro_align.sh ONLY=protocol: L2's λ and rate, printed "λ rate". args: [--extend] P, "LAMBDAS", "RATES": the
+    lowest -ELBO of P/eval/val-l2-λ-RATE.json (a tie: the lower λ, then the lower rate); --extend: print_l2_choice."""
+    extend = args[0] == "--extend"
+    P, lambdas, rates = Path(args[extend]), args[extend + 1].split(), args[extend + 2].split()
+    print_l2_choice(extend, lambdas, rates, chosen_rate({
+        (lam, r): -json.loads((P / f"eval/val-l2-{lam}-{r}.json").read_text())["results"]["nelbo_bits_per_token"]
+        for lam in lambdas for r in rates}))
 
 
 def stdlib_l2_protocol(*args):
@@ -300,8 +317,8 @@ def stdlib_l2_protocol(*args):
     λ, L2's rate, "L2 LAMBDAS", "SWEEP RATES", SEEDS..."""
     P, r10, l2, rl2, lambdas, rates, seeds = Path(args[0]), *args[1:4], args[4].split(), args[5].split(), args[6:]
     arms = [(f"l2-{l2}-{rl2}", f"L2, λ = {l2}, lr {rl2}, 100 steps"), (f"lam10-{r10}", f"cosine, λ = 10, lr {r10}")]
-    nelbo_tables(P, [(f"L2, λ = {lam}", f"l2-{lam}", rl2 if lam == l2 else None) for lam in lambdas], rates, 100,
-                 arms, [("cosine against L2", arms[0][0], arms[1][0])], seeds)
+    sweep = [(f"L2, λ = {lam}", f"l2-{lam}", rl2 if lam == l2 else None) for lam in sorted(lambdas, key=float)]
+    nelbo_tables(P, sweep, rates, 100, arms, [("cosine against L2", arms[0][0], arms[1][0])], seeds)
 
 
 def stdlib_opdlm_protocol(*args):

@@ -15,13 +15,14 @@
 #   ONLY=claim bash scripts/repro_align.sh           # the four convergence runs alone
 #   ONLY=protocol bash scripts/repro_align.sh        # the claim under the protocol (docs/results.md, "The verdict
 #     protocol"), at run.sh stdlib's settings (100 steps, the cosine schedule): each arm's rate from SWEEP_LRS at
-#     seed 1337, judged by the -ELBO on the first half of the validation split (the lowest; a tie: the lower rate);
-#     then SEEDS at the chosen rates, λ = 0 also for λ = 10's time; the test: each sequence's -ELBO on the other
-#     half, paired t over (seed, sequence), Holm across the two; and cosine (λ = 10) against L2 at its best λ and
-#     rate from L2_LAMBDAS × SWEEP_LRS. Writes $OUT/protocol/protocol.md and protocol-l2.md
+#     seed 1337, judged by the -ELBO on the first half of the validation split (the lowest; a tie: the lower rate;
+#     a choice at the sweep's edge goes on past it); then SEEDS (1337-1341) at the chosen rates, λ = 0 also for
+#     λ = 10's time; the test: each sequence's -ELBO on the other half, the paired t over the seeds' means (the
+#     pooled one over (seed, sequence) beside it), Holm across the two; and cosine (λ = 10) against L2 at its best
+#     λ and rate from L2_LAMBDAS × SWEEP_LRS. Writes $OUT/protocol/protocol.md and protocol-l2.md
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
-source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE; sweep, sweep2: sweeps past an edge
 PYTHON=${PYTHON:-python3}
 ITERS=${ITERS:-61}
 EVERY=${EVERY:-5}
@@ -36,7 +37,7 @@ case $ONLY in all|claim|protocol) ;; *) echo "scripts/repro_align.sh: ONLY=$ONLY
                                    exit 1 ;; esac
 
 if [ "$ONLY" = protocol ]; then
-  P=$OUT/protocol SWEEP_LRS=${SWEEP_LRS:-"1e-2 3e-3 1e-3 3e-4"} SEEDS=${SEEDS:-"1337 1338 1339"}
+  P=$OUT/protocol SWEEP_LRS=${SWEEP_LRS:-"1e-2 3e-3 1e-3 3e-4"} SEEDS=${SEEDS:-"1337 1338 1339 1340 1341"}
   mkdir -p $P/eval
   prun() {  # prun NAME SEED FLAGS...: skipped when its results.json exists
     local out=$P/$1-s$2 seed=$2; shift 2
@@ -52,11 +53,12 @@ if [ "$ONLY" = protocol ]; then
       --half $2 --out $P/eval/$3.json > /dev/null
   }
   s0=${SEEDS%% *}
-  for r in $SWEEP_LRS; do
-    for l in 0 10; do prun lam$l-$r $s0 --lambda_align $l $(lr $r); lik lam$l-$r-s$s0 first val-lam$l-$r; done
-  done
-  r0=$("$PYTHON" -m scripts.report nelbo_sweep $P val-lam0 $SWEEP_LRS)
-  r10=$("$PYTHON" -m scripts.report nelbo_sweep $P val-lam10 $SWEEP_LRS)
+  sweep_run() { prun lam$1-$2 $s0 --lambda_align $1 $(lr $2); lik lam$1-$2-s$s0 first val-lam$1-$2; }
+  rates0=$SWEEP_LRS rates10=$SWEEP_LRS  # each goes on past a chosen edge
+  sweep rates0 "sweep_run 0" "$PYTHON -m scripts.report nelbo_sweep --extend $P val-lam0"
+  sweep rates10 "sweep_run 10" "$PYTHON -m scripts.report nelbo_sweep --extend $P val-lam10"
+  r0=$("$PYTHON" -m scripts.report nelbo_sweep $P val-lam0 $rates0)
+  r10=$("$PYTHON" -m scripts.report nelbo_sweep $P val-lam10 $rates10)
   k=$("$PYTHON" -m scripts.report time_steps $P/lam10-$r10-s$s0 $P/lam0-$r0-s$s0 100)  # λ = 0's in λ = 10's time
   for s in $SEEDS; do
     prun lam0-$r0 $s --lambda_align 0 $(lr $r0)
@@ -64,19 +66,18 @@ if [ "$ONLY" = protocol ]; then
     prun lam0time-$r0 $s --lambda_align 0 $(lr $r0) --max_iters $k
     for m in lam0-$r0 lam10-$r10 lam0time-$r0; do lik $m-s$s second $m-s$s; done
   done
-  "$PYTHON" -m scripts.report stdlib_align_protocol $P $r0 $r10 $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
-  # cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule
-  for l in ${L2_LAMBDAS:-0.3 1 3}; do
-    for r in $SWEEP_LRS; do
-      prun l2-$l-$r $s0 --lambda_align $l --align_metric l2 $(lr $r); lik l2-$l-$r-s$s0 first val-l2-$l-$r
-    done
-  done
-  read -r l2 rl2 < <("$PYTHON" -m scripts.report nelbo_l2_sweep $P "${L2_LAMBDAS:-0.3 1 3}" "$SWEEP_LRS")
+  "$PYTHON" -m scripts.report stdlib_align_protocol $P $r0 $r10 $k "$rates0 $rates10" $SEEDS | tee $P/protocol.md
+  # cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule (an edge's
+  # choice goes on past it, λ first)
+  l2_run() { prun l2-$1-$2 $s0 --lambda_align $1 --align_metric l2 $(lr $2); lik l2-$1-$2-s$s0 first val-l2-$1-$2; }
+  lams=${L2_LAMBDAS:-0.3 1 3} l2_rates=$SWEEP_LRS
+  sweep2 lams l2_rates l2_run "$PYTHON -m scripts.report nelbo_l2_sweep --extend $P"
+  read -r l2 rl2 < <("$PYTHON" -m scripts.report nelbo_l2_sweep $P "$lams" "$l2_rates")
   for s in $SEEDS; do
     prun l2-$l2-$rl2 $s --lambda_align $l2 --align_metric l2 $(lr $rl2)
     lik l2-$l2-$rl2-s$s second l2-$l2-$rl2-s$s
   done
-  "$PYTHON" -m scripts.report stdlib_l2_protocol $P $r10 $l2 $rl2 "${L2_LAMBDAS:-0.3 1 3}" "$SWEEP_LRS" $SEEDS \
+  "$PYTHON" -m scripts.report stdlib_l2_protocol $P $r10 $l2 $rl2 "$lams" "$l2_rates" $SEEDS \
     | tee $P/protocol-l2.md
   exit 0
 fi

@@ -23,3 +23,17 @@ sweep() {
     sweep_grid="$sweep_grid $next"
   done
 }
+# sweep2 LAMBDAS_VAR RATES_VAR TRAIN CHOOSE: TRAIN λ RATE over the grid $LAMBDAS_VAR × $RATES_VAR, then CHOOSE
+# "LAMBDAS" "RATES" prints the axis and the value past the choice when it is an edge of the grid ("lambda 0.1",
+# "rate 3e-4") or nothing: the value joins its axis and the grid's new runs are trained, three times at most.
+sweep2() {
+  local -n sweep_lams=$1 sweep_rates=$2; local train=$3 choose=$4 more l r axis next
+  for more in 0 1 2 3; do
+    for l in $sweep_lams; do for r in $sweep_rates; do $train $l $r; done; done
+    next=
+    read -r axis next < <($choose "$sweep_lams" "$sweep_rates") || true
+    [ -n "$next" ] && [ $more -lt 3 ] || break
+    echo "== the sweep chose its edge; it goes on at $axis $next"
+    if [ "$axis" = lambda ]; then sweep_lams="$sweep_lams $next"; else sweep_rates="$sweep_rates $next"; fi
+  done
+}

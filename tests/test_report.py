@@ -887,11 +887,31 @@ def test_extend_forms_of_the_task_world_sweeps(tmp_path, capsys):
     assert capsys.readouterr().out.split() == ["lambda", "3"]
     protocol.l2_sweep(str(tmp_path), "0.3 1", "1e-2 1e-3 1e-4")
     assert capsys.readouterr().out.split() == ["1", "1e-2"]
+    write(tmp_path / "p-lam10-1e-3-s1/results.json", {"task_acc": 0.5, "step_seconds_median": 0.2})
+    protocol.sweep_table(tmp_path, [("λ = 10", "p-lam10", "1e-3")], ["1e-3", "3e-4", "1e-3"], 80)
+    assert "| λ = 10 | 0.500, 0.200 s * | — |" in capsys.readouterr().out  # each rate once; — : not run
+
+
+def test_extend_forms_of_the_standard_library_sweeps(tmp_path, capsys):
+    """nelbo_sweep and nelbo_l2_sweep --extend: the lowest -ELBO chooses; the value past a chosen edge is printed."""
+    def lik(name, v):
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(nelbo_bits_per_token=v)))
+    for r, v in zip(("3e-3", "1e-3"), (6.0, 6.5)):
+        lik(f"val-lam0-{r}", v)
+    protocol.nelbo_sweep("--extend", str(tmp_path), "val-lam0", "3e-3", "1e-3")
+    assert capsys.readouterr().out.strip() == "1e-2"  # the highest rate chosen: one step up
+    for lam, vals in (("0.3", (7.0, 6.9)), ("1", (7.1, 7.2))):
+        for r, v in zip(("3e-3", "1e-3"), vals):
+            lik(f"val-l2-{lam}-{r}", v)
+    protocol.nelbo_l2_sweep("--extend", str(tmp_path), "0.3 1", "3e-3 1e-3")
+    assert capsys.readouterr().out.split() == ["lambda", "0.1"]
+    protocol.nelbo_l2_sweep(str(tmp_path), "0.3 1", "3e-3 1e-3")
+    assert capsys.readouterr().out.split() == ["0.3", "1e-3"]
 
 
 def test_sweep_helper_goes_on_past_a_chosen_edge_three_rates_at_most(tmp_path):
     """scripts/stage.sh's sweep: every rate trained, then the chooser asked; a rate it names is added and trained;
-    at most three more; the grid variable ends holding every rate run."""
+    at most three more; the grid variable ends holding every rate run. sweep2: the same over a λ × rate grid."""
     import subprocess
     root = Path(__file__).resolve().parents[1]
     script = f"""source {root}/scripts/stage.sh
@@ -901,8 +921,17 @@ always() {{ echo "x$#"; }}                          # always at the edge
 g="1e-3 1e-4"; sweep g train edge_once; echo "grid: $g"
 h="1e-3"; sweep h train always; echo "grid: $h"
 """
+    script += """lam_edge() { [ "$1" = "0.3 1" ] && echo lambda 0.1 || true; }   # λ's edge once, then inside
+train2() { echo "train $1 $2"; }
+L="0.3 1" R="1e-3"; sweep2 L R train2 lam_edge; echo "grid: $L x $R"
+"""
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
     first = out[:out.index("grid: 1e-3 1e-4 1e-5") + 1]
+    last = out[out.index("grid: 1e-3 x1 x2 x3") + 1:]
+    assert [x for x in last if x.startswith("train")] == ["train 0.3 1e-3", "train 1 1e-3", "train 0.3 1e-3",
+                                                          "train 1 1e-3", "train 0.1 1e-3"]
+    assert last[-1] == "grid: 0.3 1 0.1 x 1e-3"
+    out = out[:out.index("grid: 1e-3 x1 x2 x3") + 1]
     assert [x for x in first if x.startswith("train")] == ["train 1e-3", "train 1e-4", "train 1e-3", "train 1e-4",
                                                            "train 1e-5"]
     assert out[-1] == "grid: 1e-3 x1 x2 x3"  # three more, then it stops
