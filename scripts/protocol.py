@@ -336,7 +336,15 @@ def stdlib_opdlm_protocol(*args):
 
 def winrate_sweep(*args):
     """repro_dlm_dpo.sh PART=protocol: a route's DPO rate, printed. args: P, the route's index among winrate's --ckpt
-    (0 AR-MAP, 1 DLM-only), RATES...: the highest win rate in P/eval/val-RATE.json (a tie: the lower rate)."""
+    (0 AR-MAP, 1 DLM-only), RATES...: the highest win rate in P/eval/val-RATE.json (a tie: the lower rate). Or
+    --extend P RATES...: the rate past a route's choice that is the sweep's edge (AR-MAP's first; both routes run
+    each rate), or nothing."""
+    if args[0] == "--extend":
+        P, rates = Path(args[1]), args[2:]
+        win = [json.loads((P / f"eval/val-{r}.json").read_text())["results"]["win_rates"] for r in rates]
+        nexts = [beyond_edge(rates, chosen_rate({r: w[i] for r, w in zip(rates, win)})) for i in (0, 1)]
+        print(next((x for x in nexts if x), ""))
+        return
     P, i, rates = Path(args[0]), int(args[1]), args[2:]
     print(chosen_rate({r: json.loads((P / f"eval/val-{r}.json").read_text())["results"]["win_rates"][i]
                        for r in rates}))
@@ -347,6 +355,7 @@ def stdlib_armap_protocol(*args):
     and AR-MAP against DPO on the DLM. args: P, AR-MAP's rate, DLM-only's rate, DLM-only's steps at AR-MAP's time
     (30: no time arm), "SWEEP RATES", SEEDS..."""
     P, ra, rd, k, rates, seeds = Path(args[0]), args[1], args[2], int(args[3]), args[4].split(), args[5:]
+    rates = sorted(rates, key=float, reverse=True)
     res = functools.cache(lambda name: json.loads((P / f"eval/{name}.json").read_text())["results"])
     gamma = functools.cache(lambda r, s: json.loads((P / f"ar-map-{r}-s{s}/merge.json").read_text())["best_gamma"])
     sec = stage_seconds(P)

@@ -46,7 +46,7 @@ ITERS=${ITERS:-60}
 ITERS_UNSHIFTED=${ITERS_UNSHIFTED:-120}
 BATCH=${BATCH:-8}
 PART=${PART:-all}
-SEEDS=${SEEDS:-$([ "$PART" = protocol ] && echo "1337 1338 1339" || echo "1337 2")}
+SEEDS=${SEEDS:-$([ "$PART" = protocol ] && echo "1337 1338 1339 1340 1341" || echo "1337 2")}
 SWEEP_LRS=${SWEEP_LRS:-"3e-3 1e-3 3e-4"}
 OUT=${OUT:-out/repro_distill}
 DISTILL_ARGS=${DISTILL_ARGS:-"--curriculum_steps 40 --eval_batches 4"}  # extra distill.py flags, every run
@@ -98,14 +98,12 @@ if [ "$PART" = protocol ]; then
     [ -e $P/eval/$3.json ] || quiet $P/eval/$3.log "$PYTHON" eval.py likelihood --ckpt $OUT/protocol/$1 \
       --data data/stdlib $LIK_ARGS --n_batches 8 --half $2 --out $P/eval/$3.json
   }
-  for r in $SWEEP_LRS; do
-    for pol in on off; do
-      run protocol/$pol-$r-s$s0 out/dlm-block "$ITERS" $s0 --policy $pol $(lr $r)
-      lik $pol-$r-s$s0 first val-$pol-$r
-    done
-  done
-  ron=$("$PYTHON" -m scripts.report nelbo_sweep $P val-on $SWEEP_LRS)
-  roff=$("$PYTHON" -m scripts.report nelbo_sweep $P val-off $SWEEP_LRS)
+  sweep_run() { run protocol/$1-$2-s$s0 out/dlm-block "$ITERS" $s0 --policy $1 $(lr $2); lik $1-$2-s$s0 first val-$1-$2; }
+  on_rates=$SWEEP_LRS off_rates=$SWEEP_LRS  # each goes on past a chosen edge
+  sweep on_rates "sweep_run on" "$PYTHON -m scripts.report nelbo_sweep --extend $P val-on"
+  sweep off_rates "sweep_run off" "$PYTHON -m scripts.report nelbo_sweep --extend $P val-off"
+  ron=$("$PYTHON" -m scripts.report nelbo_sweep $P val-on $on_rates)
+  roff=$("$PYTHON" -m scripts.report nelbo_sweep $P val-off $off_rates)
   k=$("$PYTHON" -m scripts.report time_steps $P/on-$ron-s$s0 $P/off-$roff-s$s0 "$ITERS")  # off's steps in on's time
   for s in $SEEDS; do
     run protocol/on-$ron-s$s out/dlm-block "$ITERS" $s --policy on $(lr $ron)
@@ -113,7 +111,8 @@ if [ "$PART" = protocol ]; then
     [ "$k" = "$ITERS" ] || run protocol/offtime-$roff-s$s out/dlm-block "$k" $s --policy off $(lr $roff)
     for m in on-$ron off-$roff $([ "$k" = "$ITERS" ] || echo offtime-$roff); do lik $m-s$s second $m-s$s; done
   done
-  "$PYTHON" -m scripts.report stdlib_opdlm_protocol $P $ron $roff $k "$ITERS" "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  "$PYTHON" -m scripts.report stdlib_opdlm_protocol $P $ron $roff $k "$ITERS" "$on_rates $off_rates" $SEEDS \
+    | tee $P/protocol.md
   exit 0
 fi
 for seed in $SEEDS; do

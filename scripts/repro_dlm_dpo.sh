@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 PYTHON=${PYTHON:-python3}
 PART=${PART:-all}
-SEEDS=${SEEDS:-$([ "$PART" = protocol ] && echo "1337 1338 1339" || echo "1337 1338")}
+SEEDS=${SEEDS:-$([ "$PART" = protocol ] && echo "1337 1338 1339 1340 1341" || echo "1337 1338")}
 SWEEP_LRS=${SWEEP_LRS:-"6e-4 2e-4 6e-5"}
 if [ "${SMOKE:-0}" = 1 ]; then
   OUT=${OUT:-out/repro_dlm_dpo_smoke}; TASK_DPO="--max_iters 4 --eval_interval 2"; STD_DPO="--max_iters 2"
@@ -48,13 +48,15 @@ if [ "$PART" = protocol ]; then
     stage "dlm-dpo $2 $3" $P/dlm-dpo-$2-s$3/results.json "$PYTHON" dpo.py --dlm --ar out/align "${PAIRS[@]}" \
       $STD_DPO $(lr $2) --seed $3 --out_dir $P/dlm-dpo-$2-s$3
   }
-  for r in $SWEEP_LRS; do
-    routes $r $r $s0
-    stage "winrate val $r" $P/eval/val-$r.json "$PYTHON" eval.py winrate --ckpt $P/ar-map-$r-s$s0 $P/dlm-dpo-$r-s$s0 \
-      --ref out/align --pairs $P/pairs_val.jsonl --samples 32 --seed $s0 --out $P/eval/val-$r.json
-  done
-  ra=$("$PYTHON" -m scripts.report winrate_sweep $P 0 $SWEEP_LRS)  # AR-MAP: the first --ckpt
-  rd=$("$PYTHON" -m scripts.report winrate_sweep $P 1 $SWEEP_LRS)
+  sweep_run() {  # both routes at one rate, and their validation win rates
+    routes $1 $1 $s0
+    stage "winrate val $1" $P/eval/val-$1.json "$PYTHON" eval.py winrate --ckpt $P/ar-map-$1-s$s0 $P/dlm-dpo-$1-s$s0 \
+      --ref out/align --pairs $P/pairs_val.jsonl --samples 32 --seed $s0 --out $P/eval/val-$1.json
+  }
+  rates=$SWEEP_LRS  # goes on past a route's chosen edge
+  sweep rates sweep_run "$PYTHON -m scripts.report winrate_sweep --extend $P"
+  ra=$("$PYTHON" -m scripts.report winrate_sweep $P 0 $rates)  # AR-MAP: the first --ckpt
+  rd=$("$PYTHON" -m scripts.report winrate_sweep $P 1 $rates)
   k=$("$PYTHON" -m scripts.report dlm_dpo_steps $P $ra $rd 30 $s0)  # DLM-only's steps in AR-MAP's seconds (dpo.py: 30)
   for s in $SEEDS; do
     routes $ra $rd $s
@@ -73,7 +75,7 @@ if [ "$PART" = protocol ]; then
   done
   stage "likelihood align" $P/eval/lik-align.json "$PYTHON" eval.py likelihood --ckpt out/align --data data/stdlib \
     --n_batches 8 --n_draws 4 --half second --out $P/eval/lik-align.json
-  "$PYTHON" -m scripts.report stdlib_armap_protocol $P $ra $rd $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  "$PYTHON" -m scripts.report stdlib_armap_protocol $P $ra $rd $k "$rates" $SEEDS | tee $P/protocol.md
   exit 0
 fi
 D=data/tasks O=out/tasks

@@ -122,13 +122,20 @@ def next_rate(rate, up):
 
 def beyond_edge(rates, chosen):
     """A sweep that chose its edge goes on: the rate past the chosen one (the lowest: one step down the grid; the
-    highest: one step up), or None when the choice is inside the sweep."""
+    highest: one step up; a sweep off the half-decade grid, such as 6e-4, 2e-4, 6e-5: its own last step again), or
+    None when the choice is inside the sweep."""
     xs = sorted(rates, key=float)
-    if len(xs) > 1 and chosen == xs[0]:
-        return next_rate(chosen, up=False)
-    if len(xs) > 1 and chosen == xs[-1]:
-        return next_rate(chosen, up=True)
-    return None
+    if len(xs) < 2 or chosen not in (xs[0], xs[-1]):
+        return None
+    inner, up = (xs[1], False) if chosen == xs[0] else (xs[-2], True)
+    m = int(f"{float(chosen):.0e}"[0])
+    for f in (1, m, m / 3):  # the grid scaled by f (6e-4, 2e-4, 6e-5: f = 2), where both edge and neighbour lie on it
+        try:
+            next_rate(float(inner) / f, up)
+            return f"{float(next_rate(float(chosen) / f, up)) * f:.0e}".replace("e-0", "e-")
+        except ValueError:
+            continue
+    return f"{float(chosen) ** 2 / float(inner):.0e}".replace("e-0", "e-")  # no such grid: the sweep's last ratio
 
 
 def equal_time_steps(steps, costly, cheap):

@@ -865,6 +865,20 @@ def test_a_sweep_that_chose_its_edge_goes_on_past_it():
     assert stats.beyond_edge(["3e-4", "1e-4", "3e-5"], "1e-4") is None
     with pytest.raises(ValueError, match="half-decade"):
         stats.next_rate("2e-4", up=False)
+    assert stats.beyond_edge(["6e-4", "2e-4", "6e-5"], "6e-4") == "2e-3"  # off the grid: the sweep's own step
+    assert stats.beyond_edge(["6e-4", "2e-4", "6e-5"], "6e-5") == "2e-5"
+    assert stats.beyond_edge(["6e-4", "2e-4", "6e-5"], "2e-4") is None
+
+
+def test_winrate_sweep_extends_past_either_routes_edge(tmp_path, capsys):
+    """repro_dlm_dpo.sh's sweep: both routes run each rate; --extend names the rate past AR-MAP's edge, else
+    DLM-only's, else nothing."""
+    for r, wins in (("6e-4", [0.7, 0.8]), ("2e-4", [0.8, 0.6]), ("6e-5", [0.5, 0.5])):
+        write(tmp_path / f"eval/val-{r}.json", dict(results=dict(win_rates=wins)))
+    protocol.winrate_sweep("--extend", str(tmp_path), "6e-4", "2e-4", "6e-5")
+    assert capsys.readouterr().out.strip() == "2e-3"  # AR-MAP chose 2e-4 (inside), DLM-only 6e-4 (the top edge)
+    protocol.winrate_sweep("--extend", str(tmp_path), "6e-4", "2e-4")
+    assert capsys.readouterr().out.strip() == "6e-5"  # AR-MAP chose 2e-4, now the lower edge
 
 
 def test_extend_forms_of_the_task_world_sweeps(tmp_path, capsys):
