@@ -16,7 +16,7 @@
 # PART=parts: the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
-source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE; sweep GRID_VAR TRAIN CHOOSE
+source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...; lr RATE; sweep, sweep2: sweeps past an edge
 source scripts/python_env.sh
 python_env requirements.txt scripts/repro_align_tasks.sh
 PART=${PART:-all}
@@ -77,17 +77,9 @@ done
 "$PYTHON" -m scripts.report align_protocol $R $r0 $r10 $k "$rates0 $rates10" $SEEDS | tee $R/protocol.md
 # cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS (the same rule; a choice at an
 # edge of either goes on past it, λ first, three steps at most), then its seeds
+l2_run() { run p-l2-$1-$2 1 --lambda_align $1 --align_metric l2 $(lr $2) "${VAL[@]}"; }
 lams=$L2_LAMBDAS l2_rates=$SWEEP_LRS
-for more in 0 1 2 3; do
-  for l in $lams; do
-    for r in $l2_rates; do run p-l2-$l-$r 1 --lambda_align $l --align_metric l2 $(lr $r) "${VAL[@]}"; done
-  done
-  read -r axis next < <("$PYTHON" -m scripts.report l2_sweep --extend $R "$lams" "$l2_rates") || true
-  [ -n "${next:-}" ] && [ $more -lt 3 ] || break
-  echo "== L2: the sweep chose its edge; it goes on at $axis $next"
-  if [ $axis = lambda ]; then lams="$lams $next"; else l2_rates="$l2_rates $next"; fi
-  next=
-done
+sweep2 lams l2_rates l2_run "$PYTHON -m scripts.report l2_sweep --extend $R"
 read -r l2 rl2 < <("$PYTHON" -m scripts.report l2_sweep $R "$lams" "$l2_rates")
 for s in $SEEDS; do
   run p-l2-$l2-$rl2 $s --lambda_align $l2 --align_metric l2 $(lr $rl2) "${VAL[@]}"
