@@ -62,8 +62,8 @@ def val_sweep(*args):
     nothing."""
     extend = args[0] == "--extend"
     R, prefix, rates = Path(args[extend]), args[extend + 1], args[extend + 2:]
-    rate = chosen_rate({r: json.loads((R / f"{prefix}-{r}-s1/results.json").read_text())["task_acc"] for r in rates})
-    print((beyond_edge(rates, rate) or "") if extend else rate)
+    print_choice(extend, rates, chosen_rate({
+        r: json.loads((R / f"{prefix}-{r}-s1/results.json").read_text())["task_acc"] for r in rates}))
 
 
 def sweep_table(R, arms, rates, steps):
@@ -130,21 +130,22 @@ def l2_sweep(*args):
     3e-4"; λ first), or nothing."""
     extend = args[0] == "--extend"
     R, lambdas, rates = Path(args[extend]), args[extend + 1].split(), args[extend + 2].split()
-    print_l2_choice(extend, lambdas, rates, chosen_rate({
+    print_choice(extend, rates, lambdas=lambdas, chosen=chosen_rate({
         (lam, r): json.loads((R / f"p-l2-{lam}-{r}-s1/results.json").read_text())["task_acc"]
         for lam in lambdas for r in rates}))
 
 
-def print_l2_choice(extend, lambdas, rates, chosen):
-    """An L2 sweep's choice (λ, rate), printed "λ rate"; with extend, where it is an edge of the grid, the axis and
-    the value past it instead ("lambda 0.1", "rate 3e-4"; λ first), or nothing (stage.sh's sweep2 reads it)."""
-    lam, rate = chosen
+def print_choice(extend, rates, chosen, lambdas=None):
+    """A sweep's choice, printed: its rate, or "λ rate" over L2's λ × rate grid (lambdas given, chosen a pair). With
+    extend, where the choice is an edge, the value past it instead (stats.beyond_edge; over the grid the axis first,
+    "lambda 0.1" or "rate 3e-4", λ before the rate), or nothing: what stage.sh's sweep and sweep2 read."""
+    lam, rate = chosen if lambdas is not None else (None, chosen)
     if not extend:
-        print(lam, rate)
-    elif beyond_edge(lambdas, lam):
-        print("lambda", f"{float(beyond_edge(lambdas, lam)):g}")
-    elif beyond_edge(rates, rate):
-        print("rate", beyond_edge(rates, rate))
+        print(*[x for x in (lam, rate) if x is not None])
+    elif lambdas is not None and (past := beyond_edge(lambdas, lam)):
+        print("lambda", f"{float(past):g}")
+    elif past := beyond_edge(rates, rate):
+        print(*(["rate"] if lambdas is not None else []), past)
 
 
 def l2_protocol(*args):
@@ -253,9 +254,8 @@ def nelbo_sweep(*args):
     lower rate). With --extend: the rate past the choice when it is the sweep's edge, or nothing."""
     extend = args[0] == "--extend"
     P, prefix, rates = Path(args[extend]), args[extend + 1], args[extend + 2:]
-    rate = chosen_rate({r: -json.loads((P / f"eval/{prefix}-{r}.json").read_text())["results"]["nelbo_bits_per_token"]
-                        for r in rates})
-    print((beyond_edge(rates, rate) or "") if extend else rate)
+    print_choice(extend, rates, chosen_rate({
+        r: -json.loads((P / f"eval/{prefix}-{r}.json").read_text())["results"]["nelbo_bits_per_token"] for r in rates}))
 
 
 def nelbo_tables(P, sweep, rates, steps, arms, comparisons, seeds):
@@ -304,10 +304,10 @@ def stdlib_align_protocol(*args):
 
 def nelbo_l2_sweep(*args):
     """repro_align.sh ONLY=protocol: L2's λ and rate, printed "λ rate". args: [--extend] P, "LAMBDAS", "RATES": the
-    lowest -ELBO of P/eval/val-l2-λ-RATE.json (a tie: the lower λ, then the lower rate); --extend: print_l2_choice."""
+    lowest -ELBO of P/eval/val-l2-λ-RATE.json (a tie: the lower λ, then the lower rate); --extend: print_choice."""
     extend = args[0] == "--extend"
     P, lambdas, rates = Path(args[extend]), args[extend + 1].split(), args[extend + 2].split()
-    print_l2_choice(extend, lambdas, rates, chosen_rate({
+    print_choice(extend, rates, lambdas=lambdas, chosen=chosen_rate({
         (lam, r): -json.loads((P / f"eval/val-l2-{lam}-{r}.json").read_text())["results"]["nelbo_bits_per_token"]
         for lam in lambdas for r in rates}))
 

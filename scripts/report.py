@@ -25,7 +25,7 @@ from pathlib import Path
 from lib import cli
 from scripts import claims, conversion, protocol, world_tables
 from scripts.protocol import stage_seconds
-from scripts.stats import beyond_edge, chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead
+from scripts.stats import chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead
 
 
 def repro_align(*args):
@@ -640,8 +640,7 @@ def rl_sweep(*args):
     sweep's edge (stats.beyond_edge), or nothing. args: [--extend] OUT ARM RATES..."""
     extend = args[0] == "--extend"
     out, arm, rates = args[extend], args[extend + 1], args[extend + 2:]
-    rate = rl_choice(out, arm, rates)[0]
-    print((beyond_edge(rates, rate) or "") if extend else rate)
+    protocol.print_choice(extend, rates, rl_choice(out, arm, rates)[0])
 
 
 def rl_pick(*args):
