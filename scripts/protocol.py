@@ -174,10 +174,19 @@ def opdlm_protocol(*args):
 
 def mark_sweep(*args):
     """repro_mark.sh PART=protocol: the DPO rate a route's sweep chooses, printed. args: P, ROUTE, RATES...: the
-    highest share of validation prompts answered right and with the full stop at 0.9 (a tie: the lower rate)."""
-    P, route, rates = Path(args[0]), args[1], args[2:]
-    print(chosen_rate({r: json.loads((P / f"eval/val-{route}-{r}.json").read_text())["results"]["runs"][0]["preferred"]
-                       for r in rates}))
+    highest share of validation prompts answered right and with the full stop at 0.9 (a tie: the lower rate). Or
+    --extend P RATES...: the rate past a route's choice that is the sweep's edge (AR-MAP's first; both routes run
+    each rate), or nothing."""
+    extend = args[0] == "--extend"
+    P, rates = (Path(args[1]), args[2:]) if extend else (Path(args[0]), args[2:])
+
+    def choice(route):
+        return chosen_rate({r: json.loads((P / f"eval/val-{route}-{r}.json").read_text())["results"]["runs"][0][
+            "preferred"] for r in rates})
+    if extend:
+        print(next((x for x in (beyond_edge(rates, choice(route)) for route in ("ar-map", "dlm-dpo")) if x), ""))
+    else:
+        print(choice(args[1]))
 
 
 def stage_seconds(P):
@@ -198,6 +207,7 @@ def mark_protocol(*args):
     """repro_mark.sh PART=protocol: the sweep, the routes on the test prompts, the tests named in advance. args: P,
     AR-MAP's rate, DLM-only's rate, DLM-only's steps at equal time (100: no time arm), "SWEEP RATES", SEEDS..."""
     P, ra, rd, k, rates, seeds = Path(args[0]), args[1], args[2], int(args[3]), args[4].split(), args[5:]
+    rates = sorted(rates, key=float, reverse=True)  # the sweep's, with any rates past its first edge
     read = functools.cache(lambda name: json.loads((P / f"eval/{name}.json").read_text())["results"]["runs"][0])
     gamma = functools.cache(lambda r, s: json.loads((P / f"ar-map-{r}-s{s}/merge.json").read_text())["best_gamma"])
     sec = stage_seconds(P)

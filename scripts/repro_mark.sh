@@ -54,13 +54,15 @@ if [ "$PART" = protocol ]; then
   score() {  # score RUN DATA OUT: eval.py tasks at threshold 0.9
     stage "eval $3" $P/eval/$3.json "$PYTHON" eval.py tasks --ckpt $1 --data $2 --thresholds 0.9 --out $P/eval/$3.json
   }
-  for r in $SWEEP_LRS; do
-    routes $r $r 1
-    score $P/ar-map-$r-s1 $D/validation.jsonl val-ar-map-$r
-    score $P/dlm-dpo-$r-s1 $D/validation.jsonl val-dlm-dpo-$r
-  done
-  ra=$("$PYTHON" -m scripts.report mark_sweep $P ar-map $SWEEP_LRS)
-  rd=$("$PYTHON" -m scripts.report mark_sweep $P dlm-dpo $SWEEP_LRS)
+  sweep_run() {  # both routes at one rate, and their validation scores
+    routes $1 $1 1
+    score $P/ar-map-$1-s1 $D/validation.jsonl val-ar-map-$1
+    score $P/dlm-dpo-$1-s1 $D/validation.jsonl val-dlm-dpo-$1
+  }
+  rates=$SWEEP_LRS  # goes on past a route's chosen edge
+  sweep rates sweep_run "$PYTHON -m scripts.report mark_sweep --extend $P"
+  ra=$("$PYTHON" -m scripts.report mark_sweep $P ar-map $rates)
+  rd=$("$PYTHON" -m scripts.report mark_sweep $P dlm-dpo $rates)
   k=$("$PYTHON" -m scripts.report dlm_dpo_steps $P $ra $rd 100 1)  # DLM-only's steps in AR-MAP's seconds (seed 1)
   score $OUT/align $D align-s0
   for s in $SEEDS; do
@@ -73,7 +75,7 @@ if [ "$PART" = protocol ]; then
       score $P/dlm-dpo-time-$rd-s$s $D dlm-dpo-time-$rd-s$s
     fi
   done
-  "$PYTHON" -m scripts.report mark_protocol $P $ra $rd $k "$SWEEP_LRS" $SEEDS | tee $P/protocol.md
+  "$PYTHON" -m scripts.report mark_protocol $P $ra $rd $k "$rates" $SEEDS | tee $P/protocol.md
   echo "scripts/repro_mark.sh: done in $((SECONDS - T0)) s"
   exit 0
 fi

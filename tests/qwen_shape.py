@@ -101,17 +101,19 @@ def shapes(c=CONFIG):
     return out
 
 
-def build(out, *, sharded=None, seed=0):
-    """Write the Qwen3-0.6B-shaped checkpoint to `out` (and its two-shard copy to `sharded`); -> out."""
+def build(out, *, sharded=None, seed=0, layers=28):
+    """Write the Qwen3-0.6B-shaped checkpoint to `out` (and its two-shard copy to `sharded`); -> out. `layers`: the
+    first of its 28 layers only (every width, the vocabulary and the tokenizer as published)."""
     from safetensors import safe_open
     from safetensors.torch import save_file
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(CONFIG, indent=2))
+    config = dict(CONFIG, num_hidden_layers=layers, max_window_layers=layers)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
     write_tokenizer(out)
     g, state = torch.Generator().manual_seed(seed), {}
-    for name, shape in shapes().items():
+    for name, shape in shapes(config).items():
         if name == "lm_head.weight":
             state[name] = state["model.embed_tokens.weight"].clone()  # tied, but stored (as in Qwen's file)
         elif name.endswith("norm.weight"):
@@ -125,8 +127,8 @@ def build(out, *, sharded=None, seed=0):
         sharded.mkdir(parents=True, exist_ok=True)
         for f in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
             (sharded / f).write_bytes((out / f).read_bytes())
-        names = list(shapes())
-        half = [n for n in names if n.startswith("model.embed") or any(f"layers.{i}." in n for i in range(14))]
+        names = list(shapes(config))
+        half = [n for n in names if n.startswith("model.embed") or any(f"layers.{i}." in n for i in range(layers // 2))]
         parts = [half, [n for n in names if n not in half]]
         weight_map, total = {}, 0
         with safe_open(out / "model.safetensors", "pt") as f:

@@ -172,11 +172,12 @@ metric_list:
     return mc, gen
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_eval_harness_command_runs_local_tasks(kind, lms, base_world, tmp_path, monkeypatch):
+def test_eval_harness_command_runs_local_tasks(lms, base_world, tmp_path, monkeypatch):
     """python eval.py harness --model_args pretrained=DIR --tasks t_mc,t_gen --include_path P: lm-eval's own
     command line, offline; its multiple-choice accuracy is the argmax of the adapter's log-likelihoods, and its
-    generations are generate_until's."""
+    generations are generate_until's. On the block DLM only (the command line is the same for every kind; the
+    adapter's per-kind answers are tested above, in this process)."""
+    kind = "block"
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     mc, gen = write_tasks(tmp_path)

@@ -486,6 +486,15 @@ def test_mark_protocol(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "3e-4"  # 1e-3 and 3e-4 tie: the lower rate
     protocol.mark_sweep(str(tmp_path), "dlm-dpo", "3e-3", "1e-3", "3e-4")
     assert capsys.readouterr().out.strip() == "3e-3"
+    protocol.mark_sweep("--extend", str(tmp_path), "3e-3", "1e-3", "3e-4")
+    assert capsys.readouterr().out.strip() == "1e-4"  # AR-MAP's choice is the low edge (DLM-only's the high one)
+    for r, k in (("1e-4", 3), ("1e-2", 2)):  # past both edges: AR-MAP peaks at 3e-4, DLM-only at 3e-3
+        ev(f"val-ar-map-{r}", [False] * 10, [True] * k + [False] * (10 - k))
+        ev(f"val-dlm-dpo-{r}", [False] * 10, [True] * k + [False] * (10 - k))
+    protocol.mark_sweep("--extend", str(tmp_path), "3e-3", "1e-3", "3e-4", "1e-4")
+    assert capsys.readouterr().out.strip() == "1e-2"  # then DLM-only's high edge
+    protocol.mark_sweep("--extend", str(tmp_path), "3e-3", "1e-3", "3e-4", "1e-4", "1e-2")
+    assert capsys.readouterr().out.strip() == ""  # both choices inside
     write(tmp_path / "seconds.tsv", "ar-dpo 3e-4 1\t10\nmerge 3e-4 1\t5\ndlm-dpo 3e-3 1\t10\ndlm-dpo 3e-3 2\t12\n"
           "ar-dpo 3e-4 2\t12\nmerge 3e-4 2\t7\n")
     protocol.dlm_dpo_steps(str(tmp_path), "3e-4", "3e-3", "100", "1")
