@@ -235,15 +235,16 @@ def mark_protocol(*args):
     for m, what, stages in arms:
         wall = [sum(sec.get(st.format(s=s), 0) for st in stages) for s in seeds]
         rows.append([what, f"{statistics.mean(flags(m, 'right')):.3f}", f"{statistics.mean(flags(m, 'preferred')):.3f}",
-                     " / ".join(f"{r['preferred']:.3f}" for r in runs(m)),
+                     *(" / ".join(f"{r[key]:.3f}" for r in runs(m)) for key in ("right", "preferred")),
                      f"{statistics.mean(r['tokens_per_forward'] for r in runs(m)):.2f}",
                      ", ".join(f"{gamma(ra, s):g}" for s in seeds) if m.startswith("ar-map") else "—",
                      f"{statistics.mean(wall):.0f}" if stages else "—"])
     first = runs("align")[0]
     print(f"\nThe test: {len(first['correct'])} held-out prompts, seeds {', '.join(seeds)}, threshold 0.9, canvas N = "
-          f"{first['canvas']}: right in either form, right with the full stop (mean over seeds; per seed), tokens per "
-          "forward, AR-MAP's γ per seed, seconds per route (process starts included; mean over seeds)\n")
-    print(cli.table(["model", "right", "with the full stop", "per seed", "tok/fwd", "γ", "seconds"], rows))
+          f"{first['canvas']}: right in either form, right with the full stop (mean over seeds; then per seed), "
+          "tokens per forward, AR-MAP's γ per seed, seconds per route (process starts included; mean over seeds)\n")
+    print(cli.table(["model", "right", "with the full stop", "right, per seed", "with the full stop, per seed",
+                     "tok/fwd", "γ", "seconds"], rows))
 
     def test(label, base, arm, key):
         return [label, key, *paired_row(flags(base, key), flags(arm, key), len(seeds), mcnemar)]

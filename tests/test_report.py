@@ -511,7 +511,8 @@ def test_mark_protocol(tmp_path, capsys):
     protocol.mark_protocol(str(tmp_path), "3e-4", "3e-3", "150", "3e-3 1e-3 3e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| ar-map | 0.200 (0.200), γ 0.25 | 0.400 (0.400), γ 0.25 | 0.400 (0.400), γ 0.25 * |" in out
-    assert "| AR-MAP, DPO lr 3e-4 | 0.850 | 0.650 | 0.600 / 0.700 | 1.20 | 0.25, 0.5 | 17 |" in out  # (15 + 19) / 2
+    assert ("| AR-MAP, DPO lr 3e-4 | 0.850 | 0.650 | 0.800 / 0.900 | 0.600 / 0.700 | 1.20 | 0.25, 0.5 | 17 |"
+            in out)  # seconds: (15 + 19) / 2
     assert "| DPO on the DLM, lr 3e-3, 150 steps (AR-MAP's seconds) |" in out
     p, q = p_two_seeds(0.6, 0.7), 2 / 2 ** 13  # the transfer; McNemar: 13 discordant pairs (6 and 7), one way
     assert (f"| the transfer: AR-MAP against the start | preferred | 0.000 | 0.650 | 2 ahead, 0 tied of 2 | {p:.3g} | "
