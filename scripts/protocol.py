@@ -389,17 +389,21 @@ def stdlib_armap_protocol(*args):
 
     def nelbo(m):  # each validation sequence's -ELBO (second half), per (seed, sequence)
         return [x for s in seeds for x in res(f"lik-{m}-s{s}")["per_sequence"]]
-    rows = [["the REPR-ALIGN DLM (the start)", "—", f"{statistics.mean(scores(-1)):.3f}",
-             f"{res('lik-align')['nelbo_bits_per_token']:.3f}", "—", "—"]]
+    def per_seed(values):  # a (seed, item) list -> each seed's mean, " / "-separated
+        n = len(values) // len(seeds)
+        return " / ".join(f"{statistics.mean(values[k * n:(k + 1) * n]):.3f}" for k in range(len(seeds)))
+    rows = [["the REPR-ALIGN DLM (the start)", "—", f"{statistics.mean(scores(-1)):.3f}", per_seed(scores(-1)),
+             f"{res('lik-align')['nelbo_bits_per_token']:.3f}", "—", "—", "—"]]
     for i, (m, what, stages) in enumerate(arms):
         rows.append([what, " / ".join(f"{res(f'test-s{s}')['win_rates'][i]:.3f}" for s in seeds),
-                     f"{statistics.mean(scores(i)):.3f}", f"{statistics.mean(nelbo(m)):.3f}",
-                     ", ".join(f"{gamma(ra, s):g}" for s in seeds) if i == 0 else "—",
+                     f"{statistics.mean(scores(i)):.3f}", per_seed(scores(i)), f"{statistics.mean(nelbo(m)):.3f}",
+                     per_seed(nelbo(m)), ", ".join(f"{gamma(ra, s):g}" for s in seeds) if i == 0 else "—",
                      f"{statistics.mean(sum(sec.get(st.format(s=s), 0) for st in stages) for s in seeds):.0f}"])
     print(f"\nThe test, seeds {', '.join(seeds)}: 32 completions of the other half's prompts (win rate against the "
           "DLM's own, per seed; the mean rule score, +1 all single quotes, -1 all double), -ELBO (bits/token) of "
           "the validation split's second half, AR-MAP's γ per seed, seconds per route (mean over seeds)\n")
-    print(cli.table(["model", "win rate per seed", "rule score", "-ELBO", "γ", "seconds"], rows))
+    print(cli.table(["model", "win rate per seed", "rule score", "per seed", "-ELBO", "per seed", "γ", "seconds"],
+                    rows))
 
     def test(label, a, b, lower=False):  # b (the arm) against a over (seed, item); ahead: higher, or lower -ELBO
         return [label, *paired_row(a, b, len(seeds), paired_t, lower)]

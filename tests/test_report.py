@@ -610,8 +610,10 @@ def test_stdlib_armap_protocol(tmp_path, capsys):
     protocol.stdlib_armap_protocol(str(tmp_path), "2e-4", "2e-4", "60", "6e-4 2e-4", "1", "2")
     out = capsys.readouterr().out
     assert "| AR-MAP | 0.700, γ 2 | 0.800, γ 1 * |" in out and "| DPO on the DLM | 0.600 | 0.600 * |" in out
-    assert "| AR-MAP, DPO lr 2e-4 | 0.900 / 0.900 | 0.750 | 8.150 | 1, 2 | 30 |" in out
-    assert "| DPO on the DLM, lr 2e-4, 60 steps (AR-MAP's seconds) | 0.700 / 0.700 | 0.333 | 7.100 | — | 30 |" in out
+    assert "| AR-MAP, DPO lr 2e-4 | 0.900 / 0.900 | 0.750 | 0.833 / 0.667 | 8.150 | 8.100 / 8.200 | 1, 2 | 30 |" in out
+    assert ("| DPO on the DLM, lr 2e-4, 60 steps (AR-MAP's seconds) | 0.700 / 0.700 | 0.333 | 0.333 / 0.333 | 7.100 | "
+            "7.100 / 7.100 | — | 30 |") in out
+    assert "| the REPR-ALIGN DLM (the start) | — | -0.500 | -0.500 / -0.500 | 7.000 | — | — | — |" in out
     a, b = [-1.0, 0.0, -0.5] * 2, [1.0, 1.0, 0.5, 1.0, 0.5, 0.5]
     p = p_two_seeds(4 / 3, 7 / 6)  # the seeds' differences: 0.833 and 0.667 against -0.5
     assert (f"| the transfer: AR-MAP against the start, rule score | -0.500 | 0.750 | 2 ahead, 0 tied of 2 | {p:.3g} | "
