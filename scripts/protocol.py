@@ -36,12 +36,23 @@ def holm_table(header, tests, pooled):
                       zip(tests, holm([x[-2] for x in tests]), holm([x[-1] for x in tests]))])
 
 
+def seed_means(values, n_seeds):
+    """A (seed, item) list in seed order -> each seed's mean."""
+    n = len(values) // n_seeds
+    return [statistics.mean(values[j:j + n]) for j in range(0, len(values), n)]
+
+
+def past_first_edge(rates, choices):
+    """The rate past the first of `choices` (each route's choice over the same rates) that is the sweep's edge, or
+    "" when none is: what stage.sh's sweep reads for a sweep that runs every route at each rate."""
+    return next((x for x in (beyond_edge(rates, c) for c in choices) if x), "")
+
+
 def paired_row(a, b, n_seeds, pooled_test, lower=False):
     """b (the arm) against a (the baseline), each over (seed, item) in seed order -> [mean a, mean b, the seeds in
     which the arm is ahead (higher; lower with `lower`, as for a -ELBO), the paired t over the seeds' means (the
     training run as the unit: the primary test), pooled_test over the (seed, item) pairs (beside it)]."""
-    n = len(a) // n_seeds
-    ma, mb = ([statistics.mean(x[j:j + n]) for j in range(0, len(x), n)] for x in (a, b))  # per seed
+    ma, mb = seed_means(a, n_seeds), seed_means(b, n_seeds)
     d = [y - x for x, y in zip(ma, mb)]
     return [f"{statistics.mean(a):.3f}", f"{statistics.mean(b):.3f}", seeds_ahead([-x for x in d] if lower else d),
             paired_t(ma, mb), pooled_test(a, b)]
@@ -178,15 +189,12 @@ def mark_sweep(*args):
     --extend P RATES...: the rate past a route's choice that is the sweep's edge (AR-MAP's first; both routes run
     each rate), or nothing."""
     extend = args[0] == "--extend"
-    P, rates = (Path(args[1]), args[2:]) if extend else (Path(args[0]), args[2:])
+    P, rates = Path(args[extend]), args[2:]  # --extend P RATES..., or P ROUTE RATES...
 
     def choice(route):
         return chosen_rate({r: json.loads((P / f"eval/val-{route}-{r}.json").read_text())["results"]["runs"][0][
             "preferred"] for r in rates})
-    if extend:
-        print(next((x for x in (beyond_edge(rates, choice(route)) for route in ("ar-map", "dlm-dpo")) if x), ""))
-    else:
-        print(choice(args[1]))
+    print(past_first_edge(rates, map(choice, ("ar-map", "dlm-dpo"))) if extend else choice(args[1]))
 
 
 def stage_seconds(P):
@@ -353,8 +361,7 @@ def winrate_sweep(*args):
     if args[0] == "--extend":
         P, rates = Path(args[1]), args[2:]
         win = [json.loads((P / f"eval/val-{r}.json").read_text())["results"]["win_rates"] for r in rates]
-        nexts = [beyond_edge(rates, chosen_rate({r: w[i] for r, w in zip(rates, win)})) for i in (0, 1)]
-        print(next((x for x in nexts if x), ""))
+        print(past_first_edge(rates, (chosen_rate({r: w[i] for r, w in zip(rates, win)}) for i in (0, 1))))
         return
     P, i, rates = Path(args[0]), int(args[1]), args[2:]
     print(chosen_rate({r: json.loads((P / f"eval/val-{r}.json").read_text())["results"]["win_rates"][i]
@@ -390,8 +397,7 @@ def stdlib_armap_protocol(*args):
     def nelbo(m):  # each validation sequence's -ELBO (second half), per (seed, sequence)
         return [x for s in seeds for x in res(f"lik-{m}-s{s}")["per_sequence"]]
     def per_seed(values):  # a (seed, item) list -> each seed's mean, " / "-separated
-        n = len(values) // len(seeds)
-        return " / ".join(f"{statistics.mean(values[k * n:(k + 1) * n]):.3f}" for k in range(len(seeds)))
+        return " / ".join(f"{m:.3f}" for m in seed_means(values, len(seeds)))
     rows = [["the REPR-ALIGN DLM (the start)", "—", f"{statistics.mean(scores(-1)):.3f}", per_seed(scores(-1)),
              f"{res('lik-align')['nelbo_bits_per_token']:.3f}", "—", "—", "—"]]
     for i, (m, what, stages) in enumerate(arms):

@@ -57,9 +57,8 @@ def run(label, script, *args, timeout=1200):
     Its wall time and peak RSS (ru_maxrss of that process alone) go into MEASURED."""
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-c", MEASURE, f"{d}/rc", sys.executable, script, *map(str, args)]
-        env = dict(os.environ)
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout)
