@@ -218,7 +218,8 @@ def add_loop_args(p, *, frozen=None, tasks=None, answers=False, **defaults):
                    help="under torchrun, shard the trained model over the processes (FSDP2: one unit per decoder "
                         "layer, then the root) instead of replicating it; checkpoints are --weights_only")
     p.add_argument("--snapshots", type=comma_ints, default=[], metavar="N,N,...", help="after these many steps, "
-                   "also the weights alone in --out_dir/step-N, with the training seconds so far (a curve's points)")
+                   "also the weights alone in --out_dir/step-N, with the training seconds so far (a curve's points; "
+                   "under --time_budget the budget's last step too)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out_dir")
     p.add_argument("--allow_changed_settings", action="store_true",
                    help="--resume even where settings differ from the checkpoint's (the new values are used)")

@@ -224,8 +224,9 @@ class Run:
     def snapshot(self, model, tokenizer, state_dict=None):
         """--snapshots: after each listed number of steps, the weights alone (in --save_dtype) in out_dir/step-N, and
         snapshot.json with the seconds the steps of this process took so far (evaluations and saves not counted): a
-        curve's point. state_dict: a function giving the weights to write instead of the model's (called only then)."""
-        if self.step + 1 not in self.args.snapshots:
+        curve's point; under --time_budget the budget's last step is one too. state_dict: a function giving the
+        weights to write instead of the model's (called only then)."""
+        if not self.snapshot_due():
             return
         full = runner.full_state_dict(model) if self.fsdp else state_dict() if state_dict else None
         where = self.out_dir / f"step-{self.step + 1}"
@@ -236,6 +237,11 @@ class Run:
             (where / "snapshot.json").write_text(json.dumps(dict(step=self.step + 1,
                                                                  train_seconds=sum(self.step_times))) + "\n")
         runner.barrier()
+
+    def snapshot_due(self):
+        """This step's number is in --snapshots, or it is --time_budget's last step (where --snapshots is given)."""
+        budget_end = getattr(self.args, "time_budget", None) and self.step + 1 == self.args.max_iters
+        return self.step + 1 in self.args.snapshots or bool(budget_end and self.args.snapshots)
 
     def log(self, rec, **postfix):
         """One record in log.jsonl (rank 0), and the bar's postfix."""

@@ -11,7 +11,8 @@
 #   ARM=opdlm bash scripts/repro_conversion.sh      # OPDLM on the block conversion, on-policy (opdlm_off: off-policy),
 #                                                   # rolled out on the training prompts (prompts.jsonl), N = 32
 # LR (default 1e-4), SEED (1337), STEPS and SNAPS (the arm's defaults below) set a run; out/conversion/ARM-LR-sSEED
-# (NAME: another name there). END_PAD=N (the align.py arms): each answer followed by end tokens up to N, trained
+# (NAME: another name there). MINUTES=M: train for M minutes of wall time instead (align.py --time_budget; STEPS caps
+# it, SNAPS as given, default none), the budget's last step the curve's last point. END_PAD=N (the align.py arms): each answer followed by end tokens up to N, trained
 # (align.py --end_pad; the held-out canvas is 32). FRONTIER: the last snapshot's thresholds (default 0.5-1).
 # TRAIN_ONLY=1: the training alone, no snapshots, no held-out scores (a rate sweep: scripts/sweep_conversion.sh,
 # which scores each run by its validation −ELBO instead).
@@ -32,9 +33,9 @@ case $ARM in  # 60 minutes at the seconds a step measured on a 2-core VM (block 
     FLAGS=(--teacher $O/ar --prompts $D/prompts.jsonl --policy $([ $ARM = opdlm ] && echo on || echo off)) ;;
   *) echo "scripts/repro_conversion.sh: ARM=$ARM: choose block0, masked0, align, opdlm or opdlm_off" >&2; exit 2 ;;
 esac
-STEPS=${STEPS:-$DEF_STEPS} SNAPS=${SNAPS:-$DEF_SNAPS}
+STEPS=${STEPS:-$DEF_STEPS} SNAPS=${SNAPS-$([ -n "${MINUTES:-}" ] || echo $DEF_SNAPS)}
 R=out/conversion/${NAME:-$ARM-$LR-s$SEED}
-SNAPSHOTS=(--snapshots $SNAPS,$STEPS)
+SNAPSHOTS=(--snapshots ${SNAPS:+$SNAPS,}$STEPS) BUDGET=(${MINUTES:+--time_budget $MINUTES})
 [ "${TRAIN_ONLY:-0}" = 1 ] && SNAPSHOTS=()  # the last step's weights only (the run's own checkpoint)
 mkdir -p $R
 T0=$SECONDS
@@ -48,11 +49,13 @@ else  # packed rows of whole conversations
 fi
 stage "train $ARM" $R/results.json "$PYTHON" $SCRIPT --init $INIT --data $D/chat "${FLAGS[@]}" --seq_len 256 \
   --max_iters $STEPS $(lr $LR) --warmup 20 --autocast fast --eval_interval $STEPS --eval_batches 2 --weights_only \
-  --seed $SEED "${SNAPSHOTS[@]}" --out_dir $R
+  --seed $SEED "${SNAPSHOTS[@]}" "${BUDGET[@]}" --out_dir $R
 [ "${TRAIN_ONLY:-0}" = 1 ] && { echo "scripts/repro_conversion.sh: trained $R"; exit 0; }
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens 32 --teacher $O/eval/ar.json)
-for s in ${SNAPS//,/ } $STEPS; do
-  thr=$([ "$s" = "$STEPS" ] && echo ${FRONTIER:-0.5,0.7,0.9,0.95,1} || echo 0.9)
+SNAPPED=$(ls -d $R/step-* | sed 's/.*step-//' | sort -n)  # SNAPS and STEPS, or the budget's last step
+LAST=$(echo "$SNAPPED" | tail -1)
+for s in $SNAPPED; do
+  thr=$([ "$s" = "$LAST" ] && echo ${FRONTIER:-0.5,0.7,0.9,0.95,1} || echo 0.9)
   stage "eval $ARM step $s" $R/eval/step-$s.json "$PYTHON" -m worlds.realworld --ckpt $R/step-$s "${EVAL[@]}" \
     --thresholds $thr --out $R/eval/step-$s.json
 done

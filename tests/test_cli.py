@@ -100,22 +100,25 @@ def loop_args(argv, tmp_path):
 
 def test_time_budget_ends_at_the_last_step_that_fits_and_runs_the_cosine_over_it(tmp_path, monkeypatch):
     """A fake clock, every step 10 s: a 1-minute budget runs steps 0-5 (step 5 ends at 60 s; a seventh would end at
-    70 s), the last one numbered max_iters - 1, and the cosine's progress is the share of the budget after warmup."""
+    70 s), the last one numbered max_iters - 1 and kept as a snapshot, and the cosine's progress is the share of the
+    budget after warmup."""
     import torch
 
     from lib import training
-    _, args = loop_args(["--time_budget", "1"], tmp_path)
+    _, args = loop_args(["--time_budget", "1", "--snapshots", "3,100"], tmp_path)
     clock = [1000.0]
     monkeypatch.setattr(training, "time", argparse.Namespace(time=lambda: clock[0]))
     run = training.Run(args, "test")
     run.opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    steps, lrs = [], []
+    steps, lrs, snapshots = [], [], []
     for step in run.steps():
         steps.append(step)
         lrs.append(run.lr)
+        snapshots += [step + 1] * run.snapshot_due()
         clock[0] += 10.0
         run.step_times.append(10.0)
     assert steps == list(range(6)) and args.max_iters == 6 and run.bar.total == 6
+    assert snapshots == [3, 6]  # the listed step, and the budget's last (100 is never reached)
     assert lrs[:3] == [5e-4, 1e-3, 1e-3]  # warmup over 2 steps; the cosine starts at step 2 (20 s)
     assert all(a > b for a, b in zip(lrs[2:], lrs[3:]))
     assert lrs[5] == pytest.approx(training.lr_at(5, 1e-3, 1e-4, 2, 100, time_frac=(50 - 20) / (60 - 20)))

@@ -257,7 +257,9 @@ def dry_run(tmp_path, script, **env):
             (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / f).write_text("{}")
         fake = tmp_path / "python"
-        fake.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls.log\n')
+        fake.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls.log\n'  # and the --snapshots directories
+                        'while [ $# -gt 1 ]; do case $1 in --snapshots) s=$2;; --out_dir) o=$2;; esac; shift; done\n'
+                        'for n in $(echo ${s:-} | tr , " "); do mkdir -p $o/step-$n; done\n')
         fake.chmod(0o755)
     r = subprocess.run(["bash", str(tmp_path / "scripts" / script)], capture_output=True, text=True, cwd=tmp_path,
                        env=dict(os.environ, PYTHON=str(tmp_path / "python"), **env))
@@ -288,6 +290,12 @@ def test_repro_conversion_names_every_stage(arm, init, tmp_path):
     assert [e.split()[3] for e in evals] == [f"{R}/step-{s}" for s in (10, 20, 40)]
     assert "--thresholds 0.9 " in evals[0] and "--thresholds 0.5,0.7,0.9,0.95,1 " in evals[2]
     assert calls[-1] == f"-m scripts.report conversion_curve {R}"
+    r, calls = dry_run(tmp_path, "repro_conversion.sh", ARM=arm, MINUTES="20", NAME="budget")  # minutes, not steps
+    train = [c for c in calls if c.startswith(("align.py", "distill.py"))][-1]
+    cap = dict(block0=720, masked0=1700, align=1280).get(arm, 720)  # the arm's STEPS: a cap, the one snapshot asked
+    assert "--time_budget 20 " in train and f"--max_iters {cap} " in train and f"--snapshots {cap} " in train
+    evals = [c for c in calls if c.startswith("-m worlds.realworld") and "budget" in c]
+    assert len(evals) == 1 and "--thresholds 0.5,0.7,0.9,0.95,1 " in evals[0]  # the budget's last step alone
     r, _ = dry_run(tmp_path, "repro_conversion.sh", ARM="nope", STEPS="40", SNAPS="10,20")
     assert r.returncode == 2 and "choose block0, masked0, align, opdlm or opdlm_off" in r.stderr
 
