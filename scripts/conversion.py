@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lib import cli
 from scripts.protocol import pval
-from scripts.stats import holm, paired_t, seeds_ahead
+from scripts.stats import holm, mcnemar, paired_t, seeds_ahead
 
 
 def kept(student, teacher):
@@ -119,21 +119,27 @@ def conversion_plot(*args):
 
 
 def last_rows(R, threshold="0.9"):
-    """A run's last snapshot on the held-out prompts at `threshold` -> its rows (one per prompt, in order)."""
+    """A run's last snapshot on the held-out prompts at `threshold` -> its rows (one per prompt, in order). R: a run
+    directory (scripts/repro_conversion.sh) or a worlds/realworld.py result (run.sh real's eval/student.json)."""
+    if str(R).endswith(".json"):
+        return json.loads(Path(R).read_text())["runs"][threshold]["rows"]
     return curve_points(R)[-1][2][threshold]["rows"]
 
 
 def conversion_verdicts(*args):
     """Two arms at their longest budget, seed by seed: the training run is the unit. args: A_RUNS B_RUNS, each a
-    comma-separated list of run directories (scripts/repro_conversion.sh), the same seeds in the same order. Per
-    metric (accuracy on the held-out sums and capitals; F1 with the teacher on every prompt; both at threshold 0.9,
-    from each run's last snapshot): the primary test, named in advance, is the paired t-test over seeds of each
-    run's mean, Holm-adjusted across the row's metrics; beside it, the per-prompt paired t-test over each prompt's
-    mean across seeds (every seed answers the same held-out prompts, so this one pairs by prompt). B is ahead or
-    behind where the primary Holm p < 0.05, otherwise level."""
+    comma-separated list of runs (directories of scripts/repro_conversion.sh, or worlds/realworld.py results), the
+    same seeds in the same order. Per metric (accuracy on the held-out sums and capitals; F1 with the teacher on
+    every prompt; both at threshold 0.9, from each run's last snapshot): the primary test, named in advance, is the
+    paired t-test over seeds of each run's mean, Holm-adjusted across the row's metrics; beside it, the per-prompt
+    test over each prompt's mean across seeds (every seed answers the same held-out prompts, so this one pairs by
+    prompt): the paired t-test, or McNemar's exact test on accuracy where each arm has one run. B is ahead or behind
+    where the primary Holm p < 0.05, otherwise level; with one run each there is no primary test and no verdict,
+    and the per-prompt tests (Holm across the metrics) say how sure the comparison is for these two runs alone."""
     A, B = ([Path(r) for r in arg.split(",")] for arg in args[:2])
-    if len(A) != len(B) or len(A) < 2:
-        raise SystemExit("conversion_verdicts: give the same number (at least 2) of seeds for each arm")
+    if len(A) != len(B):
+        raise SystemExit("conversion_verdicts: give the same number of seeds for each arm")
+    one = len(A) == 1
     metrics = {"accuracy (sums and capitals)": lambda r: None if r["right"] is None else float(r["right"]),
                "F1 with the teacher": lambda r: r["f1"]}
     tests = []
@@ -143,13 +149,24 @@ def conversion_verdicts(*args):
         per = [[[run[k] for k in keep] for run in arm] for arm in per]
         seed_a, seed_b = ([sum(run) / len(run) for run in arm] for arm in per)
         prompt_a, prompt_b = ([sum(run[k] for run in arm) / len(arm) for k in range(len(keep))] for arm in per)
+        right = one and name.startswith("accuracy")  # one run a side: right or wrong per prompt
+        prompt_test = (lambda a, b: mcnemar([x == 1 for x in a], [x == 1 for x in b])) if right else paired_t
         tests.append([name, f"{sum(seed_a) / len(A):.3f}", f"{sum(seed_b) / len(B):.3f}",
-                      seeds_ahead([b - a for a, b in zip(seed_a, seed_b)]), paired_t(seed_a, seed_b),
-                      paired_t(prompt_a, prompt_b), len(keep)])
+                      seeds_ahead([b - a for a, b in zip(seed_a, seed_b)]), None if one else paired_t(seed_a, seed_b),
+                      prompt_test(prompt_a, prompt_b), len(keep)])
+    names = f"{', '.join(map(str, B))} against {', '.join(map(str, A))}"
+    if one:
+        print(f"{names}: one run each, threshold 0.9. No verdict: the training run is the unit, and one run a side "
+              f"has no test over runs. Beside it, the per-prompt tests (McNemar's exact test on accuracy, the paired "
+              f"t-test on F1; Holm across the two) say how sure the difference is for these two runs alone.\n")
+        print(cli.table(["metric", "A", "B", "p (prompts)", "p (prompts, Holm)", "prompts"],
+                        [[name, a, b, pval(pp), pval(q), n] for (name, a, b, _, _, pp, n), q in
+                         zip(tests, holm([t[5] for t in tests]))]))
+        return
     adjusted = holm([t[4] for t in tests])
-    print(f"{', '.join(map(str, B))} against {', '.join(map(str, A))}: {len(A)} seeds, the last snapshot of each, "
-          f"threshold 0.9. Primary: the paired t-test over seeds (Holm across the metrics); beside it the paired "
-          f"t-test over prompts (each prompt's mean over seeds; every seed answers the same prompts).\n")
+    print(f"{names}: {len(A)} seeds, the last snapshot of each, threshold 0.9. Primary: the paired t-test over seeds "
+          f"(Holm across the metrics); beside it the paired t-test over prompts (each prompt's mean over seeds; every "
+          f"seed answers the same prompts).\n")
     rows = [[name, a, b, ahead, pval(p), pval(q), pval(pp), n,
              "level" if q >= 0.05 else "ahead" if float(b) > float(a) else "behind"]
             for (name, a, b, ahead, p, pp, n), q in zip(tests, adjusted)]

@@ -726,7 +726,17 @@ def test_conversion_verdicts_take_the_training_run_as_the_unit(tmp_path, capsys)
     assert "| 3 ahead, 0 tied of 3 |" in f1_row and f1_row.endswith("| 120 | ahead |")
     assert f"| {protocol.pval(p_acc)} |" in acc_row and acc_row.endswith("| 80 | level |") and p_acc > 0.05
     with pytest.raises(SystemExit):
-        conversion.conversion_verdicts(a[0], b[0])  # one seed: no test
+        conversion.conversion_verdicts(",".join(a), b[0])  # seeds that do not pair
+    write(tmp_path / "b0.json", json.loads((Path(b[0]) / "eval/step-100.json").read_text()))
+    conversion.conversion_verdicts(a[0], str(tmp_path / "b0.json"))  # one run each (B as a realworld.py result)
+    out = capsys.readouterr().out
+    right = [[r["right"] for r in json.loads((Path(R) / "eval/step-100.json").read_text())["runs"]["0.9"]["rows"]
+              if r["right"] is not None] for R in (a[0], b[0])]
+    p_acc = stats.mcnemar(*right)  # right/wrong per prompt: McNemar's exact test, not a t-test
+    acc_row = next(line for line in out.splitlines() if line.startswith("| accuracy"))
+    assert "No verdict" in out and "ahead" not in out and "level" not in out
+    assert acc_row.startswith(f"| accuracy (sums and capitals) | {seeds[0]:.3f} | {seeds[3]:.3f} | "
+                              f"{protocol.pval(p_acc)} |") and acc_row.endswith("| 80 |")
 
 
 def test_conversion_sweep_names_the_chosen_rate_and_its_edge(tmp_path, capsys):
