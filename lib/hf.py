@@ -140,6 +140,18 @@ class ConfigFile:
         atomic_write(Path(path) / "config.json", lambda f: Path(f).write_text(text))
 
 
+@contextlib.contextmanager
+def no_embedding_init():
+    """nn.Embedding built without its random init (the weights are assigned after). On the meta device torch's init
+    of an Embedding imports torch._dynamo, about 2 s of every process that loads a model and never compiles."""
+    reset = torch.nn.Embedding.reset_parameters
+    torch.nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        torch.nn.Embedding.reset_parameters = reset
+
+
 class WeightsFile:
     """model.safetensors (or shards) <-> the model (model.Qwen3, whose `config_class` is its config dataclass)."""
 
@@ -171,7 +183,7 @@ class WeightsFile:
     def from_state(cls, config, state, source="state"):
         """The model of `config` holding the tensors of `state` (name -> tensor, assigned, not copied; a tied lm_head
         is the embedding), after checking that the names and shapes are the config's: ValueError naming source."""
-        with torch.device("meta"):
+        with torch.device("meta"), no_embedding_init():
             model = cls(config)
         keys = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
         missing, unexpected = sorted(keys - set(state)), sorted(set(state) - keys)

@@ -47,6 +47,27 @@ def test_bf16_loads_without_fp32_copy(tmp_path):
     assert Qwen3.from_pretrained(tmp_path, dtype=torch.float32).lm_head.weight.dtype == torch.float32
 
 
+def test_loading_builds_on_meta_without_torch_init_and_imports_no_compiler(tmp_path):
+    """from_pretrained builds the model on the meta device without nn.Embedding's own init (which imports
+    torch._dynamo there, seconds of every process), assigns every stored tensor, and leaves Embedding's init as it
+    was: a model built after it is initialised as torch does."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    m = randomise(Qwen3(Qwen3Config(**TINY)))
+    m.save_pretrained(tmp_path)
+    code = ("import sys, torch; from model import Qwen3; m = Qwen3.from_pretrained(sys.argv[1]); "
+            "print('torch._dynamo' in sys.modules, float(m.model.embed_tokens.weight.sum()))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    dynamo, total = r.stdout.split()
+    assert r.returncode == 0 and dynamo == "False", r.stderr[-2000:]
+    assert float(total) == pytest.approx(float(m.model.embed_tokens.weight.sum()), rel=1e-5)
+    torch.manual_seed(0)
+    e = torch.nn.Embedding(50, 8)  # torch's N(0, 1) init is back
+    assert 0.8 < e.weight.std().item() < 1.2
+
+
 def test_sharded_checkpoint(tmp_path):
     ref = hf_model(tied=False)
     ref.save_pretrained(tmp_path, max_shard_size="20KB")
