@@ -12,7 +12,8 @@
 #                                                   # rolled out on the training prompts (prompts.jsonl), N = 32
 # LR (default 1e-4), SEED (1337), STEPS and SNAPS (the arm's defaults below) set a run; out/conversion/ARM-LR-sSEED
 # (NAME: another name there). MINUTES=M: train for M minutes of wall time instead (align.py --time_budget; STEPS caps
-# it, SNAPS as given, default none), the budget's last step the curve's last point. END_PAD=N (the align.py arms): each answer followed by end tokens up to N, trained
+# it, SNAPS as given, default none), the budget's last step the curve's last point. COMPILE=0: the align.py arms
+# eager (with MINUTES, ARM=block0 COMPILE=0 is run.sh real's λ = 0 student at another SEED). END_PAD=N (the align.py arms): each answer followed by end tokens up to N, trained
 # (align.py --end_pad; the held-out canvas is 32). FRONTIER: the last snapshot's thresholds (default 0.5-1).
 # TRAIN_ONLY=1: the training alone, no snapshots, no held-out scores (a rate sweep: scripts/sweep_conversion.sh,
 # which scores each run by its validation −ELBO instead).
@@ -45,7 +46,8 @@ if [ $SCRIPT = distill.py ]; then  # rollouts of the answer's length on the trai
     --per_family 100 --max_new_tokens 32 --seed 1337  # run.sh real's: its cache answers, nothing is generated
   FLAGS+=(--batch_size 8 --rollout_min 32 --rollout_max 32 --curriculum_steps 0)
 else  # packed rows of whole conversations
-  FLAGS+=(--assistant_only --batch_size 3 --compile --samples 0 --end_pad ${END_PAD:-0})
+  FLAGS+=(--assistant_only --batch_size 3 --samples 0 --end_pad ${END_PAD:-0})
+  [ "${COMPILE:-1}" = 0 ] || FLAGS+=(--compile)
 fi
 stage "train $ARM" $R/results.json "$PYTHON" $SCRIPT --init $INIT --data $D/chat "${FLAGS[@]}" --seq_len 256 \
   --max_iters $STEPS $(lr $LR) --warmup 20 --autocast fast --eval_interval $STEPS --eval_batches 2 --weights_only \

@@ -296,6 +296,10 @@ def test_repro_conversion_names_every_stage(arm, init, tmp_path):
     assert "--time_budget 20 " in train and f"--max_iters {cap} " in train and f"--snapshots {cap} " in train
     evals = [c for c in calls if c.startswith("-m worlds.realworld") and "budget" in c]
     assert len(evals) == 1 and "--thresholds 0.5,0.7,0.9,0.95,1 " in evals[0]  # the budget's last step alone
+    if arm == "block0":  # eager: the recipe of run.sh real's λ = 0 student
+        r, calls = dry_run(tmp_path, "repro_conversion.sh", ARM=arm, MINUTES="20", NAME="eager", COMPILE="0")
+        train = [c for c in calls if c.startswith("align.py") and "eager" in c][-1]
+        assert "--compile" not in train and "--lambda_align 0 " in train and "--init out/real/block " in train
     r, _ = dry_run(tmp_path, "repro_conversion.sh", ARM="nope", STEPS="40", SNAPS="10,20")
     assert r.returncode == 2 and "choose block0, masked0, align, opdlm or opdlm_off" in r.stderr
 
