@@ -149,8 +149,7 @@ def conversion_verdicts(*args):
         per = [[[run[k] for k in keep] for run in arm] for arm in per]
         seed_a, seed_b = ([sum(run) / len(run) for run in arm] for arm in per)
         prompt_a, prompt_b = ([sum(run[k] for run in arm) / len(arm) for k in range(len(keep))] for arm in per)
-        right = one and name.startswith("accuracy")  # one run a side: right or wrong per prompt
-        prompt_test = (lambda a, b: mcnemar([x == 1 for x in a], [x == 1 for x in b])) if right else paired_t
+        prompt_test = mcnemar if one and name.startswith("accuracy") else paired_t  # one run: right/wrong a prompt
         tests.append([name, f"{sum(seed_a) / len(A):.3f}", f"{sum(seed_b) / len(B):.3f}",
                       seeds_ahead([b - a for a, b in zip(seed_a, seed_b)]), None if one else paired_t(seed_a, seed_b),
                       prompt_test(prompt_a, prompt_b), len(keep)])

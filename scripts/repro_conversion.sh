@@ -13,8 +13,9 @@
 # LR (default 1e-4), SEED (1337), STEPS and SNAPS (the arm's defaults below) set a run; out/conversion/ARM-LR-sSEED
 # (NAME: another name there). MINUTES=M: train for M minutes of wall time instead (align.py --time_budget; STEPS caps
 # it, SNAPS as given, default none), the budget's last step the curve's last point. COMPILE=0: the align.py arms
-# eager (with MINUTES, ARM=block0 COMPILE=0 is run.sh real's λ = 0 student at another SEED). END_PAD=N (the align.py arms): each answer followed by end tokens up to N, trained
-# (align.py --end_pad; the held-out canvas is 32). FRONTIER: the last snapshot's thresholds (default 0.5-1).
+# eager (with MINUTES, ARM=block0 COMPILE=0 is run.sh real's λ = 0 student at another SEED). END_PAD=N (the align.py
+# arms): each answer followed by end tokens up to N, trained (align.py --end_pad; the held-out canvas is 32).
+# FRONTIER: the last snapshot's thresholds (default 0.5-1).
 # TRAIN_ONLY=1: the training alone, no snapshots, no held-out scores (a rate sweep: scripts/sweep_conversion.sh,
 # which scores each run by its validation −ELBO instead).
 set -euo pipefail

@@ -54,9 +54,10 @@ def _beta_fraction(a, b, x, tiny=1e-300, tol=1e-15, max_terms=100_000):
 
 
 def mcnemar(a, b):
-    """Two-sided exact McNemar p of paired booleans a, b (lists): the binomial test on the discordant pairs."""
-    n01 = sum(x and not y for x, y in zip(a, b))
-    n10 = sum(y and not x for x, y in zip(a, b))
+    """Two-sided exact McNemar p of paired booleans a, b (lists; 0/1 numbers too): the binomial test on the
+    discordant pairs."""
+    n01 = sum(bool(x) and not y for x, y in zip(a, b))
+    n10 = sum(bool(y) and not x for x, y in zip(a, b))
     n, k = n01 + n10, min(n01, n10)
     if n == 0:
         return 1.0
