@@ -142,13 +142,14 @@ def conversion_verdicts(*args):
     one = len(A) == 1
     metrics = {"accuracy (sums and capitals)": lambda r: None if r["right"] is None else float(r["right"]),
                "F1 with the teacher": lambda r: r["f1"]}
-    tests = []
+    tests, per_seed = [], []
     for name, value in metrics.items():
         per = [[[value(r) for r in last_rows(R)] for R in arm] for arm in (A, B)]  # arm -> seed -> prompt
         keep = [k for k, v in enumerate(per[0][0]) if v is not None]
         per = [[[run[k] for k in keep] for run in arm] for arm in per]
         seed_a, seed_b = ([sum(run) / len(run) for run in arm] for arm in per)
         prompt_a, prompt_b = ([sum(run[k] for run in arm) / len(arm) for k in range(len(keep))] for arm in per)
+        per_seed += [seed_a, seed_b]
         prompt_test = mcnemar if one and name.startswith("accuracy") else paired_t  # one run: right/wrong a prompt
         tests.append([name, f"{sum(seed_a) / len(A):.3f}", f"{sum(seed_b) / len(B):.3f}",
                       seeds_ahead([b - a for a, b in zip(seed_a, seed_b)]), None if one else paired_t(seed_a, seed_b),
@@ -171,6 +172,10 @@ def conversion_verdicts(*args):
             for (name, a, b, ahead, p, pp, n), q in zip(tests, adjusted)]
     print(cli.table(["metric", "A", "B", "seeds B ahead", "p (seeds)", "p (seeds, Holm)", "p (prompts)", "prompts",
                      "B against A"], rows))
+    print("\nThe runs, pair by pair (the units of the primary test):\n")
+    print(cli.table(["A", "B", "accuracy A", "accuracy B", "F1 A", "F1 B"],
+                    [[*(f"{R.parent.name}/{R.name}" if R.suffix == ".json" else R.name for R in (a, b)),
+                      *(f"{v[k]:.3f}" for v in per_seed)] for k, (a, b) in enumerate(zip(A, B))]))
 
 
 def conversion_sweep(*args):

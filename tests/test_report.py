@@ -725,6 +725,7 @@ def test_conversion_verdicts_take_the_training_run_as_the_unit(tmp_path, capsys)
     acc_row = next(line for line in out.splitlines() if line.startswith("| accuracy"))
     assert "| 3 ahead, 0 tied of 3 |" in f1_row and f1_row.endswith("| 120 | ahead |")
     assert f"| {protocol.pval(p_acc)} |" in acc_row and acc_row.endswith("| 80 | level |") and p_acc > 0.05
+    assert f"| a-s1 | b-s1 | {seeds[1]:.3f} | {seeds[4]:.3f} | " in out  # each pair's units, in the seeds' order
     with pytest.raises(SystemExit):
         conversion.conversion_verdicts(",".join(a), b[0])  # seeds that do not pair
     write(tmp_path / "b0.json", json.loads((Path(b[0]) / "eval/step-100.json").read_text()))
