@@ -12,9 +12,9 @@ The checkpoint keeps the first SCALE_LAYERS of the 28 layers (default 4: every w
 the heads and the tokenizer as published, in about a third of the full depth's time, so that the suite stays
 within its minutes); SCALE_LAYERS=28 runs the whole model. Each command's wall time and peak RSS (os.wait4) are
 printed as a table at the end (and written to $SCALE_TABLE when set): docs/scale.md's measured table, at 28 layers.
-One process runs at a time (4.5 GiB of memory at most at 4 layers, 12.8 GiB at 28: the tests are skipped on a
-machine with less than a GiB above that); each output directory is removed once nothing needs it (at most ~9 GB
-on disk at 28 layers), and the rest at the end.
+One process of this file runs at a time (4.5 GiB of memory at most at 4 layers, 12.8 GiB at 28: the tests are skipped on
+a machine with less than a GiB above that; test.sh's other worker runs other files beside it, its memory unmeasured);
+each output directory is removed once nothing needs it (at most ~9 GB on disk at 28 layers), and the rest at the end.
 """
 import json
 import os
