@@ -539,11 +539,14 @@ def sweep_rates(S, arm, given=None):
 
 
 def real_sweep(*args):
-    """repro_real.sh: the rate an arm's sweep chooses, printed. args: S, ARM, START (an eval/ file's stem: the
-    model DPO starts from; - for none), and RATES (space-separated; default the arm's ARM.rates)."""
-    S, arm, start, rates = args[0], args[1], args[2], sweep_rates(args[0], args[1], args[3] if len(args) > 3 else None)
+    """repro_real.sh: the rate an arm's sweep chooses, printed. args: [--extend] S, ARM, START (an eval/ file's stem:
+    the model DPO starts from; - for none), and RATES (words or one space-separated word; default the arm's
+    ARM.rates). With --extend: the rate past the choice when it is the sweep's edge (stats.beyond_edge), or nothing."""
+    extend = args[0] == "--extend"
+    S, arm, start, given = args[extend], args[extend + 1], args[extend + 2], " ".join(args[extend + 3:])
+    rates = sweep_rates(S, arm, given or None)
     start = None if start == "-" else json.loads((Path(S) / f"eval/{start}.json").read_text())["nelbo_bits"]
-    print(sweep_choice(S, arm, rates, start)[0])
+    protocol.print_choice(extend, rates, sweep_choice(S, arm, rates, start)[0])
 
 
 def real_sweep_table(*args):

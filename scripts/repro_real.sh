@@ -6,8 +6,8 @@
 #      (worlds/realworld.py --split validation: training prompts no chat data reaches) by the rule named in advance:
 #      λ = 0, REPR-ALIGN (λ = 10), OPDLM on and off: the lowest −ELBO of the teacher's validation replies;
 #      DPO on the teacher and DPO on the DLM: the highest full-stop share among the rates whose −ELBO stays within
-#      0.5 bits per token of the model they start from (none: the lowest −ELBO). A best at the lowest rate gets one
-#      more rate below it. DPO on the DLM starts from λ = 10 at its chosen rate.
+#      0.5 bits per token of the model they start from (none: the lowest −ELBO). A choice at the sweep's edge
+#      goes on past it (scripts/stage.sh's sweep: three rates more at most). DPO on the DLM starts from λ = 10 at its chosen rate.
 #   2. seeds SEEDS: scripts/real_arms.sh at the chosen rates in out/real-s<seed> (seed 1337 reuses the sweep's runs).
 #   3. the paired tests over the seeds: scripts/report.py real_verdicts, out/real-seeds.md.
 # About 120 minutes on 2 cores (the sweep ~60, each further seed ~45); finished stages are reused.
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."  # the project root
 source scripts/python_env.sh
 python_env requirements.txt scripts/repro_real.sh
 SEEDS=${SEEDS:-"1337 1338"} ONLY=${ONLY:-all}
-LRS=${LRS:-"1e-3 3e-4 1e-4"} DPO_LRS=${DPO_LRS:-"2e-4 2e-5 2e-6"}
+LRS=${LRS:-"1e-3 3e-4 1e-4"} DPO_LRS=${DPO_LRS:-"2e-4 2e-5 2e-6 2e-7"}  # DPO: 2e-7 is where the first sweep went on past 2e-6
 D=data/real-arms O=out/real-arms S=out/real-sweep
 [ -e $O/eval/ar.json ] || { echo "scripts/repro_real.sh: run 'bash scripts/real_arms.sh' first" >&2; exit 1; }
 T0=$SECONDS
@@ -34,20 +34,12 @@ DPO=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl --seq_len 96 
 peak() { "$PYTHON" -c 'import json, sys; print(max(json.loads(l).get("lr", 0) for l in open(sys.argv[1])))' "$1/log.jsonl"; }
 same() { awk "BEGIN { exit !($1 > 0.999 * $2 && $1 < 1.001 * $2) }"; }
 real_sweep() {  # real_sweep ARM START "RATES" SCRIPT FLAGS...: a run per rate, each scored on the validation prompts
-  local arm=$1 start=$2 rates=$3; shift 3  # (real_arms.sh's own, $O/ARM, stands for the rate it ran at unless
-  for r in $rates; do                      # REUSE=no); a best at the lowest rate gets one more below it
-    train_rate "$arm" "$r" "$@"
-  done
-  local best low=${rates##* } prev
-  prev=$(echo "$rates" | awk '{ print $(NF - 1) }')
-  best=$(chosen "$arm" "$start" "$rates")
-  if [ "$best" = "$low" ]; then
-    r=$("$PYTHON" -c 'import sys; a, b = map(float, sys.argv[1:]); print(f"{a * a / b:.0e}".replace("e-0", "e-"))' $low $prev)
-    rates="$rates $r"
-    train_rate "$arm" "$r" "$@"
-  fi
-  echo "$rates" > $S/$arm.rates
+  local arm=$1 start=$2; ARM_RATES=$3; shift 3  # (real_arms.sh's own, $O/ARM, stands for the rate it ran at unless
+  SWEEP_CMD=("$@")                               # REUSE=no); a choice at the sweep's edge goes on past it
+  sweep ARM_RATES "train_swept $arm" "chosen --extend $arm $start"
+  echo "$ARM_RATES" > $S/$arm.rates
 }
+train_swept() { train_rate "$1" "$2" "${SWEEP_CMD[@]}"; }  # train_swept ARM RATE: the sweep's command at RATE
 train_rate() {  # train_rate ARM RATE SCRIPT FLAGS...
   local arm=$1 r=$2; shift 2
   if [ "${REUSE:-yes}" = yes ] && [ ! -e $S/$arm-$r ] && [ -e $O/$arm/log.jsonl ] && same "$(peak $O/$arm)" $r; then
@@ -57,7 +49,10 @@ train_rate() {  # train_rate ARM RATE SCRIPT FLAGS...
   stage "validate $arm $r" $S/eval/$arm-$r.json "$PYTHON" -m worlds.realworld --ckpt $S/$arm-$r "${VAL[@]}" \
     --out $S/eval/$arm-$r.json
 }
-chosen() { "$PYTHON" -m scripts.report real_sweep $S "$@"; }  # chosen ARM START ["RATES"]: the rate, printed
+chosen() {  # chosen [--extend] ARM START ["RATES"]: the rate, printed (--extend: the rate past an edge, or nothing)
+  if [ "$1" = --extend ]; then shift; "$PYTHON" -m scripts.report real_sweep --extend $S "$@"
+  else "$PYTHON" -m scripts.report real_sweep $S "$@"; fi
+}
 rates() { cat $S/$1.rates; }
 
 mkdir -p $S/eval

@@ -311,6 +311,11 @@ def test_real_sweep_rules_choose_as_named(tmp_path, capsys):
     assert report.sweep_choice(tmp_path, "ar-dpo", rates, start=0.2)[0] == "2e-7"  # none within 0.5 bits
     report.real_sweep(str(tmp_path), "ar-dpo", "-", " ".join(rates))
     assert capsys.readouterr().out.strip() == "2e-7"  # no start: the lowest −ELBO
+    report.real_sweep("--extend", str(tmp_path), "ar-dpo", "-", *rates)  # the edge: the sweep goes on past it
+    assert capsys.readouterr().out.strip() == "6e-8"  # one half-decade step down (the grid 2e-4, 6e-5, 2e-5, ...)
+    val("ar-dpo", "6e-8", 1.2, 0.5)
+    report.real_sweep("--extend", str(tmp_path), "ar-dpo", "-", *rates, "6e-8")
+    assert capsys.readouterr().out.strip() == ""  # 2e-7 now inside: nothing more
     (tmp_path / "ar-dpo.rates").write_text("2e-4 2e-5\n")  # the rates the sweep ran, as repro_real.sh writes them
     report.real_sweep(str(tmp_path), "ar-dpo", "-")
     assert capsys.readouterr().out.strip() == "2e-5"
