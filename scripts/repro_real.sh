@@ -13,11 +13,15 @@
 # About 120 minutes on 2 cores (the sweep ~60, each further seed ~45); finished stages are reused.
 #   bash scripts/repro_real.sh                 # SEEDS="1337 1338"
 #   ONLY=sweep bash scripts/repro_real.sh       # the sweep alone
+#   ARMS="ar-dpo" ONLY=sweep bash scripts/repro_real.sh   # some arms' sweeps alone (of align0 align distill
+#                                                         # distill-off ar-dpo dlm-dpo; dlm-dpo needs align's)
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the project root
 source scripts/python_env.sh
 python_env requirements.txt scripts/repro_real.sh
-SEEDS=${SEEDS:-"1337 1338"} ONLY=${ONLY:-all}
+SEEDS=${SEEDS:-"1337 1338"} ONLY=${ONLY:-all} ALL_ARMS="align0 align distill distill-off ar-dpo dlm-dpo"
+ARMS=${ARMS:-$ALL_ARMS}
+[ "$ARMS" = "$ALL_ARMS" ] || [ "$ONLY" = sweep ] || { echo "scripts/repro_real.sh: ARMS=\"$ARMS\" runs part of the sweep: add ONLY=sweep (the seeds need every arm's rate)" >&2; exit 1; }
 LRS=${LRS:-"1e-3 3e-4 1e-4"} DPO_LRS=${DPO_LRS:-"2e-4 2e-5 2e-6 2e-7"}  # DPO: 2e-7 is where the first sweep went on past 2e-6
 D=data/real-arms O=out/real-arms S=out/real-sweep
 [ -e $O/eval/ar.json ] || { echo "scripts/repro_real.sh: run 'bash scripts/real_arms.sh' first" >&2; exit 1; }
@@ -35,6 +39,7 @@ peak() { "$PYTHON" -c 'import json, sys; print(max(json.loads(l).get("lr", 0) fo
 same() { awk "BEGIN { exit !($1 > 0.999 * $2 && $1 < 1.001 * $2) }"; }
 real_sweep() {  # real_sweep ARM START "RATES" SCRIPT FLAGS...: a run per rate, each scored on the validation prompts
   local arm=$1 start=$2; ARM_RATES=$3; shift 3  # (real_arms.sh's own, $O/ARM, stands for the rate it ran at unless
+  in_arms $arm || { echo "== $arm: not in ARMS, skipped"; return; }
   SWEEP_CMD=("$@")                               # REUSE=no); a choice at the sweep's edge goes on past it
   sweep ARM_RATES "train_swept $arm" "chosen --extend $arm $start"
   echo "$ARM_RATES" > $S/$arm.rates
@@ -54,6 +59,7 @@ chosen() {  # chosen [--extend] ARM START ["RATES"]: the rate, printed (--extend
   else "$PYTHON" -m scripts.report real_sweep $S "$@"; fi
 }
 rates() { cat $S/$1.rates; }
+in_arms() { [[ " $ARMS " == *" $1 "* ]]; }
 
 mkdir -p $S/eval
 stage "validate ar" $S/eval/ar.json "$PYTHON" -m worlds.realworld --ckpt $O/ar "${PROMPTS[@]}" --split validation \
@@ -65,11 +71,13 @@ real_sweep align - "$LRS" align.py "${ALIGN[@]}"
 real_sweep distill - "$LRS" distill.py "${DISTILL[@]}"
 real_sweep distill-off - "$LRS" distill.py "${DISTILL[@]}" --policy off
 real_sweep ar-dpo ar-self "$DPO_LRS" dpo.py --ar $O/ar "${DPO[@]}"
-LR_ALIGN=$(chosen align - "$(rates align)")
-stage "validate align $LR_ALIGN (as DPO's start)" $S/eval/dlm-dpo-start.json cp $S/eval/align-$LR_ALIGN.json \
-  $S/eval/dlm-dpo-start.json
-same "$(peak $O/align)" "$LR_ALIGN" || REUSE=no  # real_arms.sh's dlm-dpo started from its own λ = 10 run
-real_sweep dlm-dpo dlm-dpo-start "$DPO_LRS" dpo.py --dlm --ar $S/align-$LR_ALIGN "${DPO[@]}"
+if in_arms dlm-dpo; then
+  LR_ALIGN=$(chosen align - "$(rates align)")
+  stage "validate align $LR_ALIGN (as DPO's start)" $S/eval/dlm-dpo-start.json cp $S/eval/align-$LR_ALIGN.json \
+    $S/eval/dlm-dpo-start.json
+  same "$(peak $O/align)" "$LR_ALIGN" || REUSE=no  # real_arms.sh's dlm-dpo started from its own λ = 10 run
+  real_sweep dlm-dpo dlm-dpo-start "$DPO_LRS" dpo.py --dlm --ar $S/align-$LR_ALIGN "${DPO[@]}"
+fi
 "$PYTHON" -m scripts.report real_sweep_table $S | tee $S/results.md
 [ "$ONLY" = sweep ] && exit 0
 
