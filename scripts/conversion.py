@@ -167,11 +167,11 @@ def conversion_verdicts(*args):
     print(f"{names}: {len(A)} seeds, the last snapshot of each, threshold 0.9. Primary: the paired t-test over seeds "
           f"(Holm across the metrics); beside it the paired t-test over prompts (each prompt's mean over seeds; every "
           f"seed answers the same prompts).\n")
-    rows = [[name, a, b, ahead, pval(p), pval(q), pval(pp), n,
+    rows = [[name, a, b, ahead, pval(p), pval(q), pval(pp), pval(qq), n,
              "level" if q >= 0.05 else "ahead" if float(b) > float(a) else "behind"]
-            for (name, a, b, ahead, p, pp, n), q in zip(tests, adjusted)]
-    print(cli.table(["metric", "A", "B", "seeds B ahead", "p (seeds)", "p (seeds, Holm)", "p (prompts)", "prompts",
-                     "B against A"], rows))
+            for (name, a, b, ahead, p, pp, n), q, qq in zip(tests, adjusted, holm([t[5] for t in tests]))]
+    print(cli.table(["metric", "A", "B", "seeds B ahead", "p (seeds)", "p (seeds, Holm)", "p (prompts)",
+                     "p (prompts, Holm)", "prompts", "B against A"], rows))
     print("\nThe runs, pair by pair (the units of the primary test):\n")
     print(cli.table(["A", "B", "accuracy A", "accuracy B", "F1 A", "F1 B"],
                     [[*(f"{R.parent.name}/{R.name}" if R.suffix == ".json" else R.name for R in (a, b)),

@@ -730,6 +730,8 @@ def test_conversion_verdicts_take_the_training_run_as_the_unit(tmp_path, capsys)
     acc_row = next(line for line in out.splitlines() if line.startswith("| accuracy"))
     assert "| 3 ahead, 0 tied of 3 |" in f1_row and f1_row.endswith("| 120 | ahead |")
     assert f"| {protocol.pval(p_acc)} |" in acc_row and acc_row.endswith("| 80 | level |") and p_acc > 0.05
+    prompt_p = [float(row.split(" | ")[6]) for row in (acc_row, f1_row)]  # beside it: the per-prompt p, and Holm's
+    assert [float(row.split(" | ")[7]) for row in (acc_row, f1_row)] == pytest.approx(stats.holm(prompt_p), rel=1e-2)
     assert f"| a-s1 | b-s1 | {seeds[1]:.3f} | {seeds[4]:.3f} | " in out  # each pair's units, in the seeds' order
     with pytest.raises(SystemExit):
         conversion.conversion_verdicts(",".join(a), b[0])  # seeds that do not pair
