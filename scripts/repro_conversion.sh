@@ -15,7 +15,8 @@
 # it, SNAPS as given, default none), the budget's last step the curve's last point. COMPILE=0: the align.py arms
 # eager (with MINUTES, ARM=block0 COMPILE=0 is run.sh real's λ = 0 student at another SEED). END_PAD=N (the align.py
 # arms): each answer followed by end tokens up to N, trained (align.py --end_pad; the held-out canvas is 32).
-# FRONTIER: the last snapshot's thresholds (default 0.5-1).
+# FRONTIER: the last snapshot's thresholds (default 0.5-1). AUTOCAST (default fast: bf16 where the CPU has bf16
+# instructions, else fp32): none keeps fp32 everywhere, to repeat a run made on a CPU without them.
 # TRAIN_ONLY=1: the training alone, no snapshots, no held-out scores (a rate sweep: scripts/sweep_conversion.sh,
 # which scores each run by its validation −ELBO instead).
 set -euo pipefail
@@ -51,7 +52,7 @@ else  # packed rows of whole conversations
   [ "${COMPILE:-1}" = 0 ] || FLAGS+=(--compile)
 fi
 stage "train $ARM" $R/results.json "$PYTHON" $SCRIPT --init $INIT --data $D/chat "${FLAGS[@]}" --seq_len 256 \
-  --max_iters $STEPS $(lr $LR) --warmup 20 --autocast fast --eval_interval $STEPS --eval_batches 2 --weights_only \
+  --max_iters $STEPS $(lr $LR) --warmup 20 --autocast ${AUTOCAST:-fast} --eval_interval $STEPS --eval_batches 2 --weights_only \
   --seed $SEED "${SNAPSHOTS[@]}" "${BUDGET[@]}" --out_dir $R
 [ "${TRAIN_ONLY:-0}" = 1 ] && { echo "scripts/repro_conversion.sh: trained $R"; exit 0; }
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens 32 --teacher $O/eval/ar.json)
