@@ -24,7 +24,7 @@ from lib import cli
 from scripts.stats import holm, paired_t
 
 ROOT = Path(__file__).resolve().parents[1]
-WORLDS = {"tasks": "exact-answer world", "stdlib": "standard library", "real": "SmolLM2-135M (2 seeds)"}
+WORLDS = {"tasks": "exact-answer world", "stdlib": "standard library", "real": "SmolLM2-135M"}
 SECTION = "## The papers' claims, measured here"
 ALPHA = 0.05
 MIN_SEEDS = 5  # the protocol's: fewer seeds give a word, marked tentative

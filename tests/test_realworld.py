@@ -276,7 +276,7 @@ def test_repro_conversion_names_every_stage(arm, init, tmp_path):
     r, calls = dry_run(tmp_path, "repro_conversion.sh", ARM=arm, STEPS="40", SNAPS="10,20")
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     train = next(c for c in calls if c.startswith(("align.py", "distill.py")))
-    assert f"--init {init}" in train and "--snapshots 10,20,40" in train
+    assert f"--init {init}" in train and "--snapshots 10,20,40" in train and "--autocast fast " in train
     if arm.startswith("opdlm"):  # rolled out on the training prompts, which the data stage writes when missing
         assert train.startswith("distill.py") and "--prompts data/real/prompts.jsonl" in train
         assert f"--policy {'on' if arm == 'opdlm' else 'off'}" in train and "--rollout_max 32" in train
@@ -296,12 +296,32 @@ def test_repro_conversion_names_every_stage(arm, init, tmp_path):
     assert "--time_budget 20 " in train and f"--max_iters {cap} " in train and f"--snapshots {cap} " in train
     evals = [c for c in calls if c.startswith("-m worlds.realworld") and "budget" in c]
     assert len(evals) == 1 and "--thresholds 0.5,0.7,0.9,0.95,1 " in evals[0]  # the budget's last step alone
+    r, calls = dry_run(tmp_path, "repro_conversion.sh", ARM=arm, STEPS="41", SNAPS="", AUTOCAST="none", NAME="fp32")
+    train = [c for c in calls if c.startswith(("align.py", "distill.py")) and "fp32" in c][-1]  # a slower CPU's run,
+    assert "--autocast none " in train and "--snapshots 41 " in train and "--time_budget" not in train  # repeated
     if arm == "block0":  # eager: the recipe of run.sh real's λ = 0 student
         r, calls = dry_run(tmp_path, "repro_conversion.sh", ARM=arm, MINUTES="20", NAME="eager", COMPILE="0")
         train = [c for c in calls if c.startswith("align.py") and "eager" in c][-1]
         assert "--compile" not in train and "--lambda_align 0 " in train and "--init out/real/block " in train
     r, _ = dry_run(tmp_path, "repro_conversion.sh", ARM="nope", STEPS="40", SNAPS="10,20")
     assert r.returncode == 2 and "choose block0, masked0, align, opdlm or opdlm_off" in r.stderr
+
+
+def test_repro_real_sweeps_only_the_arms_named(tmp_path):
+    """scripts/repro_real.sh, dry: ARMS="ar-dpo" ONLY=sweep trains DPO on the teacher at each of its rates, scores
+    each on the validation prompts, and runs no other arm; ARMS without ONLY=sweep is refused, with the reason."""
+    (tmp_path / "out/real-arms/eval").mkdir(parents=True)
+    (tmp_path / "out/real-arms/eval/ar.json").write_text("{}")
+    r, calls = dry_run(tmp_path, "repro_real.sh", ARMS="ar-dpo", ONLY="sweep")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    train = [c for c in calls if c.startswith(("align.py", "distill.py", "dpo.py"))]
+    assert train and all(c.startswith("dpo.py --ar out/real-arms/ar ") for c in train)
+    assert [c.split("--lr ")[1].split()[0] for c in train] == ["2e-4", "2e-5", "2e-6", "2e-7"]
+    scored = [c.split("--ckpt ")[1].split()[0] for c in calls if c.startswith("-m worlds.realworld")]
+    assert scored == ["out/real-arms/ar"] * 2 + [f"out/real-sweep/ar-dpo-{r}" for r in ("2e-4", "2e-5", "2e-6", "2e-7")]
+    assert (tmp_path / "out/real-sweep/ar-dpo.rates").read_text().split() == ["2e-4", "2e-5", "2e-6", "2e-7"]
+    r, again = dry_run(tmp_path, "repro_real.sh", ARMS="ar-dpo")
+    assert r.returncode == 1 and "add ONLY=sweep" in r.stderr and again == calls  # nothing more ran
 
 
 def test_sweep_conversion_trains_each_rate_and_scores_it_on_validation(tmp_path):
