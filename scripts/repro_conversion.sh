@@ -52,8 +52,8 @@ else  # packed rows of whole conversations
   [ "${COMPILE:-1}" = 0 ] || FLAGS+=(--compile)
 fi
 stage "train $ARM" $R/results.json "$PYTHON" $SCRIPT --init $INIT --data $D/chat "${FLAGS[@]}" --seq_len 256 \
-  --max_iters $STEPS $(lr $LR) --warmup 20 --autocast ${AUTOCAST:-fast} --eval_interval $STEPS --eval_batches 2 --weights_only \
-  --seed $SEED "${SNAPSHOTS[@]}" "${BUDGET[@]}" --out_dir $R
+  --max_iters $STEPS $(lr $LR) --warmup 20 --autocast ${AUTOCAST:-fast} --eval_interval $STEPS --eval_batches 2 \
+  --weights_only --seed $SEED "${SNAPSHOTS[@]}" "${BUDGET[@]}" --out_dir $R
 [ "${TRAIN_ONLY:-0}" = 1 ] && { echo "scripts/repro_conversion.sh: trained $R"; exit 0; }
 EVAL=(--prompts $D/heldout.jsonl --max_new_tokens 32 --teacher $O/eval/ar.json)
 SNAPPED=$(ls -d $R/step-* | sed 's/.*step-//' | sort -n)  # SNAPS and STEPS, or the budget's last step

@@ -7,7 +7,8 @@
 #      λ = 0, REPR-ALIGN (λ = 10), OPDLM on and off: the lowest −ELBO of the teacher's validation replies;
 #      DPO on the teacher and DPO on the DLM: the highest full-stop share among the rates whose −ELBO stays within
 #      0.5 bits per token of the model they start from (none: the lowest −ELBO). A choice at the sweep's edge
-#      goes on past it (scripts/stage.sh's sweep: three rates more at most). DPO on the DLM starts from λ = 10 at its chosen rate.
+#      goes on past it (scripts/stage.sh's sweep: three rates more at most). DPO on the DLM starts from λ = 10 at
+#      its chosen rate.
 #   2. seeds SEEDS: scripts/real_arms.sh at the chosen rates in out/real-s<seed> (seed 1337 reuses the sweep's runs).
 #   3. the paired tests over the seeds: scripts/report.py real_verdicts, out/real-seeds.md.
 # About 120 minutes on 2 cores (the sweep ~60, each further seed ~45); finished stages are reused.
@@ -21,7 +22,9 @@ source scripts/python_env.sh
 python_env requirements.txt scripts/repro_real.sh
 SEEDS=${SEEDS:-"1337 1338"} ONLY=${ONLY:-all} ALL_ARMS="align0 align distill distill-off ar-dpo dlm-dpo"
 ARMS=${ARMS:-$ALL_ARMS}
-[ "$ARMS" = "$ALL_ARMS" ] || [ "$ONLY" = sweep ] || { echo "scripts/repro_real.sh: ARMS=\"$ARMS\" runs part of the sweep: add ONLY=sweep (the seeds need every arm's rate)" >&2; exit 1; }
+[ "$ARMS" = "$ALL_ARMS" ] || [ "$ONLY" = sweep ] || {
+  echo "scripts/repro_real.sh: ARMS=\"$ARMS\" runs part of the sweep: add ONLY=sweep (the seeds need every arm's" \
+       "rate)" >&2; exit 1; }
 LRS=${LRS:-"1e-3 3e-4 1e-4"} DPO_LRS=${DPO_LRS:-"2e-4 2e-5 2e-6 2e-7"}  # DPO: 2e-7 is where the first sweep went on past 2e-6
 D=data/real-arms O=out/real-arms S=out/real-sweep
 [ -e $O/eval/ar.json ] || { echo "scripts/repro_real.sh: run 'bash scripts/real_arms.sh' first" >&2; exit 1; }
@@ -55,8 +58,8 @@ train_rate() {  # train_rate ARM RATE SCRIPT FLAGS...
     --out $S/eval/$arm-$r.json
 }
 chosen() {  # chosen [--extend] ARM START ["RATES"]: the rate, printed (--extend: the rate past an edge, or nothing)
-  if [ "$1" = --extend ]; then shift; "$PYTHON" -m scripts.report real_sweep --extend $S "$@"
-  else "$PYTHON" -m scripts.report real_sweep $S "$@"; fi
+  local extend=(); [ "$1" = --extend ] && { extend=(--extend); shift; }
+  "$PYTHON" -m scripts.report real_sweep "${extend[@]}" $S "$@"
 }
 rates() { cat $S/$1.rates; }
 in_arms() { [[ " $ARMS " == *" $1 "* ]]; }
