@@ -25,7 +25,7 @@ from pathlib import Path
 from lib import cli
 from scripts import claims, conversion, protocol, world_tables
 from scripts.protocol import stage_seconds
-from scripts.stats import chosen_rate, holm, mcnemar, paired, paired_t, seeds_ahead
+from scripts.stats import chosen_rate, holm, mcnemar, paired, paired_t
 
 
 def repro_align(*args):
@@ -573,8 +573,7 @@ def real_sweep_table(*args):
 
 
 # The real world's tests, named before the seeds ran (docs/results.md, "The verdict protocol"): per claims row, the
-# comparisons (baseline, arm) and per comparison the metrics: a boolean by McNemar's exact test, a number by the
-# paired t-test, over every held-out prompt of every seed (threshold 0.9; Holm across the row's tests).
+# comparisons (baseline, arm) and per comparison the metrics, each at threshold 0.9 over every held-out prompt.
 VERDICT_ROWS = [("REPR-ALIGN converges faster than λ = 0", [("align0", "align"), ("align0-time", "align")],
                  ["right", "f1"]),
                 ("OPDLM: on-policy beats off-policy", [("distill-off", "distill")], ["right", "f1"]),
@@ -583,31 +582,46 @@ VERDICT_ROWS = [("REPR-ALIGN converges faster than λ = 0", [("align0", "align")
 
 
 def real_verdicts(*dirs):
-    """repro_real.sh: the claims rows' paired tests over seeds. args: the seeds' run.sh real output folders."""
+    """repro_real.sh: the claims rows' tests, the training run as the unit. args: the seeds' real_arms.sh output
+    folders (a comparison whose models one of them lacks is left out: REAL_ARMS ran some models alone). Primary: the
+    paired t-test over the seeds' means (none with one seed); beside it the pooled test over (seed, prompt) pairs:
+    McNemar's exact test on right / full stop, the paired t-test on F1. Each kind Holm-adjusted across the row's tests.
+    Every seed answers the same held-out prompts, so the pooled test counts each prompt once per seed. Then each seed's
+    means: the numbers the primary test compares."""
     @functools.cache
     def rows(d, m):  # one row per held-out prompt: the DLM's run at threshold 0.9, an AR model's greedy one (read once)
         runs = json.loads((Path(d) / f"eval/{m}.json").read_text())["runs"]
         return (runs.get("greedy") or runs["0.9"])["rows"]
 
-    print(f"{len(dirs)} seeds ({', '.join(Path(d).name for d in dirs)}), every held-out prompt of each, threshold 0.9; "
-          f"right and full stop: McNemar's exact test; F1 with the teacher: the paired t-test; p adjusted by Holm "
-          f"across the row's tests; ahead: seeds whose mean is higher for the arm (ties counted apart)\n")
-    out = []
+    def have(m):
+        return all((Path(d) / f"eval/{m}.json").exists() for d in dirs)
+
+    n = len(dirs)
+    print(f"{n} seeds ({', '.join(Path(d).name for d in dirs)}), every held-out prompt of each (the same prompts in "
+          f"every seed), threshold 0.9. Primary: the paired t-test over the seeds' means (the training run as the "
+          f"unit); beside it the pooled test over (seed, prompt) pairs (McNemar's exact test on right and full stop, "
+          f"the paired t-test on F1); each Holm-adjusted across the row's tests; ahead: seeds whose mean is higher for "
+          f"the arm\n")
+    out, used = [], []
     for claim, pairs, metrics in VERDICT_ROWS:
         tests = []
-        for a, b in pairs:
+        for a, b in (pair for pair in pairs if have(pair[0]) and have(pair[1])):
+            used += [m for m in (a, b) if m not in used]
             for k in metrics:
-                xa, xb, seeds = [], [], []
-                for d in dirs:
-                    ra, rb = [r[k] for r in rows(d, a)], [r[k] for r in rows(d, b)]
-                    xa, xb = xa + ra, xb + rb
-                    seeds.append(statistics.mean(rb) - statistics.mean(ra))
-                p = mcnemar(xa, xb) if isinstance(xa[0], bool) else paired_t(xa, xb)
-                tests.append([claim, f"{b} against {a}", k, f"{statistics.mean(xa):.3f}", f"{statistics.mean(xb):.3f}",
-                              seeds_ahead(seeds), p])
-        for row, q in zip(tests, holm([row[-1] for row in tests])):
-            out.append([*row[:-1], f"{row[-1]:.3f}", f"{q:.3f}"])
-    print(cli.table(["claim", "comparison", "metric", "baseline", "arm", "seeds", "p", "p (Holm)"], out))
+                xa, xb = ([r[k] for d in dirs for r in rows(d, m)] for m in (a, b))
+                row = protocol.paired_row(xa, xb, n, mcnemar if isinstance(xa[0], bool) else paired_t)
+                tests.append([claim, f"{b} against {a}", k, *row[:3], row[3] if n > 1 else None, row[4]])
+        per_seed = holm([t[-2] for t in tests]) if n > 1 else [None] * len(tests)
+        for t, q, r in zip(tests, per_seed, holm([t[-1] for t in tests])):
+            out.append([*t[:-2], "—" if q is None else protocol.pval(t[-2]), "—" if q is None else protocol.pval(q),
+                        protocol.pval(r)])
+    print(cli.table(["claim", "comparison", "metric", "baseline", "arm", "seeds", "p (per seed)", "p (Holm)",
+                     "p (pooled, Holm)"], out))
+    metrics = ["right", "full_stop", "f1"]
+    print("\nEach seed's means (held-out prompts, threshold 0.9):\n")
+    print(cli.table(["seed", "model", *metrics],
+                    [[Path(d).name, m, *(f"{statistics.mean(r[k] for r in rows(d, m)):.3f}" for k in metrics)]
+                     for d in dirs for m in used]))
 
 
 RL_ARMS = {"rl": "diffu-GRPO (rl.py)", "dlm-dpo": "DPO on the DLM (judged pairs)",

@@ -323,6 +323,31 @@ def test_real_sweep_rules_choose_as_named(tmp_path, capsys):
     assert "| align | nelbo | 3e-4 * | 2.900 |" in capsys.readouterr().out
 
 
+def test_real_verdicts_test_the_seeds_first(tmp_path, capsys):
+    """repro_real.sh's verdicts: per comparison the paired t over the seeds' means (primary; p by hand for two seeds),
+    McNemar over (seed, prompt) pairs beside it, Holm across the row; a comparison whose models a seed lacks is left
+    out; one seed has no primary test; each seed's means printed."""
+    def ev(seed, model, stops, f1=0.5):
+        rows = [dict(right=False, full_stop=s, f1=f1) for s in stops]
+        write(tmp_path / f"s{seed}/eval/{model}.json", dict(runs={"0.9": dict(rows=rows)}))
+
+    for seed, base, arm in ((1, [False] * 4, [True, True, False, False]), (2, [False] * 4, [True] * 4)):
+        ev(seed, "align", base)
+        ev(seed, "merged", arm)
+    dirs = [str(tmp_path / "s1"), str(tmp_path / "s2")]
+    report.real_verdicts(*dirs)
+    out = capsys.readouterr().out
+    assert "align0" not in out and "dlm-dpo" not in out  # neither seed ran them
+    row = next(line for line in out.splitlines() if "merged against align | full_stop" in line).split(" | ")
+    assert row[3:6] == ["0.000", "0.750", "2 ahead, 0 tied of 2"]
+    assert float(row[6]) == pytest.approx(p_two_seeds(0.5, 1.0), rel=1e-2)  # the seeds' differences 0.5 and 1
+    assert float(row[8].rstrip(" |")) == pytest.approx(2 / 2 ** 6, rel=1e-2)  # McNemar: 6 discordant pairs, all one way
+    assert "| s2 | merged | 0.000 | 1.000 | 0.500 |" in out
+    report.real_verdicts(dirs[0])
+    row = next(line for line in capsys.readouterr().out.splitlines() if "merged against align" in line).split(" | ")
+    assert row[6:8] == ["—", "—"] and float(row[8].rstrip(" |")) == pytest.approx(2 / 2 ** 2, rel=1e-2)
+
+
 def test_repro_rl(tmp_path, capsys):
     """repro_rl.sh's tables: early stopping (a run's kept weights, the highest validation exact match, a tie the fewer
     steps), the sweep's rule on it (the highest, a tie the lower rate) and its edge (the rate past it), each arm's
