@@ -171,6 +171,27 @@ def close_answered(y, mask_id, eos):
     return torch.where(end.gather(1, first) & after, y.gather(1, first), y)
 
 
+def ends_held_back(masked, tok, eos, eos_rule):
+    """masked (B, bl), the block's open slots -> those that may commit tok (B, bl) this round: all of them, or under
+    eos_rule "last" none whose token is an end token while a slot before it is still masked."""
+    if eos_rule != "last" or eos is None:
+        return masked
+    return masked & ~(torch.isin(tok, eos) & (masked.cumsum(1) > masked.long()))
+
+
+def write_block(x, s, e, P, tok, chosen, r, rounds, seen, mask_id, eos, finish_block):
+    """Commit the chosen (B, e-s) predictions tok into x's slots s..e-1 (in place), note round r in rounds, count them
+    in seen (the repetition penalty's), close each row whose answer ended (unless finish_block) -> whether every row's
+    block is done (a host sync per forward)."""
+    x[:, s:e] = torch.where(chosen, tok, x[:, s:e])
+    rounds[:, s - P:e - P].masked_fill_(chosen, r)
+    if seen is not None:
+        seen.scatter_add_(1, tok, chosen.float())
+    if eos is not None and not finish_block:
+        x[:, s:] = close_answered(x[:, s:], mask_id, eos)
+    return not (x[:, s:e] == mask_id).any()
+
+
 def forward(model, x, q, pos, real, rule, cache=None, block_size=None, last=False):
     """One model call: x (B, T) at slots q (T,), RoPE positions pos, attending under `rule` to key slots 0..S-1
     (the cache's, written at q first; or x itself), pads (real (B, S) False) hidden -> logits (B, T, V); last: the
@@ -303,16 +324,9 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
                                repetition_penalty=repetition_penalty, seen=seen)
             if remasking == "random":
                 conf = torch.rand(conf.shape, generator=generator, device=x.device)
-            if eos_rule == "last" and eos is not None:  # no end token where a slot before it is still masked
-                masked = masked & ~(torch.isin(tok, eos) & (masked.cumsum(1) > masked.long()))
+            masked = ends_held_back(masked, tok, eos, eos_rule)
             chosen = choose(conf, masked, n_commit[min(i, spb - 1)], threshold)  # (B, block_length)
-            x[:, s:e] = torch.where(chosen, tok, x[:, s:e])
-            rounds[:, s - P:e - P].masked_fill_(chosen, i)
-            if seen is not None:
-                seen.scatter_add_(1, tok, chosen.float())
-            if eos is not None and not finish_block:
-                x[:, s:] = close_answered(x[:, s:], mask_id, eos)
-            if not (x[:, s:e] == mask_id).any():  # block done (for every row): a host sync per forward
+            if write_block(x, s, e, P, tok, chosen, i, rounds, seen, mask_id, eos, finish_block):
                 break
         if eos is not None:
             x[:, s:] = close_answered(x[:, s:], mask_id, eos)
@@ -364,16 +378,9 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
                 logits = logits[:, s - a - shift:e - a - shift]  # (B, bs, V): the predictions for slots s..e-1
             tok, conf = sample(logits, temperature, top_k, top_p, generator, ban, min_p=min_p,
                                repetition_penalty=repetition_penalty, seen=seen)
-            if eos_rule == "last" and eos is not None:  # no end token where a slot before it is still masked
-                masked = masked & ~(torch.isin(tok, eos) & (masked.cumsum(1) > masked.long()))
+            masked = ends_held_back(masked, tok, eos, eos_rule)
             chosen = choose(conf, masked, threshold=threshold)  # (B, bs)
-            x[:, s:e] = torch.where(chosen, tok, x[:, s:e])
-            rounds[:, s - P:e - P].masked_fill_(chosen, r)
-            if seen is not None:
-                seen.scatter_add_(1, tok, chosen.float())
-            if eos is not None and not finish_block:
-                x[:, s:] = close_answered(x[:, s:], mask_id, eos)
-            if not (x[:, s:e] == mask_id).any():  # block done (for every row): a host sync per forward
+            if write_block(x, s, e, P, tok, chosen, r, rounds, seen, mask_id, eos, finish_block):
                 break
         if eos is not None:
             x[:, s:] = close_answered(x[:, s:], mask_id, eos)
