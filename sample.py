@@ -192,6 +192,15 @@ def write_block(x, s, e, P, tok, chosen, r, rounds, seen, mask_id, eos, finish_b
     return not (x[:, s:e] == mask_id).any()
 
 
+def all_answered(x, s, e, mask_id, eos):
+    """After the block s..e-1: close each row whose answer ended (in place) -> whether every row is done (no masked
+    slot after the block; a host sync per block). No end ids: never before the canvas's end."""
+    if eos is None:
+        return False
+    x[:, s:] = close_answered(x[:, s:], mask_id, eos)
+    return not (x[:, e:] == mask_id).any()
+
+
 def forward(model, x, q, pos, real, rule, cache=None, block_size=None, last=False):
     """One model call: x (B, T) at slots q (T,), RoPE positions pos, attending under `rule` to key slots 0..S-1
     (the cache's, written at q first; or x itself), pads (real (B, S) False) hidden -> logits (B, T, V); last: the
@@ -328,10 +337,8 @@ def diffusion_generate(model, prompt, gen_length, block_length, steps, temperatu
             chosen = choose(conf, masked, n_commit[min(i, spb - 1)], threshold)  # (B, block_length)
             if write_block(x, s, e, P, tok, chosen, i, rounds, seen, mask_id, eos, finish_block):
                 break
-        if eos is not None:
-            x[:, s:] = close_answered(x[:, s:], mask_id, eos)
-            if not (x[:, e:] == mask_id).any():  # every row is done: a host sync per block
-                break
+        if all_answered(x, s, e, mask_id, eos):
+            break
     return finish(x, lens, P, nfe, row_nfe, eos, rounds if record else None)
 
 
@@ -382,10 +389,8 @@ def block_generate(model, prompt, gen_length, block_size=None, threshold=0.9, te
             chosen = choose(conf, masked, threshold=threshold)  # (B, bs)
             if write_block(x, s, e, P, tok, chosen, r, rounds, seen, mask_id, eos, finish_block):
                 break
-        if eos is not None:
-            x[:, s:] = close_answered(x[:, s:], mask_id, eos)
-            if not (x[:, e:] == mask_id).any():  # every row is done: a host sync per block
-                break
+        if all_answered(x, s, e, mask_id, eos):
+            break
     return finish(x, lens, P, nfe, row_nfe, eos, rounds if record else None)
 
 
