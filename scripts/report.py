@@ -602,11 +602,10 @@ def real_verdicts(*dirs):
           f"unit); beside it the pooled test over (seed, prompt) pairs (McNemar's exact test on right and full stop, "
           f"the paired t-test on F1); each Holm-adjusted across the row's tests; ahead: seeds whose mean is higher for "
           f"the arm\n")
-    out, used = [], []
+    out = []
     for claim, pairs, metrics in VERDICT_ROWS:
         tests = []
         for a, b in (pair for pair in pairs if have(pair[0]) and have(pair[1])):
-            used += [m for m in (a, b) if m not in used]
             for k in metrics:
                 xa, xb = ([r[k] for d in dirs for r in rows(d, m)] for m in (a, b))
                 row = protocol.paired_row(xa, xb, n, mcnemar if isinstance(xa[0], bool) else paired_t)
@@ -618,6 +617,7 @@ def real_verdicts(*dirs):
     print(cli.table(["claim", "comparison", "metric", "baseline", "arm", "seeds", "p (per seed)", "p (Holm)",
                      "p (pooled, Holm)"], out))
     metrics = ["right", "full_stop", "f1"]
+    used = [m for m in dict.fromkeys(m for _, pairs, _ in VERDICT_ROWS for pair in pairs for m in pair) if have(m)]
     print("\nEach seed's means (held-out prompts, threshold 0.9):\n")
     print(cli.table(["seed", "model", *metrics],
                     [[Path(d).name, m, *(f"{statistics.mean(r[k] for r in rows(d, m)):.3f}" for k in metrics)]

@@ -200,6 +200,19 @@ def test_real_arms_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
         for row in (x for x in grid["rows"] if x["model"] == m):
             assert set(row["rules"]) == {"free", "last", "penalty 1", "penalty 3"}
     assert "| align | 8 | 4 | 0.5 |" in r.stdout
+    # REAL_ARMS: some models alone, in a seed's folder beside the first (the teacher's scores copied, as
+    # repro_real.sh does): only those trained and scored, and the verdicts leave out what the seed lacks
+    (tmp_path / "s2" / "eval").mkdir(parents=True)
+    shutil.copy(tmp_path / "o" / "eval" / "ar.json", tmp_path / "s2" / "eval" / "ar.json")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "real_arms.sh")], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(env, REAL_OUT=str(tmp_path / "s2"), REAL_ARMS="align", REAL_SEED="8"))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert sorted(p.name for p in (tmp_path / "s2" / "eval").iterdir()) == ["align.json", "ar.json"]
+    assert not (tmp_path / "s2" / "align0").exists() and not (tmp_path / "s2" / "ar-dpo").exists()
+    assert "REPR-ALIGN, λ = 10" in (tmp_path / "s2" / "results.md").read_text()
+    r = run_script("scripts/report.py", "real_verdicts", tmp_path / "o", tmp_path / "s2")
+    assert r.returncode == 0, r.stderr
+    assert "align against" not in r.stdout and "| o | align |" in r.stdout and "| s2 | align |" in r.stdout
 
 
 def test_run_sh_real_converts_at_a_toy_size(chat_world, tmp_path):
