@@ -35,6 +35,8 @@ PROMPTS=(--families $FAMILIES --per_family $PER --max_new_tokens $N)
 # replies to CHATS training prompts: the chat data, and the full stop's preference pairs
 stage prompts   $D/chats.jsonl          "$PYTHON" -m worlds.realworld --ckpt $AR --out_dir $D "${PROMPTS[@]}" --chats $CHATS \
                                           --out $O/eval/ar.json
+[ -e $O/eval/ar.json ] || { echo "scripts/real_arms.sh: $O/eval/ar.json (the teacher's held-out scores) is missing;" \
+  "it is written with $D's data: copy it from the folder that made $D (as scripts/repro_real.sh does)" >&2; exit 1; }
 stage corpus    $D/chat/meta.json       "$PYTHON" -m lib.corpus --source $D/chats.jsonl --tokenizer $AR --out_dir $D/chat \
                                           --val_fraction 0.1
 stage convert   $O/dlm/config.json      "$PYTHON" convert.py --ar $AR --out_dir $O/dlm --attn bidirectional

@@ -203,9 +203,14 @@ def test_real_arms_chains_every_stage_at_a_toy_size(chat_world, tmp_path):
     # REAL_ARMS: some models alone, in a seed's folder beside the first (the teacher's scores copied, as
     # repro_real.sh does): only those trained and scored, and the verdicts leave out what the seed lacks
     (tmp_path / "s2" / "eval").mkdir(parents=True)
+    seed2 = dict(env, REAL_OUT=str(tmp_path / "s2"), REAL_ARMS="align", REAL_SEED="8")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "real_arms.sh")], capture_output=True, text=True, cwd=ROOT,
+                       env=seed2)  # without the teacher's scores: one line naming the fix, nothing trained
+    assert r.returncode == 1 and "copy it from the folder that made" in r.stderr
+    assert not (tmp_path / "s2" / "dlm").exists()
     shutil.copy(tmp_path / "o" / "eval" / "ar.json", tmp_path / "s2" / "eval" / "ar.json")
     r = subprocess.run(["bash", str(ROOT / "scripts" / "real_arms.sh")], capture_output=True, text=True, cwd=ROOT,
-                       env=dict(env, REAL_OUT=str(tmp_path / "s2"), REAL_ARMS="align", REAL_SEED="8"))
+                       env=seed2)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert sorted(p.name for p in (tmp_path / "s2" / "eval").iterdir()) == ["align.json", "ar.json"]
     assert not (tmp_path / "s2" / "align0").exists() and not (tmp_path / "s2" / "ar-dpo").exists()
