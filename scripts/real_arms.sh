@@ -67,8 +67,8 @@ PAIRS=(--pairs $D/pairs_train.jsonl --heldout $D/pairs_heldout.jsonl)
 DPO=("${PAIRS[@]}" --seq_len $SEQ --batch_size 8 --max_iters $PSTEPS --eval_interval $EVERY --weights_only --seed $SEED)
 want ar-dpo && stage dpo $O/ar-dpo/results.json "$PYTHON" dpo.py --ar $AR "${DPO[@]}" $LR_DPO --out_dir $O/ar-dpo
 want merged && stage merge $O/merged/merge.json "$PYTHON" merge.py merge --ar $AR --ar_aligned $O/ar-dpo \
-                                          --dlm $O/align "${PAIRS[@]}" --out_dir $O/merged --gammas 0,0.5,1,2 --n_masks 2 \
-                                          --n_select 64 --samples 0
+                                          --dlm $O/align "${PAIRS[@]}" --out_dir $O/merged --gammas 0,0.5,1,2 \
+                                          --n_masks 2 --n_select 64 --samples 0
 want dlm-dpo && stage dpo-dlm $O/dlm-dpo/results.json "$PYTHON" dpo.py --dlm --ar $O/align "${DPO[@]}" $LR_DLM_DPO \
                                           --out_dir $O/dlm-dpo
 for m in $MODELS; do
