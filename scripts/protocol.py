@@ -142,7 +142,7 @@ def l2_sweep(*args):
     extend = args[0] == "--extend"
     R, lambdas, rates = Path(args[extend]), args[extend + 1].split(), args[extend + 2].split()
     print_choice(extend, rates, lambdas=lambdas, chosen=chosen_rate({
-        (lam, r): json.loads((R / f"p-l2-{lam}-{r}-s1/results.json").read_text())["task_acc"]
+        (lam, r): json.loads((R / f"{l2_runs(lam, 'p-')}-{r}-s1/results.json").read_text())["task_acc"]
         for lam in lambdas for r in rates}))
 
 
@@ -153,19 +153,38 @@ def print_choice(extend, rates, chosen, lambdas=None):
     lam, rate = chosen if lambdas is not None else (None, chosen)
     if not extend:
         print(*[x for x in (lam, rate) if x is not None])
-    elif lambdas is not None and (past := beyond_edge(lambdas, lam)):
+    elif lambdas is not None and (past := lambda_past(lambdas, lam)):
         print("lambda", f"{float(past):g}")
     elif past := beyond_edge(rates, rate):
         print(*(["rate"] if lambdas is not None else []), past)
+
+
+def l2_runs(lam, prefix=""):
+    """The name of L2's runs at λ, before "-RATE": PREFIX + l2-λ; at λ = 0 the L2 term vanishes and its runs are
+    λ = 0's own, PREFIX + lam0 (the λ = 0 arm's sweep and seeds): the lower bound of L2's λ grid."""
+    return f"{prefix}lam0" if float(lam) == 0 else f"{prefix}l2-{lam}"
+
+
+def lambda_past(lambdas, lam):
+    """The λ past L2's choice when it is an edge of the λ grid (stats.beyond_edge), or None. λ = 0 is the bound of
+    λ ≥ 0: a choice there, or at the least λ above a grid that holds 0, is not an edge."""
+    above = sorted((x for x in lambdas if float(x) > 0), key=float)
+    if float(lam) == 0 or (len(above) < len(lambdas) and lam == above[0]):
+        return None
+    return beyond_edge(above, lam)
+
+
+def l2_label(lam):
+    return "L2, λ = 0 (λ = 0's runs)" if float(lam) == 0 else f"L2, λ = {lam}"
 
 
 def l2_protocol(*args):
     """repro_align_tasks.sh PART=protocol: cosine (λ = 10) against L2, each at its chosen setting. args: R, cosine's
     rate, L2's λ, L2's rate, "L2 LAMBDAS", "SWEEP RATES", SEEDS..."""
     R, r10, l2, rl2, lambdas, rates, seeds = Path(args[0]), *args[1:4], args[4].split(), args[5].split(), args[6:]
-    sweep_table(R, [(f"L2, λ = {lam}", f"p-l2-{lam}", rl2 if lam == l2 else None)
+    sweep_table(R, [(l2_label(lam), l2_runs(lam, "p-"), rl2 if lam == l2 else None)
                     for lam in sorted(lambdas, key=float)], rates, 80)
-    arms = [(f"p-l2-{l2}-{rl2}", f"L2, λ = {l2}, lr {rl2}, 80 steps"),
+    arms = [(f"{l2_runs(l2, 'p-')}-{rl2}", f"{l2_label(l2)}, lr {rl2}, 80 steps"),
             (f"p-lam10-{r10}", f"cosine, λ = 10, lr {r10}, 80 steps")]
     test_tables(R, arms, [("cosine against L2", arms[0][0], arms[1][0])], (0.9, 1.0), seeds)
 
@@ -327,7 +346,8 @@ def nelbo_l2_sweep(*args):
     extend = args[0] == "--extend"
     P, lambdas, rates = Path(args[extend]), args[extend + 1].split(), args[extend + 2].split()
     print_choice(extend, rates, lambdas=lambdas, chosen=chosen_rate({
-        (lam, r): -json.loads((P / f"eval/val-l2-{lam}-{r}.json").read_text())["results"]["nelbo_bits_per_token"]
+        (lam, r): -json.loads((P / f"eval/{l2_runs(lam, 'val-')}-{r}.json").read_text())["results"][
+            "nelbo_bits_per_token"]
         for lam in lambdas for r in rates}))
 
 
@@ -335,8 +355,9 @@ def stdlib_l2_protocol(*args):
     """repro_align.sh ONLY=protocol: cosine (λ = 10) against L2 at its chosen λ and rate. args: P, cosine's rate, L2's
     λ, L2's rate, "L2 LAMBDAS", "SWEEP RATES", SEEDS..."""
     P, r10, l2, rl2, lambdas, rates, seeds = Path(args[0]), *args[1:4], args[4].split(), args[5].split(), args[6:]
-    arms = [(f"l2-{l2}-{rl2}", f"L2, λ = {l2}, lr {rl2}, 100 steps"), (f"lam10-{r10}", f"cosine, λ = 10, lr {r10}")]
-    sweep = [(f"L2, λ = {lam}", f"l2-{lam}", rl2 if lam == l2 else None) for lam in sorted(lambdas, key=float)]
+    arms = [(f"{l2_runs(l2)}-{rl2}", f"{l2_label(l2)}, lr {rl2}, 100 steps"),
+            (f"lam10-{r10}", f"cosine, λ = 10, lr {r10}")]
+    sweep = [(l2_label(lam), l2_runs(lam), rl2 if lam == l2 else None) for lam in sorted(lambdas, key=float)]
     nelbo_tables(P, sweep, rates, 100, arms, [("cosine against L2", arms[0][0], arms[1][0])], seeds)
 
 

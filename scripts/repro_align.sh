@@ -68,14 +68,18 @@ if [ "$ONLY" = protocol ]; then
   done
   "$PYTHON" -m scripts.report stdlib_align_protocol $P $r0 $r10 $k "$rates0 $rates10" $SEEDS | tee $P/protocol.md
   # cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule (an edge's
-  # choice goes on past it, λ first)
-  l2_run() { prun l2-$1-$2 $s0 --lambda_align $1 --align_metric l2 $(lr $2); lik l2-$1-$2-s$s0 first val-l2-$1-$2; }
-  lams=${L2_LAMBDAS:-0.3 1 3} l2_rates=$SWEEP_LRS
+  # choice goes on past it, λ first). λ = 0 is the grid's bound: L2's runs there are λ = 0's own (protocol.l2_runs);
+  # 0.01-0.1 are where the sweep from 0.3 went on before 0 joined it
+  l2_runs() { if [ "$1" = 0 ]; then echo lam0; else echo l2-$1; fi; }
+  l2_run() { local m; m=$(l2_runs $1)-$2; prun $m $s0 --lambda_align $1 --align_metric l2 $(lr $2)
+             lik $m-s$s0 first val-$m; }
+  lams=${L2_LAMBDAS:-0 0.01 0.03 0.1 0.3 1 3} l2_rates=$SWEEP_LRS
   sweep2 lams l2_rates l2_run "$PYTHON -m scripts.report nelbo_l2_sweep --extend $P"
   read -r l2 rl2 < <("$PYTHON" -m scripts.report nelbo_l2_sweep $P "$lams" "$l2_rates")
   for s in $SEEDS; do
-    prun l2-$l2-$rl2 $s --lambda_align $l2 --align_metric l2 $(lr $rl2)
-    lik l2-$l2-$rl2-s$s second l2-$l2-$rl2-s$s
+    m=$(l2_runs $l2)-$rl2
+    prun $m $s --lambda_align $l2 --align_metric l2 $(lr $rl2)
+    lik $m-s$s second $m-s$s
   done
   "$PYTHON" -m scripts.report stdlib_l2_protocol $P $r10 $l2 $rl2 "$lams" "$l2_rates" $SEEDS \
     | tee $P/protocol-l2.md

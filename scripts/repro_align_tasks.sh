@@ -10,8 +10,8 @@
 #     sweep's edge goes on past it, three rates at most); then seeds SEEDS at
 #     the chosen rates: λ = 0 and λ = 10 for 80 steps, and λ = 0 for as many steps as λ = 10's 80 take (their
 #     median step times in the sweep); each final checkpoint on the 600 test prompts (eval.py tasks, 0.9 and 1.0);
-#     and cosine against L2: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule, seeds SEEDS, against the
-#     cosine λ = 10 above
+#     and cosine against L2: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule (λ = 0 is λ = 0's own
+#     runs, the bound of the grid: no choice goes on past it), seeds SEEDS, against the cosine λ = 10 above
 # Writes out/tasks/repro-align/results.md. About 30 minutes on 2 cores with the defaults (PART=protocol: about 10,
 # PART=parts: the rest).
 set -euo pipefail
@@ -21,7 +21,8 @@ source scripts/python_env.sh
 python_env requirements.txt scripts/repro_align_tasks.sh
 PART=${PART:-all}
 SWEEP_LRS=${SWEEP_LRS:-"1e-2 3e-3 1e-3 3e-4"}
-L2_LAMBDAS=${L2_LAMBDAS:-"0.3 1 3 10"}
+L2_LAMBDAS=${L2_LAMBDAS:-"0 0.01 0.03 0.1 0.3 1 3 10"}  # 0: λ = 0's own runs, the grid's bound (0.01-0.1: where the
+                                                       # sweep from 0.3 went on before 0 joined it)
 SEEDS=${SEEDS:-"1 2 3 4 5"}
 L2_SEEDS=${L2_SEEDS:-"1 2"}
 D=data/tasks O=out/tasks R=out/tasks/repro-align
@@ -77,13 +78,15 @@ done
 "$PYTHON" -m scripts.report align_protocol $R $r0 $r10 $k "$rates0 $rates10" $SEEDS | tee $R/protocol.md
 # cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS (the same rule; a choice at an
 # edge of either goes on past it, λ first, three steps at most), then its seeds
-l2_run() { run p-l2-$1-$2 1 --lambda_align $1 --align_metric l2 $(lr $2) "${VAL[@]}"; }
+l2_runs() { if [ "$1" = 0 ]; then echo p-lam0; else echo p-l2-$1; fi; }  # λ = 0: λ = 0's runs (protocol.l2_runs)
+l2_run() { run $(l2_runs $1)-$2 1 --lambda_align $1 --align_metric l2 $(lr $2) "${VAL[@]}"; }
 lams=$L2_LAMBDAS l2_rates=$SWEEP_LRS
 sweep2 lams l2_rates l2_run "$PYTHON -m scripts.report l2_sweep --extend $R"
 read -r l2 rl2 < <("$PYTHON" -m scripts.report l2_sweep $R "$lams" "$l2_rates")
 for s in $SEEDS; do
-  run p-l2-$l2-$rl2 $s --lambda_align $l2 --align_metric l2 $(lr $rl2) "${VAL[@]}"
-  [ -e $R/eval/p-l2-$l2-$rl2-s$s.json ] || "$PYTHON" eval.py tasks --ckpt $R/p-l2-$l2-$rl2-s$s --data $D \
-    --thresholds 0.9,1 --out $R/eval/p-l2-$l2-$rl2-s$s.json > /dev/null
+  m=$(l2_runs $l2)-$rl2
+  run $m $s --lambda_align $l2 --align_metric l2 $(lr $rl2) "${VAL[@]}"
+  [ -e $R/eval/$m-s$s.json ] || "$PYTHON" eval.py tasks --ckpt $R/$m-s$s --data $D --thresholds 0.9,1 \
+    --out $R/eval/$m-s$s.json > /dev/null
 done
 "$PYTHON" -m scripts.report l2_protocol $R $r10 $l2 $rl2 "$lams" "$l2_rates" $SEEDS | tee $R/protocol-l2.md

@@ -978,6 +978,50 @@ def test_extend_forms_of_the_standard_library_sweeps(tmp_path, capsys):
     assert capsys.readouterr().out.split() == ["0.3", "1e-3"]
 
 
+def test_l2_grid_ends_at_lambda_0_with_lambda_0s_own_runs(tmp_path, capsys):
+    """L2's λ grid holds λ = 0, read from the λ = 0 arm's runs (the L2 term vanishes there): a choice at 0, or at the
+    least λ above it, is inside the grid (λ ≥ 0), so no sweep goes on below; the upper edge still goes on up. The
+    protocol tables then name λ = 0's runs as L2's."""
+    def lik(name, v, seqs=None):
+        write(tmp_path / f"eval/{name}.json", dict(results=dict(nelbo_bits_per_token=v, per_sequence=seqs or [v],
+                                                                n_draws=4)))
+    for r in ("3e-3", "1e-3"):
+        lik(f"val-lam0-{r}", 6.7 if r == "1e-3" else 6.9)
+        write(tmp_path / f"lam0-{r}-s1/results.json", dict(step_seconds_median=0.4))
+        for lam, v in (("0.01", 6.8), ("0.1", 6.85)):
+            lik(f"val-l2-{lam}-{r}", v)
+            write(tmp_path / f"l2-{lam}-{r}-s1/results.json", dict(step_seconds_median=0.6))
+    protocol.nelbo_l2_sweep("--extend", str(tmp_path), "0 0.01 0.1", "3e-3 1e-3")
+    assert capsys.readouterr().out.split() == ["rate", "3e-4"]  # λ = 0 chosen: not an edge; its rate is
+    protocol.nelbo_l2_sweep(str(tmp_path), "0 0.01 0.1", "3e-3 1e-3")
+    assert capsys.readouterr().out.split() == ["0", "1e-3"]
+    lik("val-lam0-1e-3", 6.9)
+    lik("val-l2-0.01-3e-3", 6.5)
+    protocol.nelbo_l2_sweep("--extend", str(tmp_path), "0 0.01 0.1", "3e-3 1e-3")
+    assert capsys.readouterr().out.split() == ["rate", "1e-2"]  # (0.01, 3e-3): λ inside (the least above 0)
+    protocol.nelbo_l2_sweep("--extend", str(tmp_path), "0.01 0.1", "3e-3 1e-3")
+    assert capsys.readouterr().out.split() == ["lambda", "0.003"]  # without 0 in the grid, 0.01 is its edge
+    lik("val-l2-0.1-3e-3", 6.0)
+    protocol.nelbo_l2_sweep("--extend", str(tmp_path), "0 0.01 0.1", "3e-3 1e-3")
+    assert capsys.readouterr().out.split() == ["lambda", "0.3"]  # the upper edge goes on up
+    lik("val-l2-0.1-3e-3", 6.85)
+    lik("val-lam0-1e-3", 6.2)
+    for s in ("1", "2"):
+        lik(f"lam0-1e-3-s{s}", 6.95, [6.9, 7.0])
+        lik(f"lam10-3e-3-s{s}", 7.05, [7.0, 7.1])
+    protocol.stdlib_l2_protocol(str(tmp_path), "3e-3", "0", "1e-3", "0 0.01 0.1", "3e-3 1e-3", "1", "2")
+    out = capsys.readouterr().out
+    assert "| L2, λ = 0 (λ = 0's runs) | 6.900, 0.400 s | 6.200, 0.400 s * |" in out
+    assert "| L2, λ = 0 (λ = 0's runs), lr 1e-3, 100 steps | 6.950 | 6.950 / 6.950 |" in out
+    assert "| cosine against L2 | 6.950 | 7.050 | +0.100 | 0 ahead, 0 tied of 2 |" in out
+    for lam, acc in (("0", 0.3), ("0.01", 0.5), ("0.1", 0.4)):
+        write(tmp_path / f"p-{'lam0' if lam == '0' else 'l2-' + lam}-1e-3-s1/results.json", {"task_acc": acc})
+    protocol.l2_sweep("--extend", str(tmp_path), "0 0.01 0.1", "1e-3")
+    assert capsys.readouterr().out == ""  # the task world's grid: the same bound
+    protocol.l2_sweep(str(tmp_path), "0 0.01 0.1", "1e-3")
+    assert capsys.readouterr().out.split() == ["0.01", "1e-3"]
+
+
 def test_sweep_helper_goes_on_past_a_chosen_edge_three_rates_at_most(tmp_path):
     """scripts/stage.sh's sweep: every rate trained, then the chooser asked; a rate it names is added and trained;
     at most three more; the grid variable ends holding every rate run. sweep2: the same over a λ × rate grid."""
