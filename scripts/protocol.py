@@ -136,7 +136,8 @@ def align_protocol(*args):
 
 def l2_sweep(*args):
     """repro_align_tasks.sh PART=protocol: L2's λ and rate, printed "λ rate". args: [--extend] R, "LAMBDAS", "RATES":
-    the highest final validation exact match at 0.9 of R/p-l2-λ-RATE-s1 (a tie: the lower λ, then the lower rate).
+    the highest final validation exact match at 0.9 of R/p-l2-λ-RATE-s1 (at λ = 0 λ = 0's own runs, l2_runs; a tie:
+    the lower λ, then the lower rate).
     With --extend: where the choice is an edge of the grid, the axis and the value past it ("lambda 0.1", "rate
     3e-4"; λ first), or nothing."""
     extend = args[0] == "--extend"
@@ -167,14 +168,17 @@ def l2_runs(lam, prefix=""):
 
 def lambda_past(lambdas, lam):
     """The λ past L2's choice when it is an edge of the λ grid (stats.beyond_edge), or None. λ = 0 is the bound of
-    λ ≥ 0: a choice there, or at the least λ above a grid that holds 0, is not an edge."""
+    λ ≥ 0: a choice there is not an edge, and in a grid that holds 0 the least λ above it has 0 below it (the gap
+    between them unswept, as between any two grid points), so only the grid's top goes on (one positive λ alone: a
+    half-decade step up)."""
     above = sorted((x for x in lambdas if float(x) > 0), key=float)
-    if float(lam) == 0 or (len(above) < len(lambdas) and lam == above[0]):
+    if float(lam) == 0 or (len(above) < len(lambdas) and lam != above[-1]):
         return None
-    return beyond_edge(above, lam)
+    return beyond_edge(above if len(above) > 1 or len(above) == len(lambdas) else [f"{float(lam) / 3:g}", lam], lam)
 
 
 def l2_label(lam):
+    """The sweep tables' name of L2 at λ (at 0: λ = 0's own runs)."""
     return "L2, λ = 0 (λ = 0's runs)" if float(lam) == 0 else f"L2, λ = {lam}"
 
 
@@ -342,7 +346,8 @@ def stdlib_align_protocol(*args):
 
 def nelbo_l2_sweep(*args):
     """repro_align.sh ONLY=protocol: L2's λ and rate, printed "λ rate". args: [--extend] P, "LAMBDAS", "RATES": the
-    lowest -ELBO of P/eval/val-l2-λ-RATE.json (a tie: the lower λ, then the lower rate); --extend: print_choice."""
+    lowest -ELBO of P/eval/val-l2-λ-RATE.json (at λ = 0 λ = 0's own runs, l2_runs; a tie: the lower λ, then the lower
+    rate); --extend: print_choice."""
     extend = args[0] == "--extend"
     P, lambdas, rates = Path(args[extend]), args[extend + 1].split(), args[extend + 2].split()
     print_choice(extend, rates, lambdas=lambdas, chosen=chosen_rate({

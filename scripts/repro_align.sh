@@ -70,7 +70,8 @@ if [ "$ONLY" = protocol ]; then
   # cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule (an edge's
   # choice goes on past it, λ first). λ = 0 is the grid's bound: L2's runs there are λ = 0's own (protocol.l2_runs);
   # 0.01-0.1 are where the sweep from 0.3 went on before 0 joined it
-  l2_runs() { if [ "$1" = 0 ]; then echo lam0; else echo l2-$1; fi; }
+  # (at λ = 0 align.py runs no teacher and reads no --align_metric: the same run as λ = 0's)
+  l2_runs() { if awk "BEGIN { exit !($1 == 0) }"; then echo lam0; else echo l2-$1; fi; }
   l2_run() { local m; m=$(l2_runs $1)-$2; prun $m $s0 --lambda_align $1 --align_metric l2 $(lr $2)
              lik $m-s$s0 first val-$m; }
   lams=${L2_LAMBDAS:-0 0.01 0.03 0.1 0.3 1 3} l2_rates=$SWEEP_LRS

@@ -11,7 +11,8 @@
 #     the chosen rates: λ = 0 and λ = 10 for 80 steps, and λ = 0 for as many steps as λ = 10's 80 take (their
 #     median step times in the sweep); each final checkpoint on the 600 test prompts (eval.py tasks, 0.9 and 1.0);
 #     and cosine against L2: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS by the same rule (λ = 0 is λ = 0's own
-#     runs, the bound of the grid: no choice goes on past it), seeds SEEDS, against the cosine λ = 10 above
+#     runs, the bound of the grid: with it in the grid only the top λ goes on), seeds SEEDS, against the cosine
+#     λ = 10 above
 # Writes out/tasks/repro-align/results.md. About 30 minutes on 2 cores with the defaults (PART=protocol: about 10,
 # PART=parts: the rest).
 set -euo pipefail
@@ -78,7 +79,8 @@ done
 "$PYTHON" -m scripts.report align_protocol $R $r0 $r10 $k "$rates0 $rates10" $SEEDS | tee $R/protocol.md
 # cosine against L2, best against best: L2's λ and rate from L2_LAMBDAS × SWEEP_LRS (the same rule; a choice at an
 # edge of either goes on past it, λ first, three steps at most), then its seeds
-l2_runs() { if [ "$1" = 0 ]; then echo p-lam0; else echo p-l2-$1; fi; }  # λ = 0: λ = 0's runs (protocol.l2_runs)
+# λ = 0: λ = 0's runs (protocol.l2_runs; align.py runs no teacher and reads no --align_metric there)
+l2_runs() { if awk "BEGIN { exit !($1 == 0) }"; then echo p-lam0; else echo p-l2-$1; fi; }
 l2_run() { run $(l2_runs $1)-$2 1 --lambda_align $1 --align_metric l2 $(lr $2) "${VAL[@]}"; }
 lams=$L2_LAMBDAS l2_rates=$SWEEP_LRS
 sweep2 lams l2_rates l2_run "$PYTHON -m scripts.report l2_sweep --extend $R"

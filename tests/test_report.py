@@ -992,7 +992,7 @@ def test_l2_grid_ends_at_lambda_0_with_lambda_0s_own_runs(tmp_path, capsys):
             lik(f"val-l2-{lam}-{r}", v)
             write(tmp_path / f"l2-{lam}-{r}-s1/results.json", dict(step_seconds_median=0.6))
     protocol.nelbo_l2_sweep("--extend", str(tmp_path), "0 0.01 0.1", "3e-3 1e-3")
-    assert capsys.readouterr().out.split() == ["rate", "3e-4"]  # λ = 0 chosen: not an edge; its rate is
+    assert capsys.readouterr().out.split() == ["rate", "3e-4"]  # λ = 0 chosen: not an edge; its rate, the lowest, is
     protocol.nelbo_l2_sweep(str(tmp_path), "0 0.01 0.1", "3e-3 1e-3")
     assert capsys.readouterr().out.split() == ["0", "1e-3"]
     lik("val-lam0-1e-3", 6.9)
@@ -1020,6 +1020,10 @@ def test_l2_grid_ends_at_lambda_0_with_lambda_0s_own_runs(tmp_path, capsys):
     assert capsys.readouterr().out == ""  # the task world's grid: the same bound
     protocol.l2_sweep(str(tmp_path), "0 0.01 0.1", "1e-3")
     assert capsys.readouterr().out.split() == ["0.01", "1e-3"]
+    protocol.l2_sweep("--extend", str(tmp_path), "0 0.1", "1e-3")
+    assert capsys.readouterr().out.split() == ["lambda", "0.3"]  # one λ above 0, chosen: the top goes on
+    protocol.l2_sweep("--extend", str(tmp_path), "0 0.01", "1e-3")
+    assert capsys.readouterr().out.split() == ["lambda", "0.03"]
 
 
 def test_sweep_helper_goes_on_past_a_chosen_edge_three_rates_at_most(tmp_path):
