@@ -171,10 +171,15 @@ def lambda_past(lambdas, lam):
     λ ≥ 0: a choice there is not an edge, and in a grid that holds 0 the least λ above it has 0 below it (the gap
     between them unswept, as between any two grid points), so only the grid's top goes on (one positive λ alone: a
     half-decade step up)."""
+    if float(lam) == 0:
+        return None  # the bound of λ ≥ 0
     above = sorted((x for x in lambdas if float(x) > 0), key=float)
-    if float(lam) == 0 or (len(above) < len(lambdas) and lam != above[-1]):
-        return None
-    return beyond_edge(above if len(above) > 1 or len(above) == len(lambdas) else [f"{float(lam) / 3:g}", lam], lam)
+    if len(above) == len(lambdas):
+        return beyond_edge(above, lam)  # no 0 in the grid: either edge goes on
+    if lam != above[-1]:
+        return None  # 0 below the least λ: only the top goes on
+    below = above[-2] if len(above) > 1 else f"{float(lam) / 3:g}"  # one λ above 0: a half-decade step
+    return beyond_edge([below, lam], lam)
 
 
 def l2_label(lam):
