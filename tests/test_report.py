@@ -693,11 +693,14 @@ def test_time_steps(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "80"
 
 
-def conversion_run(acc_sum, acc_cap, tpf, f1):
+def conversion_run(acc_sum, acc_cap, tpf, f1, open_tpf=None):
+    """A realworld.py run over a capital, a sum and an open prompt; open_tpf: the open reply's tokens per forward
+    (default tpf)."""
     rows = [dict(family=f, prompt=f"{f} prompt", reply=f"{f} reply", right=None if f == "open" else True,
-                 tokens_per_forward=tpf) for f in ("capital", "sum", "open")]
+                 tokens_per_forward=tpf if f != "open" or open_tpf is None else open_tpf)
+            for f in ("capital", "sum", "open")]
     return dict(accuracy_capital=acc_cap, accuracy_sum=acc_sum, accuracy=(acc_sum + acc_cap) / 2, f1=f1, f1_open=f1,
-                tokens_per_forward=tpf, canvas=32, rows=rows)
+                tokens_per_forward=sum(r["tokens_per_forward"] for r in rows) / 3, canvas=32, rows=rows)
 
 
 def test_conversion_curve_and_table(tmp_path, capsys):
@@ -707,14 +710,14 @@ def test_conversion_curve_and_table(tmp_path, capsys):
     R = tmp_path / "arm"
     for step, sec, acc in ((10, 300, 0.2), (40, 1200, 0.45)):
         write(R / f"step-{step}" / "snapshot.json", dict(step=step, train_seconds=sec))
-        runs = {"0.9": conversion_run(acc, acc, 1.8, 0.5)} | ({"1": conversion_run(acc, 0.5, 1.0, 0.6)}
+        runs = {"0.9": conversion_run(acc, acc, 1.8, 0.5)} | ({"1": conversion_run(acc, 0.5, 1.5, 0.6, 0.9)}
                                                               if step == 40 else {})
         write(R / "eval" / f"step-{step}.json", dict(runs=runs, nelbo_bits=2.5))
     conversion.conversion_curve(str(R), str(tmp_path / "ar.json"))
     out = capsys.readouterr().out
     assert "| 10 | 5.0 | 0.20 | 0.20 | 0.20 | 40% | 0.50 | 0.50 | 2.500 | 1.80 |" in out
     assert "| 40 | 20.0 | 0.45 | 0.45 | 0.45 | 90% |" in out
-    assert "| 1 | 0.47 | 95% | 0.60 | 1.00 |" in out  # the last snapshot at threshold 1
+    assert "| 1 | 0.47 | 95% | 0.60 | 1.30 | 1.50 |" in out  # the last snapshot at threshold 1: (1.5+1.5+0.9)/3
     pytest.importorskip("matplotlib")
     conversion.conversion_plot(str(tmp_path / "curve.png"), str(tmp_path / "ar.json"), str(R), str(R))
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -726,7 +729,7 @@ def test_conversion_curve_and_table(tmp_path, capsys):
     conversion.conversion(str(O))
     out = capsys.readouterr().out
     assert "400 steps, 25.0 min of training" in out and "1 capital, 1 sum, 1 open" in out
-    assert "| student, threshold 0.9 | 0.50 | 0.40 | 0.45 | 90% | 0.70 | 0.70 | 1.60 | 2.250 |" in out
+    assert "| student, threshold 0.9 | 0.50 | 0.40 | 0.45 | 90% | 0.70 | 0.70 | 1.60 | 1.60 | 2.250 |" in out
     assert "| 'open prompt' | 'open reply' | 'open reply' | 1.60 |" in out
 
 
