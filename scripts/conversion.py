@@ -185,29 +185,84 @@ def conversion_verdicts(*args):
                       *(f"{v[k]:.3f}" for v in per_seed)] for k, (a, b) in enumerate(zip(A, B))]))
 
 
+def conversion_goal(*args):
+    """Does an arm meet the conversion's goal, over its seeds? args: TEACHER_EVAL RUNS [KEPT [TPF]]: the teacher's
+    worlds/realworld.py result, the arm's runs (comma-separated, one per seed: directories of
+    scripts/repro_conversion.sh or realworld.py results, each read at its last snapshot, threshold 0.9), the goal's
+    share of the teacher's accuracy on the held-out sums and capitals (default 0.9) and its tokens per forward on
+    those replies (default 1.5). The training run is the unit: per goal, the primary test, named in advance, is the
+    one-sample t-test over the seeds of (the run's value − the goal), Holm across the two goals; beside it the test
+    over prompts (each checked prompt's mean over the seeds against the goal: KEPT × the teacher's right, 0 or 1, for
+    accuracy; TPF for tokens per forward; every seed answers the same prompts). A goal is "met" or "short" where the
+    seeds' Holm p < 0.05 (by the mean's side of it), otherwise "not settled"; the mean's distance says how far."""
+    teacher = json.loads(Path(args[0]).read_text())["runs"]["greedy"]
+    runs = [Path(r) for r in args[1].split(",")]
+    goal_kept, goal_tpf = (float(a) for a in (list(args[2:4]) + ["0.9", "1.5"][len(args[2:4]):]))
+    t_rows = [r for r in teacher["rows"] if r["right"] is not None]
+    t_acc = sum(map(bool, (r["right"] for r in t_rows))) / len(t_rows)
+    per_run = []  # run -> its checked rows, in the teacher's order
+    for R in runs:
+        rows = [r for r in last_rows(R) if r["right"] is not None]
+        if [r.get("prompt") for r in rows] != [r.get("prompt") for r in t_rows]:
+            raise SystemExit(f"conversion_goal: {R} did not answer the teacher's held-out prompts, in its order")
+        per_run.append(rows)
+    n, m = len(runs), len(t_rows)
+    seed_kept = [sum(bool(r["right"]) for r in rows) / m / t_acc for rows in per_run]
+    seed_tpf = [sum(r["tokens_per_forward"] for r in rows) / m for rows in per_run]
+    prompt_right = [sum(bool(rows[k]["right"]) for rows in per_run) / n for k in range(m)]
+    prompt_tpf = [sum(rows[k]["tokens_per_forward"] for rows in per_run) / n for k in range(m)]
+    goals = [("kept share of the teacher's accuracy", goal_kept, seed_kept,
+              paired_t([goal_kept * bool(r["right"]) for r in t_rows], prompt_right), "{:.0%}"),
+             ("tokens per forward (sums and capitals)", goal_tpf, seed_tpf, paired_t([goal_tpf] * m, prompt_tpf),
+              "{:.2f}")]
+    seed_p = [paired_t([goal] * n, values) if n > 1 else None for _, goal, values, _, _ in goals]
+    adjusted = holm(seed_p) if n > 1 else [None, None]
+    print(f"{', '.join(map(str, runs))}: {n} run{'s' * (n > 1)}, the last snapshot of each, threshold 0.9, on {m} "
+          f"held-out sums and capitals (the teacher answers {t_acc:.2f}). Primary: the one-sample t-test over the "
+          f"runs of value − goal (Holm across the two goals); beside it the same over prompts (each prompt's mean "
+          f"over the runs{'' if n > 1 else '; one run: no test over runs, no verdict'}).\n")
+    print(cli.table(["goal", "target", "mean", "runs at or past it", "p (runs)", "p (runs, Holm)", "p (prompts)",
+                     "verdict"],
+                    [[name, fmt.format(goal), fmt.format(sum(vals) / n), f"{sum(v >= goal for v in vals)} of {n}",
+                      pval(p) if p is not None else "—", pval(q) if q is not None else "—", pval(pp),
+                      "—" if q is None else "not settled" if q >= 0.05 else "met" if sum(vals) / n >= goal
+                      else "short"]
+                     for (name, goal, vals, pp, fmt), p, q in zip(goals, seed_p, adjusted)]))
+    print("\nThe runs (the units of the primary test):\n")
+    print(cli.table(["run", "accuracy", "kept", "tokens per forward (sums and capitals)"],
+                    [[f"{R.parent.name}/{R.name}" if R.suffix == ".json" else R.name,
+                      f"{k * t_acc:.3f}", f"{k:.0%}", f"{t:.2f}"] for R, k, t in zip(runs, seed_kept, seed_tpf)]))
+
+
 def conversion_sweep(*args):
     """scripts/sweep_conversion.sh: the arm's runs at each rate -> a table of their scores on the validation prompts
     (eval/validation.json: −ELBO of the teacher's replies, accuracy on sums and capitals, F1 with the teacher, at
     threshold 0.9), align.py's −ELBO of the corpus's validation conversations (val_nelbo) and training minutes; the
     chosen rate (the rule: the lowest validation −ELBO of the teacher's replies; a tie goes to the lower rate) and
-    whether it is an edge of the sweep. args: RATE=RUN... (each run with results.json and eval/validation.json)."""
+    whether it is an edge of the sweep; beside the accuracy, the share of the teacher's it keeps and the tokens per
+    forward on the sums and capitals (the goal's columns). args: TEACHER_EVAL RATE=RUN... (the teacher's
+    worlds/realworld.py result on the validation prompts; each run with results.json and eval/validation.json)."""
+    teacher = json.loads(Path(args[0]).read_text())["runs"]["greedy"]
     rows = []
-    for arg in args:
+    for arg in args[1:]:
         rate, _, R = arg.partition("=")
         res = json.loads((Path(R) / "results.json").read_text())
         val = json.loads((Path(R) / "eval/validation.json").read_text())
         run = val["runs"].get("0.9") or next(iter(val["runs"].values()))
         rows.append((float(rate), val["nelbo_bits"], run["accuracy"], run["f1"], res["val_nelbo"], res["steps"],
-                     res["train_seconds_this_run"] / 60, Path(R).name))
+                     res["train_seconds_this_run"] / 60, Path(R).name, checked_tpf(run)))
     rows.sort()
     best = min(rows, key=lambda r: (r[1], r[0]))
-    print(cli.table(["rate", "steps", "minutes of training", "−ELBO (validation prompts)", "accuracy", "F1",
-                     "−ELBO (corpus validation)", "run"],
-                    [[f"{lr:g}{' *' * (r is best)}", steps, f"{m:.1f}", f"{nelbo:.3f}", f"{acc:.2f}", f"{f1:.2f}",
-                      f"{corpus:.3f}", name] for r in rows for lr, nelbo, acc, f1, corpus, steps, m, name in [r]]))
+    print(f"The teacher on the validation prompts: accuracy {teacher['accuracy']:.2f} on the sums and capitals.\n")
+    print(cli.table(["rate", "steps", "minutes of training", "−ELBO (validation prompts)", "accuracy", "kept", "F1",
+                     "tokens per forward (sums and capitals)", "−ELBO (corpus validation)", "run"],
+                    [[f"{lr:g}{' *' * (r is best)}", steps, f"{m:.1f}", f"{nelbo:.3f}", f"{acc:.2f}",
+                      kept(acc, teacher["accuracy"]), f"{f1:.2f}", f"{tpf:.2f}", f"{corpus:.3f}", name]
+                     for r in rows for lr, nelbo, acc, f1, corpus, steps, m, name, tpf in [r]]))
     edge = len(rows) > 1 and best in (rows[0], rows[-1])
     print(f"\nchosen: {best[0]:g}" + (" (an edge of the sweep: extend it past this rate)" if edge else
                                        " (inside the sweep)" if len(rows) > 2 else ""))
 
 
-COMMANDS = (conversion, conversion_curve, conversion_plot, conversion_verdicts, conversion_sweep)
+COMMANDS = (conversion, conversion_curve, conversion_plot, conversion_verdicts, conversion_goal,
+            conversion_sweep)

@@ -28,4 +28,4 @@ for LR in $RATES; do
     --teacher $O/eval/ar-validation.json --thresholds 0.9 --out $R/eval/validation.json
   RUNS+=("$LR=$R")
 done
-"$PYTHON" -m scripts.report conversion_sweep "${RUNS[@]}" | tee out/conversion/sweep/$ARM-$STEPS-s$SEED.md
+"$PYTHON" -m scripts.report conversion_sweep $O/eval/ar-validation.json "${RUNS[@]}" | tee out/conversion/sweep/$ARM-$STEPS-s$SEED.md

@@ -363,4 +363,5 @@ def test_sweep_conversion_trains_each_rate_and_scores_it_on_validation(tmp_path)
     for run, e, t in zip(runs, evals[1:], train):
         assert e.startswith(f"-m worlds.realworld --ckpt {run} ") and "--teacher out/real/eval/ar-validation.json" in e
         assert calls.index(t) < calls.index(e)
-    assert calls[-1] == f"-m scripts.report conversion_sweep 3e-5={runs[0]} 1e-4={runs[1]}"
+    assert calls[-1] == (f"-m scripts.report conversion_sweep out/real/eval/ar-validation.json 3e-5={runs[0]} "
+                         f"1e-4={runs[1]}")

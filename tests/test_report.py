@@ -775,20 +775,79 @@ def test_conversion_verdicts_take_the_training_run_as_the_unit(tmp_path, capsys)
                               f"{protocol.pval(p_acc)} |") and acc_row.endswith("| 80 |")
 
 
+def test_conversion_goal_tests_each_run_against_the_goal(tmp_path, capsys):
+    """scripts/conversion.py conversion_goal: each run's kept share (accuracy on the checked prompts over the
+    teacher's) and its tokens per forward on them, against the goals over the runs (one-sample t, Holm across the
+    two), the per-prompt test beside it; short, met or not settled by the Holm p and the mean's side."""
+    families = ["capital", "sum", "open", "capital", "sum"] * 8  # 32 checked prompts, 8 open ones
+    teacher = [dict(family=f, prompt=f"p{k}", right=None if f == "open" else k % 4 != 0, tokens_per_forward=1.0)
+               for k, f in enumerate(families)]  # the teacher answers 24 of the 32 checked prompts: 0.75
+    write(tmp_path / "ar.json", dict(runs=dict(greedy=dict(rows=teacher))))
+
+    def run(name, n_right, tpf):  # right on the first n_right checked prompts, tpf on each checked reply
+        rows, seen = [], 0
+        for r in teacher:
+            seen += r["right"] is not None
+            rows.append(dict(r, right=None if r["right"] is None else seen <= n_right,
+                             tokens_per_forward=0.5 if r["right"] is None else tpf))
+        write(tmp_path / f"{name}.json", dict(runs={"0.9": dict(rows=rows)}))
+        return str(tmp_path / f"{name}.json")
+
+    def rows_of(out):
+        return {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in out.splitlines()
+                if line.startswith(("| kept", "| tokens"))}
+    short = [run(f"short{k}", n, t) for k, (n, t) in enumerate(((14, 1.3), (15, 1.32), (13, 1.29)))]
+    conversion.conversion_goal(str(tmp_path / "ar.json"), ",".join(short))
+    out = capsys.readouterr().out
+    kept = [n / 32 / 0.75 for n in (14, 15, 13)]  # 58%, 62%, 54%: short of 90% in every run
+    p = stats.holm([stats.paired_t([0.9] * 3, kept), stats.paired_t([1.5] * 3, [1.3, 1.32, 1.29])])
+    rows = rows_of(out)
+    assert rows["kept share of the teacher's accuracy"][1:5] == ["90%", "58%", "0 of 3", protocol.pval(
+        stats.paired_t([0.9] * 3, kept))]
+    assert rows["kept share of the teacher's accuracy"][5] == protocol.pval(p[0]) and p[0] < 0.05
+    assert rows["kept share of the teacher's accuracy"][-1].rstrip(" |") == "short"
+    assert rows["tokens per forward (sums and capitals)"][2] == "1.30"  # the open replies' 0.5 left out
+    assert "| short1.json | 0.469 | 62% | 1.32 |" in out.replace(f"{tmp_path.name}/", "")
+    above = [run(f"above{k}", n, t) for k, (n, t) in enumerate(((31, 2.0), (32, 2.1), (30, 2.05)))]
+    conversion.conversion_goal(str(tmp_path / "ar.json"), ",".join(above), "0.9", "1.5")
+    assert [r[-1].rstrip(" |") for r in rows_of(capsys.readouterr().out).values()] == ["met", "met"]
+    mixed = [run(f"mixed{k}", n, t) for k, (n, t) in enumerate(((10, 1.2), (31, 1.8), (20, 1.5)))]
+    conversion.conversion_goal(str(tmp_path / "ar.json"), ",".join(mixed), "0.5")
+    rows = rows_of(capsys.readouterr().out)
+    assert rows["kept share of the teacher's accuracy"][1] == "50%"
+    assert [r[-1].rstrip(" |") for r in rows.values()] == ["not settled", "not settled"]
+    prompt_acc = [sum(bool(r["right"]) for r in rows_) / 3 for rows_ in zip(*[
+        [r for r in json.loads(Path(R).read_text())["runs"]["0.9"]["rows"] if r["right"] is not None] for R in mixed])]
+    checked = [r for r in teacher if r["right"] is not None]
+    assert rows["kept share of the teacher's accuracy"][6] == protocol.pval(
+        stats.paired_t([0.5 * r["right"] for r in checked], prompt_acc))  # beside it: the prompts
+    conversion.conversion_goal(str(tmp_path / "ar.json"), short[0])  # one run: no test over runs, no verdict
+    out = capsys.readouterr().out
+    assert "no verdict" in out and all(r[4:6] == ["—", "—"] and r[-1].rstrip(" |") == "—"
+                                       for r in rows_of(out).values())
+    other = json.loads(Path(short[1]).read_text())
+    other["runs"]["0.9"]["rows"].reverse()
+    write(tmp_path / "other.json", other)
+    with pytest.raises(SystemExit, match="did not answer the teacher's held-out prompts"):
+        conversion.conversion_goal(str(tmp_path / "ar.json"), f"{short[0]},{tmp_path / 'other.json'}")
+
+
 def test_conversion_sweep_names_the_chosen_rate_and_its_edge(tmp_path, capsys):
     """scripts/conversion.py conversion_sweep: the lowest −ELBO on the validation prompts chooses the rate (not the
     corpus's validation −ELBO beside it), a tie the lower rate; a choice at either end of the rates is an edge."""
+    write(tmp_path / "ar.json", dict(runs=dict(greedy=conversion_run(0.2, 0.4, 1.0, 1.0))))  # the teacher: 0.30
+
     def runs(nelbos, corpus=(3.0, 3.1, 3.2)):
-        out = []
+        out = [str(tmp_path / "ar.json")]
         for (rate, v), c in zip(nelbos.items(), corpus):
             write(tmp_path / rate / "results.json", dict(val_nelbo=c, steps=125, train_seconds_this_run=600))
             write(tmp_path / rate / "eval/validation.json",
-                  dict(nelbo_bits=v, runs={"0.9": dict(accuracy=0.25, f1=0.5)}))
+                  dict(nelbo_bits=v, runs={"0.9": conversion_run(0.2, 0.3, 1.4, 0.5, open_tpf=1.1)}))
             out.append(f"{rate}={tmp_path / rate}")
         return out
     conversion.conversion_sweep(*runs({"3e-4": 3.9, "1e-4": 3.7, "3e-5": 3.8}))
-    out = capsys.readouterr().out
-    assert "| 0.0001 * | 125 | 10.0 | 3.700 | 0.25 | 0.50 | 3.100 |" in out
+    out = capsys.readouterr().out  # kept: 0.25 of the teacher's 0.30; tokens per forward: the open reply left out
+    assert "| 0.0001 * | 125 | 10.0 | 3.700 | 0.25 | 83% | 0.50 | 1.40 | 3.100 |" in out
     assert "chosen: 0.0001 (inside the sweep)" in out
     assert out.index("| 3e-05 |") < out.index("| 0.0001 *") < out.index("| 0.0003 |")  # in rate order
     conversion.conversion_sweep(*runs({"3e-4": 3.5, "1e-4": 3.7, "3e-5": 3.8}, corpus=(3.9, 3.0, 3.0)))
