@@ -102,19 +102,29 @@ def conversion_curve(*args):
 def conversion_plot(*args):
     """The arms' curves as one PNG: accuracy on the held-out sums and capitals, and F1 with the teacher's replies to
     the open prompts, at threshold 0.9, against minutes of training; the teacher as a line. args: PNG TEACHER_EVAL
-    RUN [RUN...] (matplotlib needed)."""
+    RUN [RUN...]; a RUN may be several seeds' runs, comma-separated: their last snapshots drawn as the mean, with
+    the seeds' range as its bar (matplotlib needed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     png, runs = args[0], args[2:]
     teacher = json.loads(Path(args[1]).read_text())["runs"]["greedy"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for R in runs:
-        pts = curve_points(R)
-        at = [(m, r.get("0.9") or next(iter(r.values()))) for _, m, r, _ in pts]
-        axes[0].plot([m for m, _ in at], [r["accuracy"] for _, r in at], marker="o", label=Path(R).name)
-        axes[1].plot([m for m, _ in at], [r.get("f1_open", float("nan")) for _, r in at], marker="o",
-                     label=Path(R).name)
+    for arg in runs:
+        seeds = arg.split(",")
+        at = [[(m, r.get("0.9") or next(iter(r.values()))) for _, m, r, _ in curve_points(R)] for R in seeds]
+        if len(seeds) > 1:  # the seeds' last points: the mean, and the range as an error bar
+            at = [at_seed[-1] for at_seed in at]
+            label = f"{Path(seeds[0]).name} ({len(seeds)} seeds)"
+            for ax, key in zip(axes, ("accuracy", "f1_open")):
+                v = [r.get(key, float("nan")) for _, r in at]
+                mean = sum(v) / len(v)
+                ax.errorbar([sum(m for m, _ in at) / len(at)], [mean], yerr=[[mean - min(v)], [max(v) - mean]],
+                            marker="s", capsize=4, ls="none", label=label)
+            continue
+        at = at[0]
+        for ax, key in zip(axes, ("accuracy", "f1_open")):
+            ax.plot([m for m, _ in at], [r.get(key, float("nan")) for _, r in at], marker="o", label=Path(arg).name)
     axes[0].axhline(teacher["accuracy"], color="k", ls="--", label="teacher")
     axes[1].axhline(1.0, color="k", ls="--", label="teacher")
     for ax, title in zip(axes, ("held-out sums and capitals: accuracy", "held-out open prompts: F1 with the teacher")):

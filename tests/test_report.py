@@ -703,7 +703,7 @@ def conversion_run(acc_sum, acc_cap, tpf, f1, open_tpf=None):
                 tokens_per_forward=sum(r["tokens_per_forward"] for r in rows) / 3, canvas=32, rows=rows)
 
 
-def test_conversion_curve_and_table(tmp_path, capsys):
+def test_conversion_curve_and_table(tmp_path, capsys, monkeypatch):
     """scripts/conversion.py: an arm's curve from its snapshots (minutes from snapshot.json, kept = student over
     teacher) and the frontier of its last snapshot; run.sh real's student-against-teacher table."""
     write(tmp_path / "ar.json", dict(prompts=3, runs=dict(greedy=conversion_run(0.4, 0.6, 1.0, 1.0))))
@@ -719,8 +719,20 @@ def test_conversion_curve_and_table(tmp_path, capsys):
     assert "| 40 | 20.0 | 0.45 | 0.45 | 0.45 | 90% |" in out
     assert "| 1 | 0.47 | 95% | 0.60 | 1.30 | 1.50 |" in out  # the last snapshot at threshold 1: (1.5+1.5+0.9)/3
     pytest.importorskip("matplotlib")
-    conversion.conversion_plot(str(tmp_path / "curve.png"), str(tmp_path / "ar.json"), str(R), str(R))
+    from matplotlib.figure import Figure
+    R2 = tmp_path / "seed2"  # a second seed, its one snapshot at step 40 only
+    write(R2 / "step-40" / "snapshot.json", dict(step=40, train_seconds=1500))
+    write(R2 / "eval" / "step-40.json", dict(runs={"0.9": conversion_run(0.25, 0.25, 1.8, 0.5)}, nelbo_bits=2.5))
+    drawn, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), savefig(fig, *a, **k)))
+    conversion.conversion_plot(str(tmp_path / "curve.png"), str(tmp_path / "ar.json"), str(R), f"{R},{R2}")
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    acc = drawn[0].axes[0]
+    assert list(acc.lines[0].get_ydata()) == [0.2, 0.45]  # the curve: each snapshot
+    (bar,) = acc.containers  # the two seeds: the mean of their last points, the range as the bar
+    x, y = bar.lines[0].get_data()
+    assert list(x) == pytest.approx([22.5]) and list(y) == pytest.approx([0.35])
+    assert bar.lines[2][0].get_segments()[0][:, 1].tolist() == pytest.approx([0.25, 0.45])
     O = tmp_path / "real"
     write(O / "eval" / "ar.json", dict(prompts=3, runs=dict(greedy=conversion_run(0.4, 0.6, 1.0, 1.0))))
     write(O / "eval" / "student.json", dict(prompts=3, nelbo_bits=2.25, runs={"0.9": conversion_run(0.4, 0.5, 1.6,
