@@ -40,7 +40,7 @@ def conversion(*args):
                      f"{run.get('f1_open', float('nan')):.2f}", f"{run['tokens_per_forward']:.2f}",
                      f"{checked_tpf(run):.2f}", f"{st.get('nelbo_bits', float('nan')):.3f}"])
     print(cli.table(["model", *fams, "sum and capital", "kept", "F1", "F1 (open)", "tokens per forward",
-                     "tokens per forward (sum, capital)", "−ELBO"], rows))
+                     "tokens per forward (sums and capitals)", "−ELBO"], rows))
     thr = "0.9" if "0.9" in st["runs"] else next(iter(st["runs"]))
     picks = [next(k for k, r in enumerate(teacher["rows"]) if r["family"] == f) for f in fams + ["open"]]
     print(f"\nThe first held-out prompt of each family, the teacher's reply and the student's (threshold {thr}, its "
@@ -94,7 +94,7 @@ def conversion_curve(*args):
     step, minutes, runs, _ = points[-1]
     print(f"\nThe last snapshot (step {step}, {minutes:.1f} min) at each threshold: accuracy on sums and capitals "
           f"against tokens per forward, over all the replies and over the sums' and capitals' alone\n")
-    print(cli.table(["threshold", "both", "kept", "F1", "tokens per forward", "tokens per forward (sum, capital)"], [
+    print(cli.table(["threshold", "both", "kept", "F1", "tokens per forward", "tokens per forward (sums and capitals)"], [
         [t, f"{r['accuracy']:.2f}", kept(r["accuracy"], teacher["accuracy"]), f"{r['f1']:.2f}",
          f"{r['tokens_per_forward']:.2f}", f"{checked_tpf(r):.2f}"] for t, r in runs.items()]))
 
@@ -114,12 +114,12 @@ def conversion_plot(*args):
         seeds = arg.split(",")
         at = [[(m, r.get("0.9") or next(iter(r.values()))) for _, m, r, _ in curve_points(R)] for R in seeds]
         if len(seeds) > 1:  # the seeds' last points: the mean, and the range as an error bar
-            at = [at_seed[-1] for at_seed in at]
-            label = f"{Path(seeds[0]).name} ({len(seeds)} seeds)"
+            last = [points[-1] for points in at]
+            label = f"{Path(seeds[0]).name.rsplit('-s', 1)[0]} ({len(seeds)} seeds)"
             for ax, key in zip(axes, ("accuracy", "f1_open")):
-                v = [r.get(key, float("nan")) for _, r in at]
+                v = [r.get(key, float("nan")) for _, r in last]
                 mean = sum(v) / len(v)
-                ax.errorbar([sum(m for m, _ in at) / len(at)], [mean], yerr=[[mean - min(v)], [max(v) - mean]],
+                ax.errorbar([sum(m for m, _ in last) / len(last)], [mean], yerr=[[mean - min(v)], [max(v) - mean]],
                             marker="s", capsize=4, ls="none", label=label)
             continue
         at = at[0]
@@ -195,21 +195,33 @@ def conversion_verdicts(*args):
                       *(f"{v[k]:.3f}" for v in per_seed)] for k, (a, b) in enumerate(zip(A, B))]))
 
 
+def goal_verdict(p_holm, mean, goal):
+    """A goal's verdict over runs: "met" or "short" (by the mean's side of the goal) where the Holm p < 0.05, else
+    "not settled"; "—" without a test (one run)."""
+    if p_holm is None:
+        return "—"
+    return "not settled" if p_holm >= 0.05 else "met" if mean >= goal else "short"
+
+
 def conversion_goal(*args):
-    """Does an arm meet the conversion's goal, over its seeds? args: TEACHER_EVAL RUNS [KEPT [TPF]]: the teacher's
-    worlds/realworld.py result, the arm's runs (comma-separated, one per seed: directories of
-    scripts/repro_conversion.sh or realworld.py results, each read at its last snapshot, threshold 0.9), the goal's
-    share of the teacher's accuracy on the held-out sums and capitals (default 0.9) and its tokens per forward on
-    those replies (default 1.5). The training run is the unit: per goal, the primary test, named in advance, is the
-    one-sample t-test over the seeds of (the run's value − the goal), Holm across the two goals; beside it the test
-    over prompts (each checked prompt's mean over the seeds against the goal: KEPT × the teacher's right, 0 or 1, for
-    accuracy; TPF for tokens per forward; every seed answers the same prompts). A goal is "met" or "short" where the
-    seeds' Holm p < 0.05 (by the mean's side of it), otherwise "not settled"; the mean's distance says how far."""
+    """Does an arm meet the conversion's goal, over its runs? args: TEACHER_EVAL RUNS [KEPT [TPF]]: the teacher's
+    worlds/realworld.py result; the arm's runs, one per seed, comma-separated (directories of repro_conversion.sh or
+    realworld.py results, each at its last snapshot, threshold 0.9); the goal's share of the teacher's accuracy on
+    the held-out sums and capitals (default 0.9) and its tokens per forward on them (default 1.5). Per goal, the
+    primary test is the one-sample t-test over the runs of value − goal, Holm across the two goals (runs that all
+    score the same, off the goal, give p = 0); beside it the same over prompts: each checked prompt's mean over the
+    runs against KEPT × the teacher's right (0 or 1) or TPF. Verdicts: goal_verdict."""
+    if not 2 <= len(args) <= 4:
+        raise SystemExit("conversion_goal: give TEACHER_EVAL RUNS [KEPT [TPF]]")
     teacher = json.loads(Path(args[0]).read_text())["runs"]["greedy"]
     runs = [Path(r) for r in args[1].split(",")]
-    goal_kept, goal_tpf = (float(a) for a in (list(args[2:4]) + ["0.9", "1.5"][len(args[2:4]):]))
+    goal_kept = float(args[2]) if len(args) > 2 else 0.9
+    goal_tpf = float(args[3]) if len(args) > 3 else 1.5
     t_rows = [r for r in teacher["rows"] if r["right"] is not None]
-    t_acc = sum(map(bool, (r["right"] for r in t_rows))) / len(t_rows)
+    t_right = [float(bool(r["right"])) for r in t_rows]
+    if not sum(t_right):
+        raise SystemExit(f"conversion_goal: the teacher ({args[0]}) answers none of the checked prompts: no share")
+    t_acc = sum(t_right) / len(t_rows)
     per_run = []  # run -> its checked rows, in the teacher's order
     for R in runs:
         rows = [r for r in last_rows(R) if r["right"] is not None]
@@ -217,31 +229,30 @@ def conversion_goal(*args):
             raise SystemExit(f"conversion_goal: {R} did not answer the teacher's held-out prompts, in its order")
         per_run.append(rows)
     n, m = len(runs), len(t_rows)
-    seed_kept = [sum(bool(r["right"]) for r in rows) / m / t_acc for rows in per_run]
-    seed_tpf = [sum(r["tokens_per_forward"] for r in rows) / m for rows in per_run]
-    prompt_right = [sum(bool(rows[k]["right"]) for rows in per_run) / n for k in range(m)]
-    prompt_tpf = [sum(rows[k]["tokens_per_forward"] for rows in per_run) / n for k in range(m)]
-    goals = [("kept share of the teacher's accuracy", goal_kept, seed_kept,
-              paired_t([goal_kept * bool(r["right"]) for r in t_rows], prompt_right), "{:.0%}"),
-             ("tokens per forward (sums and capitals)", goal_tpf, seed_tpf, paired_t([goal_tpf] * m, prompt_tpf),
-              "{:.2f}")]
-    seed_p = [paired_t([goal] * n, values) if n > 1 else None for _, goal, values, _, _ in goals]
-    adjusted = holm(seed_p) if n > 1 else [None, None]
-    print(f"{', '.join(map(str, runs))}: {n} run{'s' * (n > 1)}, the last snapshot of each, threshold 0.9, on {m} "
-          f"held-out sums and capitals (the teacher answers {t_acc:.2f}). Primary: the one-sample t-test over the "
-          f"runs of value − goal (Holm across the two goals); beside it the same over prompts (each prompt's mean "
-          f"over the runs{'' if n > 1 else '; one run: no test over runs, no verdict'}).\n")
+    right = [[float(bool(r["right"])) for r in rows] for rows in per_run]  # run -> prompt
+    tpf = [[r["tokens_per_forward"] for r in rows] for rows in per_run]
+    over_runs = lambda v: [sum(col) / n for col in zip(*v)]  # each prompt's mean over the runs
+    goals = {  # name: (goal, format, each run's value, the prompt test's p)
+        "kept share of the teacher's accuracy": (goal_kept, "{:.0%}", [sum(v) / m / t_acc for v in right],
+                                                 paired_t([goal_kept * t for t in t_right], over_runs(right))),
+        "tokens per forward (sums and capitals)": (goal_tpf, "{:.2f}", [sum(v) / m for v in tpf],
+                                                   paired_t([goal_tpf] * m, over_runs(tpf)))}
+    p_runs = [paired_t([goal] * n, vals) if n > 1 else None for goal, _, vals, _ in goals.values()]
+    q_runs = holm(p_runs) if n > 1 else [None] * len(goals)
+    q_prompts = holm([pp for *_, pp in goals.values()])
+    print(f"{', '.join(map(str, runs))}: {n} run{'s' * (n > 1)} on {m} held-out sums and capitals (the teacher "
+          f"answers {t_acc:.2f}){'' if n > 1 else '; one run: no test over runs, no verdict'}.\n")
     print(cli.table(["goal", "target", "mean", "runs at or past it", "p (runs)", "p (runs, Holm)", "p (prompts)",
-                     "verdict"],
+                     "p (prompts, Holm)", "verdict"],
                     [[name, fmt.format(goal), fmt.format(sum(vals) / n), f"{sum(v >= goal for v in vals)} of {n}",
-                      pval(p) if p is not None else "—", pval(q) if q is not None else "—", pval(pp),
-                      "—" if q is None else "not settled" if q >= 0.05 else "met" if sum(vals) / n >= goal
-                      else "short"]
-                     for (name, goal, vals, pp, fmt), p, q in zip(goals, seed_p, adjusted)]))
+                      "—" if p is None else pval(p), "—" if q is None else pval(q), pval(pp), pval(qq),
+                      goal_verdict(q, sum(vals) / n, goal)]
+                     for (name, (goal, fmt, vals, pp)), p, q, qq in zip(goals.items(), p_runs, q_runs, q_prompts)]))
+    (kept_runs, tpf_runs) = (vals for _, _, vals, _ in goals.values())
     print("\nThe runs (the units of the primary test):\n")
     print(cli.table(["run", "accuracy", "kept", "tokens per forward (sums and capitals)"],
-                    [[f"{R.parent.name}/{R.name}" if R.suffix == ".json" else R.name,
-                      f"{k * t_acc:.3f}", f"{k:.0%}", f"{t:.2f}"] for R, k, t in zip(runs, seed_kept, seed_tpf)]))
+                    [[f"{R.parent.name}/{R.name}" if R.suffix == ".json" else R.name, f"{k * t_acc:.3f}",
+                      f"{k:.0%}", f"{t:.2f}"] for R, k, t in zip(runs, kept_runs, tpf_runs)]))
 
 
 def conversion_sweep(*args):

@@ -824,15 +824,22 @@ def test_conversion_goal_tests_each_run_against_the_goal(tmp_path, capsys):
     conversion.conversion_goal(str(tmp_path / "ar.json"), ",".join(above), "0.9", "1.5")
     assert [r[-1].rstrip(" |") for r in rows_of(capsys.readouterr().out).values()] == ["met", "met"]
     mixed = [run(f"mixed{k}", n, t) for k, (n, t) in enumerate(((10, 1.2), (31, 1.8), (20, 1.5)))]
-    conversion.conversion_goal(str(tmp_path / "ar.json"), ",".join(mixed), "0.5")
+    conversion.conversion_goal(str(tmp_path / "ar.json"), ",".join(mixed), "0.5", "1.6")
     rows = rows_of(capsys.readouterr().out)
-    assert rows["kept share of the teacher's accuracy"][1] == "50%"
+    assert rows["kept share of the teacher's accuracy"][1] == "50%" and rows["tokens per forward (sums and "
+                                                                            "capitals)"][1] == "1.60"
+    assert rows["tokens per forward (sums and capitals)"][4] == protocol.pval(stats.paired_t([1.6] * 3, [1.2, 1.8, 1.5]))
     assert [r[-1].rstrip(" |") for r in rows.values()] == ["not settled", "not settled"]
     prompt_acc = [sum(bool(r["right"]) for r in rows_) / 3 for rows_ in zip(*[
         [r for r in json.loads(Path(R).read_text())["runs"]["0.9"]["rows"] if r["right"] is not None] for R in mixed])]
     checked = [r for r in teacher if r["right"] is not None]
     assert rows["kept share of the teacher's accuracy"][6] == protocol.pval(
         stats.paired_t([0.5 * r["right"] for r in checked], prompt_acc))  # beside it: the prompts
+    conversion.conversion_goal(str(tmp_path / "ar.json"), ",".join(short))
+    rows = rows_of(capsys.readouterr().out)  # by hand (scipy.stats.ttest_1samp of each prompt's difference): the
+    # mean over runs of right, minus 0.9 x the teacher's 0/1; its mean is accuracy − 0.9 x 0.75 = 0.4375 − 0.675
+    assert rows["kept share of the teacher's accuracy"][6] == "0.0432"  # 0.04320 by scipy
+    assert rows["tokens per forward (sums and capitals)"][6] == "< 1e-300"  # every prompt 1.3067 against 1.5: no spread
     conversion.conversion_goal(str(tmp_path / "ar.json"), short[0])  # one run: no test over runs, no verdict
     out = capsys.readouterr().out
     assert "no verdict" in out and all(r[4:6] == ["—", "—"] and r[-1].rstrip(" |") == "—"
@@ -842,6 +849,10 @@ def test_conversion_goal_tests_each_run_against_the_goal(tmp_path, capsys):
     write(tmp_path / "other.json", other)
     with pytest.raises(SystemExit, match="did not answer the teacher's held-out prompts"):
         conversion.conversion_goal(str(tmp_path / "ar.json"), f"{short[0]},{tmp_path / 'other.json'}")
+    write(tmp_path / "none.json", dict(runs=dict(greedy=dict(rows=[dict(r, right=r["right"] and False)
+                                                                   for r in teacher]))))
+    with pytest.raises(SystemExit, match="answers none of the checked prompts"):
+        conversion.conversion_goal(str(tmp_path / "none.json"), short[0])
 
 
 def test_conversion_sweep_names_the_chosen_rate_and_its_edge(tmp_path, capsys):
