@@ -83,7 +83,7 @@ def test_validation_prompts_are_training_prompts_no_chat_reaches():
 def chat_world(base_world, tmp_path_factory):
     from test_chat_data import with_template
     root = world_copy(base_world, tmp_path_factory, "realworld")
-    for name in ("ar", "block_shift"):
+    for name in ("ar", "block_shift", "dlm"):
         with_template(root / name, root / f"{name}_chat")
     return root
 
@@ -130,6 +130,33 @@ def test_evaluate_scores_counts_and_agrees_with_a_slow_reference(chat_world):
     assert R.nelbo_bits(ar, tok, items, texts) == pytest.approx(want / n / math.log(2), rel=1e-4)
     bound = R.nelbo_bits(blk, tok, items, texts)
     assert bound > 0 and bound == R.nelbo_bits(blk, tok, items, texts)  # fixed draws: the same number again
+
+
+def test_block_length_decodes_the_masked_canvas_in_blocks(chat_world, tmp_path):
+    """--block_length: the masked student's replies are its sampler's own at that block length (the blocks
+    themselves: tests/test_sample.py), recorded in --out; refused for a block model and for a length that does not
+    divide the canvas."""
+    import sample
+    items = R.build(seed=0, n_train=0, n_heldout=2, families=("sum", "capital"))[1]
+    dlm = Qwen3.from_pretrained(chat_world / "dlm_chat").eval()
+    tok = Tokenizer.from_pretrained(chat_world / "dlm_chat")
+    run = R.evaluate(dlm, tok, items, thresholds=[0.9], max_new_tokens=8, block_length=4)["0.9"]
+    ends = tok.end_ids(dlm.config, turn=True)
+    g = torch.Generator().manual_seed(1337)
+    gen = sample.generate(dlm, [R.prompt_ids(tok, it) for it in items], 8, eos_id=ends, generator=g,
+                          vocab_limit=tok.vocab_size, block_length=4, threshold=0.9, record=True)
+    assert [r["reply"] for r in run["rows"]] == [tok.decode(sample.until_end(gen.generated[b].tolist(), ends))
+                                                 for b in range(len(items))]
+    out = tmp_path / "r.json"
+    r = run_script("worlds/realworld.py", "--ckpt", chat_world / "dlm_chat", "--max_new_tokens", 8, "--per_family", 1,
+                   "--families", "sum", "--thresholds", "0.9", "--block_length", 4, "--out", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(out.read_text())["block_length"] == 4
+    r = run_script("worlds/realworld.py", "--ckpt", chat_world / "block_shift_chat", "--max_new_tokens", 8,
+                   "--per_family", 1, "--families", "sum", "--block_length", 4)
+    assert r.returncode != 0 and "--block_length is the masked sampler's" in r.stderr
+    r = run_script("worlds/realworld.py", "--ckpt", chat_world / "dlm_chat", "--max_new_tokens", 8, "--block_length", 3)
+    assert r.returncode == 2 and "a divisor of --max_new_tokens 8" in r.stderr
 
 
 def test_full_stop_pairs_in_the_chat_template(chat_world, tmp_path):

@@ -221,6 +221,9 @@ def main():
                    "learning rates are chosen there)")
     p.add_argument("--cache", default="none", choices=cli.CACHES, help="masked diffusion: the sampler's KV cache "
                    "(dual: Fast-dLLM's approximate cache; none: exact)")
+    p.add_argument("--block_length", type=int, default=None, help="masked diffusion: decode the canvas in blocks "
+                   "of this many tokens, left to right (semi-autoregressive, as LLaDA's sampler; a divisor of "
+                   "--max_new_tokens). Default: the whole canvas, up to 32")
     cli.eos_args(p)
     p.add_argument("--families", type=cli.comma_list(choices=FAMILIES, what="families"), default=list(FAMILIES))
     p.add_argument("--max_new_tokens", type=int, default=32, help="the replies' length: at most (AR), the canvas N "
@@ -244,6 +247,9 @@ def main():
         p.error("--chats needs --ckpt (whose replies) and --out_dir (where chats.jsonl goes)")
     if args.chats and args.split != "heldout":
         p.error("--chats writes the held-out preference pairs: run it with --split heldout")
+    if args.block_length is not None and not (0 < args.block_length <= args.max_new_tokens
+                                              and args.max_new_tokens % args.block_length == 0):
+        p.error(f"--block_length {args.block_length}: a divisor of --max_new_tokens {args.max_new_tokens}")
     if args.prompts and (args.chats or args.out_dir or args.split != "heldout" or not args.ckpt):
         p.error("--prompts goes with --ckpt alone (not --chats, --out_dir or --split)")
     train, held = build(seed=args.seed, n_heldout=args.per_family, families=args.families)
@@ -270,6 +276,9 @@ def measure(args, held, train):
     device, _ = cli.setup(args.device, args.seed)
     model = training.load_model(args.ckpt, device, "realworld: --ckpt").eval()
     tok = training.load_tokenizer(args.ckpt, model.config)
+    if args.block_length is not None and model.config.attn != "bidirectional":
+        raise SystemExit(f"realworld: --block_length is the masked sampler's; {args.ckpt} is a {model.config.attn} "
+                         f"model (drop it)")
     teacher = None
     if args.teacher:
         rows = next(iter(json.loads(Path(args.teacher).read_text())["runs"].values()))["rows"]
@@ -277,12 +286,13 @@ def measure(args, held, train):
             raise SystemExit(f"realworld: --teacher {args.teacher} answered other prompts (run both with the same "
                              f"--families, --per_family and --seed)")
         teacher = [r["reply"] for r in rows]
+    blocks = {} if args.block_length is None else dict(block_length=args.block_length)  # the masked sampler's
     t0 = time.perf_counter()
     runs = evaluate(model, tok, held, thresholds=args.thresholds or [None], teacher=teacher,
                     max_new_tokens=args.max_new_tokens, cache=args.cache, eos_rule=args.eos_rule,
-                    eos_penalty=args.eos_penalty)
+                    eos_penalty=args.eos_penalty, **blocks)
     res = dict(ckpt=str(args.ckpt), split=args.split, cache=args.cache, eos_rule=args.eos_rule, prompts=len(held),
-               seconds=time.perf_counter() - t0, runs=runs)
+               seconds=time.perf_counter() - t0, runs=runs, **blocks)
     if teacher is not None:
         res["nelbo_bits"] = nelbo_bits(model, tok, held, teacher)
     print(f"{args.ckpt}: {len(held)} {args.split} prompts in {res['seconds']:.0f} s\n")
