@@ -129,7 +129,7 @@ def conversion_plot(*args):
     axes[1].axhline(1.0, color="k", ls="--", label="teacher")
     for ax, title in zip(axes, ("held-out sums and capitals: accuracy", "held-out open prompts: F1 with the teacher")):
         ax.set(title=title, xlabel="minutes of training (2-core CPU)")
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     print(f"wrote {png}")
