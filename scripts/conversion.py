@@ -94,7 +94,8 @@ def conversion_curve(*args):
     step, minutes, runs, _ = points[-1]
     print(f"\nThe last snapshot (step {step}, {minutes:.1f} min) at each threshold: accuracy on sums and capitals "
           f"against tokens per forward, over all the replies and over the sums' and capitals' alone\n")
-    print(cli.table(["threshold", "both", "kept", "F1", "tokens per forward", "tokens per forward (sums and capitals)"], [
+    print(cli.table(["threshold", "both", "kept", "F1", "tokens per forward",
+                     "tokens per forward (sums and capitals)"], [
         [t, f"{r['accuracy']:.2f}", kept(r["accuracy"], teacher["accuracy"]), f"{r['f1']:.2f}",
          f"{r['tokens_per_forward']:.2f}", f"{checked_tpf(r):.2f}"] for t, r in runs.items()]))
 
@@ -231,7 +232,9 @@ def conversion_goal(*args):
     n, m = len(runs), len(t_rows)
     right = [[float(bool(r["right"])) for r in rows] for rows in per_run]  # run -> prompt
     tpf = [[r["tokens_per_forward"] for r in rows] for rows in per_run]
-    over_runs = lambda v: [sum(col) / n for col in zip(*v)]  # each prompt's mean over the runs
+
+    def over_runs(v):  # each prompt's mean over the runs
+        return [sum(col) / n for col in zip(*v)]
     goals = {  # name: (goal, format, each run's value, the prompt test's p)
         "kept share of the teacher's accuracy": (goal_kept, "{:.0%}", [sum(v) / m / t_acc for v in right],
                                                  paired_t([goal_kept * t for t in t_right], over_runs(right))),

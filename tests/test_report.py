@@ -828,7 +828,8 @@ def test_conversion_goal_tests_each_run_against_the_goal(tmp_path, capsys):
     rows = rows_of(capsys.readouterr().out)
     assert rows["kept share of the teacher's accuracy"][1] == "50%" and rows["tokens per forward (sums and "
                                                                             "capitals)"][1] == "1.60"
-    assert rows["tokens per forward (sums and capitals)"][4] == protocol.pval(stats.paired_t([1.6] * 3, [1.2, 1.8, 1.5]))
+    p_tpf = stats.paired_t([1.6] * 3, [1.2, 1.8, 1.5])
+    assert rows["tokens per forward (sums and capitals)"][4] == protocol.pval(p_tpf)
     assert [r[-1].rstrip(" |") for r in rows.values()] == ["not settled", "not settled"]
     prompt_acc = [sum(bool(r["right"]) for r in rows_) / 3 for rows_ in zip(*[
         [r for r in json.loads(Path(R).read_text())["runs"]["0.9"]["rows"] if r["right"] is not None] for R in mixed])]
